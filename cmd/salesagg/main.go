@@ -1,0 +1,76 @@
+// Command salesagg aggregates sales events from Kafka into per-product
+// totals kept in local Pebble stores backed by a compacted changelog.
+//
+//	salesagg run                                   the service
+//	salesagg broker --data-dir DIR --listen ADDR   the embedded dev broker
+//	salesagg produce --file FILE [--topic T]       send key:value lines
+//	salesagg state inspect --state-dir DIR         offline view of the stores
+package main
+
+import (
+	"errors"
+	"fmt"
+	"os"
+
+	"github.com/spf13/pflag"
+)
+
+// exit codes
+const (
+	exitOK    = 0
+	exitError = 1
+	exitUsage = 2
+)
+
+// usageError marks an error in the command line or the configuration.
+type usageError struct{ err error }
+
+func (e usageError) Error() string { return e.err.Error() }
+func (e usageError) Unwrap() error { return e.err }
+
+const usage = `salesagg: per-product sales totals from Kafka, in local Pebble stores backed by a changelog.
+
+Usage:
+  salesagg run [--config FILE] [--KEY VALUE ...]      run the service (salesagg run --help lists the keys)
+  salesagg broker [--data-dir DIR] [--listen ADDR]   run the embedded dev broker
+  salesagg produce --file FILE [--topic T]           send key:value lines to Kafka
+  salesagg state inspect --state-dir DIR             show the local stores (the service must be stopped)
+`
+
+func main() {
+	os.Exit(run(os.Args[1:]))
+}
+
+func run(args []string) int {
+	if len(args) == 0 {
+		fmt.Fprint(os.Stderr, usage)
+		return exitUsage
+	}
+	var err error
+	switch args[0] {
+	case "run":
+		err = runService(args[1:])
+	case "broker":
+		err = runBroker(args[1:])
+	case "produce":
+		err = runProduce(args[1:])
+	case "state":
+		err = runState(args[1:])
+	case "help", "-h", "--help":
+		fmt.Fprint(os.Stdout, usage)
+		return exitOK
+	default:
+		fmt.Fprintf(os.Stderr, "salesagg: unknown command %q\n\n%s", args[0], usage)
+		return exitUsage
+	}
+	switch {
+	case err == nil, errors.Is(err, pflag.ErrHelp):
+		return exitOK
+	case errors.As(err, new(usageError)):
+		fmt.Fprintf(os.Stderr, "salesagg %s: %v\n", args[0], err)
+		return exitUsage
+	default:
+		fmt.Fprintf(os.Stderr, "salesagg %s: %v\n", args[0], err)
+		return exitError
+	}
+}

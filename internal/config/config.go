@@ -1,0 +1,403 @@
+// Package config loads salesagg's configuration from a YAML file,
+// SALESAGG_<KEY> environment variables and command-line flags, in rising
+// precedence, into a typed Config, and validates it. It is the only package
+// that knows about viper.
+package config
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"net"
+	"os"
+	"regexp"
+	"slices"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/spf13/pflag"
+	"github.com/spf13/viper"
+)
+
+// Guarantees accepted by processing.guarantee.
+const (
+	AtLeastOnce   = "at_least_once"
+	ExactlyOnceV2 = "exactly_once_v2"
+)
+
+// Config is salesagg's configuration. The zero value is not valid; use Load
+// or Default.
+type Config struct {
+	ApplicationID         string
+	BootstrapServers      []string
+	StateDir              string
+	InputTopic            string
+	NotificationTopic     string
+	StoreName             string
+	NotificationThreshold int64
+	ProcessingGuarantee   string
+	AutoOffsetReset       string
+	CommitInterval        time.Duration
+	TopicsCreate          bool
+	TopicsPartitions      int32
+	ReplicationFactor     int16
+	HTTPAddr              string
+	LogLevel              string
+	// LogFormat is json or console; empty chooses console when standard
+	// error is a terminal, json otherwise.
+	LogFormat string
+}
+
+// ChangelogTopic returns <application.id>-<store.name>-changelog.
+func (c Config) ChangelogTopic() string {
+	return c.ApplicationID + "-" + c.StoreName + "-changelog"
+}
+
+// RepartitionTopic returns <application.id>-<store.name>-repartition, the
+// topic events travel through when they arrive on another partition than the
+// one owning their product.
+func (c Config) RepartitionTopic() string {
+	return c.ApplicationID + "-" + c.StoreName + "-repartition"
+}
+
+type kind int
+
+const (
+	kindString kind = iota
+	kindInt
+	kindBool
+	kindList
+)
+
+type keyDef struct {
+	name string
+	kind kind
+	def  string
+	help string
+}
+
+// keys lists every configuration key. Their defaults and meanings are the
+// documented contract (README.md).
+var keys = []keyDef{
+	{"application.id", kindString, "sales-aggregator", "consumer group id, prefix of internal topics, state sub-directory"},
+	{"bootstrap.servers", kindList, "localhost:9092", "Kafka brokers, comma separated host:port"},
+	{"state.dir", kindString, "/tmp/salesagg", "directory holding the local stores (a mounted volume in production)"},
+	{"input.topic", kindString, "sales-events-v1", "topic the sales events are read from"},
+	{"notification.topic", kindString, "notifications-events-v1", "topic notifications are written to"},
+	{"store.name", kindString, "PRODUCT_AGGREGATED_SALES", "name of the store; the changelog is <application.id>-<store.name>-changelog"},
+	{"notification.threshold", kindInt, "2000", "a product total at or above this emits a notification"},
+	{"processing.guarantee", kindString, AtLeastOnce, "at_least_once (exactly_once_v2 is not built yet)"},
+	{"auto.offset.reset", kindString, "earliest", "where a new group starts reading the input: earliest or latest"},
+	{"commit.interval.ms", kindInt, "", "how often state is flushed, checkpointed and input offsets committed (default 1000 at-least-once)"},
+	{"topics.create", kindBool, "true", "create missing input, notification, changelog and repartition topics"},
+	{"topics.partitions", kindInt, "3", "partitions of a created input topic"},
+	{"replication.factor", kindInt, "1", "replication factor of created topics (-1: the broker's default)"},
+	{"http.addr", kindString, ":8080", "address of the HTTP server (queries, tasks, health)"},
+	{"log.level", kindString, "info", "debug, info, warn or error"},
+	{"log.format", kindString, "", "json or console (default: console on a terminal, json otherwise)"},
+}
+
+// Keys returns the names of all configuration keys, sorted.
+func Keys() []string {
+	out := make([]string, len(keys))
+	for i, k := range keys {
+		out[i] = k.name
+	}
+	sort.Strings(out)
+	return out
+}
+
+// EnvName returns the environment variable of key: SALESAGG_ and the key in
+// upper case with dots as underscores.
+func EnvName(key string) string {
+	return "SALESAGG_" + strings.ToUpper(strings.ReplaceAll(key, ".", "_"))
+}
+
+// RegisterFlags adds --config and one flag per key to fs.
+func RegisterFlags(fs *pflag.FlagSet) {
+	fs.String("config", "", "YAML configuration file")
+	for _, k := range keys {
+		help := k.help
+		if k.def != "" {
+			help += " (default " + k.def + ")"
+		}
+		fs.String(k.name, "", help)
+	}
+}
+
+// Load reads the configuration: defaults, then the YAML file named by
+// --config, then the environment (environ, as os.Environ returns it), then
+// flags set on fs. It returns every problem found at once.
+func Load(fs *pflag.FlagSet, environ []string) (Config, error) {
+	v := viper.New()
+	for _, k := range keys {
+		if k.def != "" {
+			v.SetDefault(k.name, k.def)
+		}
+	}
+	var problems []error
+
+	if f := fs.Lookup("config"); f != nil && f.Value.String() != "" {
+		file := viper.New()
+		file.SetConfigFile(f.Value.String())
+		file.SetConfigType("yaml")
+		if err := file.ReadInConfig(); err != nil {
+			return Config{}, fmt.Errorf("config: reading %s: %w", f.Value.String(), err)
+		}
+		for _, name := range file.AllKeys() {
+			if !known(name) {
+				problems = append(problems, fmt.Errorf("config: unknown key %q in %s (known keys: %s)", name, f.Value.String(), strings.Join(Keys(), ", ")))
+				continue
+			}
+			v.Set(name, file.Get(name))
+		}
+	}
+
+	env := map[string]string{}
+	for _, kv := range environ {
+		name, val, ok := strings.Cut(kv, "=")
+		if ok {
+			env[name] = val
+		}
+	}
+	for name := range env {
+		if rest, ok := strings.CutPrefix(name, "SALESAGG_"); ok && !knownEnv(name) {
+			problems = append(problems, fmt.Errorf("config: unknown environment variable %s (no key %q)", name, strings.ToLower(strings.ReplaceAll(rest, "_", "."))))
+		}
+	}
+	if val, ok := env["KAFKA_BOOTSTRAP_SERVERS"]; ok {
+		v.Set("bootstrap.servers", val)
+	}
+	for _, k := range keys {
+		if val, ok := env[EnvName(k.name)]; ok {
+			v.Set(k.name, val)
+		}
+	}
+
+	for _, k := range keys {
+		if f := fs.Lookup(k.name); f != nil && f.Changed {
+			v.Set(k.name, f.Value.String())
+		}
+	}
+
+	c, errs := decode(v)
+	problems = append(problems, errs...)
+	if len(problems) == 0 {
+		if err := c.Validate(); err != nil {
+			return Config{}, err
+		}
+		return c, nil
+	}
+	return Config{}, errors.Join(problems...)
+}
+
+// Default returns the configuration with every key at its default.
+func Default() Config {
+	c, err := Load(pflag.NewFlagSet("default", pflag.ContinueOnError), nil)
+	if err != nil {
+		panic(err) // the defaults are valid; a test guards it
+	}
+	return c
+}
+
+func known(name string) bool {
+	return slices.ContainsFunc(keys, func(k keyDef) bool { return k.name == name })
+}
+
+func knownEnv(name string) bool {
+	return slices.ContainsFunc(keys, func(k keyDef) bool { return EnvName(k.name) == name })
+}
+
+func decode(v *viper.Viper) (Config, []error) {
+	var c Config
+	var problems []error
+	str := func(key string) string { return strings.TrimSpace(fmt.Sprint(v.Get(key))) }
+	integer := func(key string, min, max int64) int64 {
+		raw := v.Get(key)
+		var n int64
+		switch x := raw.(type) {
+		case int:
+			n = int64(x)
+		case int64:
+			n = x
+		case uint64:
+			if x > math.MaxInt64 {
+				problems = append(problems, fmt.Errorf("config: %s = %v: must be an integer from %d to %d", key, raw, min, max))
+				return 0
+			}
+			n = int64(x)
+		case float64:
+			if x != math.Trunc(x) || x < math.MinInt64 || x > math.MaxInt64 {
+				problems = append(problems, fmt.Errorf("config: %s = %v: must be an integer from %d to %d", key, raw, min, max))
+				return 0
+			}
+			n = int64(x)
+		default:
+			var err error
+			n, err = strconv.ParseInt(strings.TrimSpace(fmt.Sprint(raw)), 10, 64)
+			if err != nil {
+				problems = append(problems, fmt.Errorf("config: %s = %q: must be an integer from %d to %d", key, fmt.Sprint(raw), min, max))
+				return 0
+			}
+		}
+		if n < min || n > max {
+			problems = append(problems, fmt.Errorf("config: %s = %d: must be from %d to %d", key, n, min, max))
+			return 0
+		}
+		return n
+	}
+	boolean := func(key string) bool {
+		switch x := v.Get(key).(type) {
+		case bool:
+			return x
+		default:
+			b, err := strconv.ParseBool(strings.TrimSpace(fmt.Sprint(x)))
+			if err != nil {
+				problems = append(problems, fmt.Errorf("config: %s = %q: must be true or false", key, fmt.Sprint(x)))
+			}
+			return b
+		}
+	}
+	list := func(key string) []string {
+		var parts []string
+		switch x := v.Get(key).(type) {
+		case []any:
+			for _, e := range x {
+				parts = append(parts, fmt.Sprint(e))
+			}
+		default:
+			parts = strings.Split(fmt.Sprint(x), ",")
+		}
+		var out []string
+		for _, p := range parts {
+			if p = strings.TrimSpace(p); p != "" {
+				out = append(out, p)
+			}
+		}
+		return out
+	}
+
+	c.ApplicationID = str("application.id")
+	c.BootstrapServers = list("bootstrap.servers")
+	c.StateDir = str("state.dir")
+	c.InputTopic = str("input.topic")
+	c.NotificationTopic = str("notification.topic")
+	c.StoreName = str("store.name")
+	c.NotificationThreshold = integer("notification.threshold", math.MinInt64, math.MaxInt64)
+	c.ProcessingGuarantee = str("processing.guarantee")
+	c.AutoOffsetReset = str("auto.offset.reset")
+	if v.IsSet("commit.interval.ms") && str("commit.interval.ms") != "" {
+		c.CommitInterval = time.Duration(integer("commit.interval.ms", 1, 3_600_000)) * time.Millisecond
+	} else if c.ProcessingGuarantee == ExactlyOnceV2 {
+		c.CommitInterval = 100 * time.Millisecond
+	} else {
+		c.CommitInterval = time.Second
+	}
+	c.TopicsCreate = boolean("topics.create")
+	c.TopicsPartitions = int32(integer("topics.partitions", 1, 10_000))
+	c.ReplicationFactor = int16(integer("replication.factor", -1, math.MaxInt16))
+	c.HTTPAddr = str("http.addr")
+	c.LogLevel = strings.ToLower(str("log.level"))
+	c.LogFormat = strings.ToLower(str("log.format"))
+	if !v.IsSet("log.format") {
+		c.LogFormat = ""
+	}
+	return c, problems
+}
+
+var legalName = regexp.MustCompile(`^[a-zA-Z0-9._-]+$`)
+
+// Validate reports every problem of c at once, each naming the key, the value
+// and what is allowed.
+func (c Config) Validate() error {
+	var problems []error
+	bad := func(key string, val any, allowed string) {
+		problems = append(problems, fmt.Errorf("config: %s = %q: %s", key, fmt.Sprint(val), allowed))
+	}
+	for key, val := range map[string]string{
+		"application.id":     c.ApplicationID,
+		"input.topic":        c.InputTopic,
+		"notification.topic": c.NotificationTopic,
+		"store.name":         c.StoreName,
+	} {
+		if !legalName.MatchString(val) || len(val) > 200 {
+			bad(key, val, "must be 1 to 200 characters of a-z, A-Z, 0-9, '.', '_' and '-' (it names Kafka topics)")
+		}
+	}
+	if len(c.BootstrapServers) == 0 {
+		bad("bootstrap.servers", "", "must list at least one host:port")
+	}
+	for _, s := range c.BootstrapServers {
+		if _, port, err := net.SplitHostPort(s); err != nil || port == "" {
+			bad("bootstrap.servers", s, "each entry must be host:port")
+		}
+	}
+	if c.StateDir == "" {
+		bad("state.dir", c.StateDir, "must name a directory")
+	}
+	if c.InputTopic != "" && c.InputTopic == c.NotificationTopic {
+		bad("notification.topic", c.NotificationTopic, "must differ from input.topic")
+	}
+	switch c.ProcessingGuarantee {
+	case AtLeastOnce:
+	case ExactlyOnceV2:
+		bad("processing.guarantee", c.ProcessingGuarantee, "exactly_once_v2 is not available in this version; allowed: at_least_once")
+	default:
+		bad("processing.guarantee", c.ProcessingGuarantee, "allowed: at_least_once")
+	}
+	if c.AutoOffsetReset != "earliest" && c.AutoOffsetReset != "latest" {
+		bad("auto.offset.reset", c.AutoOffsetReset, "allowed: earliest, latest")
+	}
+	if c.CommitInterval <= 0 {
+		bad("commit.interval.ms", c.CommitInterval.Milliseconds(), "must be from 1 to 3600000")
+	}
+	if c.TopicsPartitions < 1 {
+		bad("topics.partitions", c.TopicsPartitions, "must be from 1 to 10000")
+	}
+	if c.ReplicationFactor == 0 || c.ReplicationFactor < -1 {
+		bad("replication.factor", c.ReplicationFactor, "must be -1 (broker default) or at least 1")
+	}
+	if _, _, err := net.SplitHostPort(c.HTTPAddr); err != nil {
+		bad("http.addr", c.HTTPAddr, "must be host:port or :port")
+	}
+	if !slices.Contains([]string{"debug", "info", "warn", "error"}, c.LogLevel) {
+		bad("log.level", c.LogLevel, "allowed: debug, info, warn, error")
+	}
+	if !slices.Contains([]string{"", "json", "console"}, c.LogFormat) {
+		bad("log.format", c.LogFormat, "allowed: json, console")
+	}
+	sort.Slice(problems, func(i, j int) bool { return problems[i].Error() < problems[j].Error() })
+	return errors.Join(problems...)
+}
+
+// Fields returns the effective configuration as key/value pairs, for the
+// start-up log line.
+func (c Config) Fields() map[string]any {
+	return map[string]any{
+		"application.id":         c.ApplicationID,
+		"bootstrap.servers":      strings.Join(c.BootstrapServers, ","),
+		"state.dir":              c.StateDir,
+		"input.topic":            c.InputTopic,
+		"notification.topic":     c.NotificationTopic,
+		"store.name":             c.StoreName,
+		"notification.threshold": c.NotificationThreshold,
+		"processing.guarantee":   c.ProcessingGuarantee,
+		"auto.offset.reset":      c.AutoOffsetReset,
+		"commit.interval.ms":     c.CommitInterval.Milliseconds(),
+		"topics.create":          c.TopicsCreate,
+		"topics.partitions":      c.TopicsPartitions,
+		"replication.factor":     c.ReplicationFactor,
+		"http.addr":              c.HTTPAddr,
+		"log.level":              c.LogLevel,
+		"log.format":             c.LogFormat,
+	}
+}
+
+// StateDirUnderTemp reports whether the state dir lies under the OS temp dir,
+// where it may not survive a reboot or a container restart.
+func (c Config) StateDirUnderTemp() bool {
+	tmp := os.TempDir()
+	return c.StateDir == tmp || strings.HasPrefix(c.StateDir, strings.TrimSuffix(tmp, "/")+"/")
+}

@@ -1,0 +1,167 @@
+package sales
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math"
+	"strconv"
+	"unicode/utf8"
+)
+
+// Reasons an event is rejected. They are the values of BadEventError.Reason
+// and appear in logs and counters, so they are stable identifiers.
+const (
+	ReasonEmpty       = "empty_value"
+	ReasonNotJSON     = "not_json"
+	ReasonNotObject   = "not_object"
+	ReasonNoValue     = "missing_value"
+	ReasonBadValue    = "value_not_integer"
+	ReasonRange       = "value_out_of_range"
+	ReasonNoKey       = "missing_product"
+	ReasonBadProduct  = "product_not_string"
+	ReasonInvalidUTF8 = "invalid_utf8"
+	ReasonOverflow    = "total_overflow"
+	ReasonTooLarge    = "too_large"
+)
+
+// MaxEventSize is the largest event value accepted, in bytes. A sales event is
+// a few dozen bytes; anything this large is a producer bug and is rejected
+// before parsing.
+const MaxEventSize = 64 << 10
+
+// MaxKeySize is the largest group key accepted, in bytes.
+const MaxKeySize = 4 << 10
+
+// BadEventError reports why an event cannot be folded. Bad events are counted
+// and skipped; they never stop a partition.
+type BadEventError struct {
+	Reason string
+	Detail string
+}
+
+func (e *BadEventError) Error() string {
+	if e.Detail == "" {
+		return "sales: bad event: " + e.Reason
+	}
+	return "sales: bad event: " + e.Reason + ": " + e.Detail
+}
+
+func bad(reason, format string, args ...any) error {
+	return &BadEventError{Reason: reason, Detail: fmt.Sprintf(format, args...)}
+}
+
+// Reason returns the reason of a BadEventError anywhere in err's chain, or
+// "unknown".
+func Reason(err error) string {
+	var be *BadEventError
+	if errors.As(err, &be) {
+		return be.Reason
+	}
+	return "unknown"
+}
+
+// Event is one decoded sales event.
+type Event struct {
+	// Key is the group key: the record key, or the product when the record
+	// key is empty.
+	Key string
+	// Product is the product named in the value.
+	Product string
+	// Value is the amount to add; negative values are allowed.
+	Value int64
+}
+
+// Decode validates a record's key and value and returns the event. The value
+// must be a JSON object with an integer "value" and a string "product"
+// (the product may be omitted when the key is set). Any other shape is a
+// *BadEventError.
+func Decode(key, value []byte) (Event, error) {
+	value = bytes.TrimSpace(value)
+	if len(value) == 0 {
+		return Event{}, bad(ReasonEmpty, "")
+	}
+	if len(value) > MaxEventSize {
+		return Event{}, bad(ReasonTooLarge, "value is %d bytes, at most %d allowed", len(value), MaxEventSize)
+	}
+	if len(key) > MaxKeySize {
+		return Event{}, bad(ReasonTooLarge, "key is %d bytes, at most %d allowed", len(key), MaxKeySize)
+	}
+	if !utf8.Valid(key) {
+		return Event{}, bad(ReasonInvalidUTF8, "record key is not valid UTF-8")
+	}
+	if value[0] != '{' {
+		if json.Valid(value) {
+			return Event{}, bad(ReasonNotObject, "value is JSON but not an object")
+		}
+		return Event{}, bad(ReasonNotJSON, "")
+	}
+	var raw map[string]json.RawMessage
+	if err := json.Unmarshal(value, &raw); err != nil {
+		return Event{}, bad(ReasonNotJSON, "%v", err)
+	}
+	var ev Event
+	if p, ok := raw["product"]; ok && !isNull(p) {
+		if err := json.Unmarshal(p, &ev.Product); err != nil {
+			return Event{}, bad(ReasonBadProduct, "product is %s", abbreviate(p))
+		}
+	}
+	v, ok := raw["value"]
+	if !ok || isNull(v) {
+		return Event{}, bad(ReasonNoValue, "")
+	}
+	n, err := parseInteger(v)
+	if err != nil {
+		return Event{}, err
+	}
+	ev.Value = n
+	ev.Key = string(key)
+	if ev.Key == "" {
+		ev.Key = ev.Product
+	}
+	if ev.Key == "" {
+		return Event{}, bad(ReasonNoKey, "record key and product are both empty")
+	}
+	if len(ev.Key) > MaxKeySize {
+		return Event{}, bad(ReasonTooLarge, "product is %d bytes, at most %d allowed", len(ev.Key), MaxKeySize)
+	}
+	return ev, nil
+}
+
+func isNull(raw json.RawMessage) bool { return bytes.Equal(bytes.TrimSpace(raw), []byte("null")) }
+
+// parseInteger accepts a JSON number written as an integer ("12", "-3"). A
+// fraction, an exponent, a string or any other JSON type is rejected, as is a
+// number outside int64.
+func parseInteger(raw json.RawMessage) (int64, error) {
+	s := string(bytes.TrimSpace(raw))
+	if s == "" || (s[0] != '-' && (s[0] < '0' || s[0] > '9')) {
+		return 0, bad(ReasonBadValue, "value is %s", abbreviate(raw))
+	}
+	n, err := strconv.ParseInt(s, 10, 64)
+	if err == nil {
+		return n, nil
+	}
+	if errors.Is(err, strconv.ErrRange) {
+		return 0, bad(ReasonRange, "value %s does not fit in a 64-bit integer", abbreviate(raw))
+	}
+	return 0, bad(ReasonBadValue, "value is %s", abbreviate(raw))
+}
+
+func abbreviate(raw []byte) string {
+	const max = 40
+	if len(raw) <= max {
+		return string(raw)
+	}
+	return string(raw[:max]) + "..."
+}
+
+// Add returns total+v, or a *BadEventError when the sum does not fit in an
+// int64. A total is never wrapped.
+func Add(total, v int64) (int64, error) {
+	if (v > 0 && total > math.MaxInt64-v) || (v < 0 && total < math.MinInt64-v) {
+		return total, bad(ReasonOverflow, "%d + %d overflows a 64-bit total", total, v)
+	}
+	return total + v, nil
+}

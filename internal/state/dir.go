@@ -1,0 +1,180 @@
+package state
+
+import (
+	"bytes"
+	"crypto/rand"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"syscall"
+)
+
+const (
+	lockFileName     = ".lock"
+	metadataFileName = "process-metadata"
+)
+
+// ErrLocked is returned by OpenDir when another process holds the state dir.
+var ErrLocked = errors.New("state: state dir is locked by another process")
+
+// Dir is an application's state directory, locked for the life of the
+// process. It is safe for concurrent use.
+type Dir struct {
+	path      string
+	lock      *os.File
+	processID string
+}
+
+// OpenDir creates <stateDir>/<appID> if needed, takes its lock and loads (or
+// creates) the process id. It fails with an error wrapping ErrLocked, naming
+// the lock file and its holder, when another process holds the lock.
+func OpenDir(stateDir, appID string) (*Dir, error) {
+	path := filepath.Join(stateDir, appID)
+	if err := os.MkdirAll(path, 0o755); err != nil {
+		return nil, fmt.Errorf("creating state dir %s: %w", path, err)
+	}
+	lock, err := acquireLock(filepath.Join(path, lockFileName))
+	if err != nil {
+		return nil, err
+	}
+	d := &Dir{path: path, lock: lock}
+	if d.processID, err = loadProcessID(filepath.Join(path, metadataFileName)); err != nil {
+		_ = d.Close()
+		return nil, err
+	}
+	return d, nil
+}
+
+func acquireLock(name string) (*os.File, error) {
+	f, err := os.OpenFile(name, os.O_RDWR|os.O_CREATE, 0o644)
+	if err != nil {
+		return nil, fmt.Errorf("opening lock file %s: %w", name, err)
+	}
+	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
+		holder, _ := os.ReadFile(name)
+		_ = f.Close()
+		if errors.Is(err, syscall.EWOULDBLOCK) {
+			h := strings.TrimSpace(string(holder))
+			if h == "" {
+				h = "unknown holder"
+			}
+			return nil, fmt.Errorf("%w: lock file %s is held by %s; one process per state dir (stop it, or give this one another state.dir)", ErrLocked, name, h)
+		}
+		return nil, fmt.Errorf("locking %s: %w", name, err)
+	}
+	host, _ := os.Hostname()
+	if err := f.Truncate(0); err == nil {
+		_, _ = f.WriteAt([]byte(fmt.Sprintf("pid=%d host=%s\n", os.Getpid(), host)), 0)
+	}
+	return f, nil
+}
+
+type processMetadata struct {
+	ProcessID string `json:"processId"`
+}
+
+func loadProcessID(name string) (string, error) {
+	b, err := os.ReadFile(name)
+	if err == nil {
+		var md processMetadata
+		if json.Unmarshal(b, &md) == nil && md.ProcessID != "" {
+			return md.ProcessID, nil
+		}
+		// A corrupt metadata file only costs the old id: write a new one.
+	} else if !errors.Is(err, os.ErrNotExist) {
+		return "", fmt.Errorf("reading process metadata %s: %w", name, err)
+	}
+	md := processMetadata{ProcessID: newUUID()}
+	b, _ = json.Marshal(md)
+	if err := writeFileAtomic(name, append(b, '\n')); err != nil {
+		return "", fmt.Errorf("writing process metadata %s: %w", name, err)
+	}
+	return md.ProcessID, nil
+}
+
+func newUUID() string {
+	var u [16]byte
+	_, _ = rand.Read(u[:])
+	u[6] = u[6]&0x0f | 0x40
+	u[8] = u[8]&0x3f | 0x80
+	return fmt.Sprintf("%x-%x-%x-%x-%x", u[0:4], u[4:6], u[6:8], u[8:10], u[10:])
+}
+
+func writeFileAtomic(name string, data []byte) error {
+	tmp := name + ".tmp"
+	if err := os.WriteFile(tmp, data, 0o644); err != nil {
+		return err
+	}
+	return os.Rename(tmp, name)
+}
+
+// Path returns <state.dir>/<application.id>.
+func (d *Dir) Path() string { return d.path }
+
+// ProcessID returns the stable id of this state dir's process, kept across
+// restarts in the process-metadata file.
+func (d *Dir) ProcessID() string { return d.processID }
+
+// TaskName returns the name of the task (and of its directory) that owns the
+// given partition of the single sub-topology: "0_<partition>".
+func TaskName(partition int32) string { return "0_" + strconv.Itoa(int(partition)) }
+
+// TaskPath returns the directory of the task owning partition.
+func (d *Dir) TaskPath(partition int32) string { return filepath.Join(d.path, TaskName(partition)) }
+
+// Tasks returns the partitions that have a task directory, sorted.
+func (d *Dir) Tasks() ([]int32, error) { return listTasks(d.path) }
+
+func listTasks(path string) ([]int32, error) {
+	ents, err := os.ReadDir(path)
+	if err != nil {
+		return nil, fmt.Errorf("listing tasks in %s: %w", path, err)
+	}
+	var ps []int32
+	for _, e := range ents {
+		rest, ok := strings.CutPrefix(e.Name(), "0_")
+		if !ok {
+			continue
+		}
+		p, err := strconv.ParseInt(rest, 10, 32)
+		if err != nil || p < 0 {
+			continue
+		}
+		ps = append(ps, int32(p))
+	}
+	sort.Slice(ps, func(i, j int) bool { return ps[i] < ps[j] })
+	return ps, nil
+}
+
+// Wipe deletes the task directory of partition. The task's store must be
+// closed.
+func (d *Dir) Wipe(partition int32) error {
+	if err := os.RemoveAll(d.TaskPath(partition)); err != nil {
+		return fmt.Errorf("wiping task %s: %w", TaskName(partition), err)
+	}
+	return nil
+}
+
+// Close releases the lock. The lock file stays; its content names the last
+// holder.
+func (d *Dir) Close() error {
+	if d.lock == nil {
+		return nil
+	}
+	_ = syscall.Flock(int(d.lock.Fd()), syscall.LOCK_UN)
+	err := d.lock.Close()
+	d.lock = nil
+	return err
+}
+
+// LockHolder returns the content of the lock file of <stateDir>/<appID>
+// ("pid=N host=H"), or "" when there is none.
+func LockHolder(stateDir, appID string) string {
+	b, _ := os.ReadFile(filepath.Join(stateDir, appID, lockFileName))
+	return string(bytes.TrimSpace(b))
+}

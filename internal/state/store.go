@@ -1,0 +1,287 @@
+package state
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+
+	"github.com/cockroachdb/pebble/v2"
+	"go.uber.org/zap"
+
+	"github.com/salesagg/salesagg/internal/sales"
+)
+
+// Key space of a task's Pebble database:
+//
+//	'd' + product  -> 8-byte big-endian total, then the encoded sales.Offsets
+//	'm' + "checkpoint" -> the Checkpoint, see encodeCheckpoint
+//
+// Every Apply writes the changed products and the checkpoint in one batch.
+const (
+	dataPrefix = 'd'
+	dataEnd    = dataPrefix + 1
+)
+
+var checkpointKey = []byte("mcheckpoint")
+
+const checkpointVersion = 1
+
+// ErrClosed is returned by a Store used after Close.
+var ErrClosed = errors.New("state: store closed")
+
+// Entry is what a store keeps for one product.
+type Entry struct {
+	Total int64
+	// Offsets are the input offsets the total reflects, per input partition.
+	Offsets sales.Offsets
+}
+
+// Update is one product's new entry, or its deletion (a changelog
+// tombstone).
+type Update struct {
+	Product string
+	Entry   Entry
+	Delete  bool
+}
+
+// Checkpoint is the position a store reflects, stored in the same batch as
+// the data.
+type Checkpoint struct {
+	// ChangelogOffset is the next changelog offset to restore from: every
+	// changelog record below it is reflected in the store.
+	ChangelogOffset int64
+	// InputOffset is the next input offset of the task's partition that the
+	// store reflects, or -1 when unknown (after a restore). Informational:
+	// the input position is the group's committed offset, and duplicates are
+	// recognised per product by Entry.Offsets.
+	InputOffset int64
+	// ChangelogTopicID is the id of the changelog topic the offsets refer to;
+	// a different id means the topic was recreated and the store is void.
+	ChangelogTopicID [16]byte
+}
+
+func encodeCheckpoint(cp Checkpoint) []byte {
+	b := make([]byte, 0, 1+8+8+16)
+	b = append(b, checkpointVersion)
+	b = binary.BigEndian.AppendUint64(b, uint64(cp.ChangelogOffset))
+	b = binary.BigEndian.AppendUint64(b, uint64(cp.InputOffset))
+	return append(b, cp.ChangelogTopicID[:]...)
+}
+
+func decodeCheckpoint(b []byte) (Checkpoint, error) {
+	if len(b) != 1+8+8+16 || b[0] != checkpointVersion {
+		return Checkpoint{}, fmt.Errorf("state: unreadable checkpoint (%d bytes)", len(b))
+	}
+	var cp Checkpoint
+	cp.ChangelogOffset = int64(binary.BigEndian.Uint64(b[1:]))
+	cp.InputOffset = int64(binary.BigEndian.Uint64(b[9:]))
+	copy(cp.ChangelogTopicID[:], b[17:])
+	return cp, nil
+}
+
+func encodeEntry(e Entry) []byte {
+	b := make([]byte, 0, 8+12*len(e.Offsets))
+	b = binary.BigEndian.AppendUint64(b, uint64(e.Total))
+	return e.Offsets.AppendEncode(b)
+}
+
+func decodeEntry(b []byte) (Entry, error) {
+	if len(b) < 8 {
+		return Entry{}, fmt.Errorf("state: unreadable entry (%d bytes)", len(b))
+	}
+	offs, err := sales.DecodeOffsets(b[8:])
+	if err != nil {
+		return Entry{}, err
+	}
+	return Entry{Total: int64(binary.BigEndian.Uint64(b)), Offsets: offs}, nil
+}
+
+func dataKey(product string) []byte {
+	k := make([]byte, 0, 1+len(product))
+	return append(append(k, dataPrefix), product...)
+}
+
+// Store is one task's Pebble database. Reads are safe from any goroutine;
+// writes come from the task that owns the store.
+type Store struct {
+	db       *pebble.DB
+	path     string
+	readOnly bool
+}
+
+// OpenOptions tune Open.
+type OpenOptions struct {
+	// ReadOnly opens the store for offline inspection.
+	ReadOnly bool
+	// CacheSize is the block cache size in bytes; 0 means 8 MiB.
+	CacheSize int64
+}
+
+// Open opens (creating unless read-only) the Pebble database at path.
+func Open(path string, log *zap.Logger, o OpenOptions) (*Store, error) {
+	if o.CacheSize == 0 {
+		o.CacheSize = 8 << 20
+	}
+	cache := pebble.NewCache(o.CacheSize)
+	defer cache.Unref()
+	opts := &pebble.Options{
+		Cache:              cache,
+		ReadOnly:           o.ReadOnly,
+		ErrorIfNotExists:   o.ReadOnly,
+		FormatMajorVersion: pebble.FormatNewest,
+		Logger:             pebbleLogger{log.Sugar()},
+	}
+	db, err := pebble.Open(path, opts)
+	if err != nil {
+		return nil, fmt.Errorf("opening store %s: %w", path, err)
+	}
+	return &Store{db: db, path: path, readOnly: o.ReadOnly}, nil
+}
+
+// Path returns the store's directory.
+func (s *Store) Path() string { return s.path }
+
+// Get returns the entry of product, and false when the store has none.
+func (s *Store) Get(product string) (Entry, bool, error) {
+	v, closer, err := s.db.Get(dataKey(product))
+	if errors.Is(err, pebble.ErrNotFound) {
+		return Entry{}, false, nil
+	}
+	if err != nil {
+		return Entry{}, false, fmt.Errorf("reading %q from %s: %w", product, s.path, err)
+	}
+	defer closer.Close()
+	e, err := decodeEntry(v)
+	if err != nil {
+		return Entry{}, false, fmt.Errorf("reading %q from %s: %w", product, s.path, err)
+	}
+	return e, true, nil
+}
+
+// Checkpoint returns the stored checkpoint, and false when there is none.
+func (s *Store) Checkpoint() (Checkpoint, bool, error) {
+	v, closer, err := s.db.Get(checkpointKey)
+	if errors.Is(err, pebble.ErrNotFound) {
+		return Checkpoint{}, false, nil
+	}
+	if err != nil {
+		return Checkpoint{}, false, fmt.Errorf("reading checkpoint of %s: %w", s.path, err)
+	}
+	defer closer.Close()
+	cp, err := decodeCheckpoint(v)
+	return cp, err == nil, err
+}
+
+// Apply writes updates and the checkpoint in one atomic batch.
+//
+// The batch is not fsynced: a process crash keeps it (it is in the OS), and an
+// OS crash that loses it loses data and checkpoint together, which a restore
+// from the changelog then makes up. Close syncs.
+func (s *Store) Apply(updates []Update, cp Checkpoint) error {
+	b := s.db.NewBatch()
+	defer b.Close()
+	for _, u := range updates {
+		var err error
+		if u.Delete {
+			err = b.Delete(dataKey(u.Product), nil)
+		} else {
+			err = b.Set(dataKey(u.Product), encodeEntry(u.Entry), nil)
+		}
+		if err != nil {
+			return fmt.Errorf("writing batch to %s: %w", s.path, err)
+		}
+	}
+	if err := b.Set(checkpointKey, encodeCheckpoint(cp), nil); err != nil {
+		return fmt.Errorf("writing batch to %s: %w", s.path, err)
+	}
+	if err := b.Commit(pebble.NoSync); err != nil {
+		return fmt.Errorf("committing batch to %s: %w", s.path, err)
+	}
+	return nil
+}
+
+// Total is one product's total, as listed by Scan.
+type Total struct {
+	Product string `json:"product"`
+	Total   int64  `json:"total"`
+}
+
+// Scan returns up to limit products sorted by name, starting after the
+// product after ("" starts at the first).
+func (s *Store) Scan(after string, limit int) ([]Total, error) {
+	lower := dataKey(after)
+	if after != "" {
+		lower = append(lower, 0)
+	}
+	it, err := s.db.NewIter(&pebble.IterOptions{LowerBound: lower, UpperBound: []byte{dataEnd}})
+	if err != nil {
+		return nil, fmt.Errorf("scanning %s: %w", s.path, err)
+	}
+	var out []Total
+	for ok := it.First(); ok && len(out) < limit; ok = it.Next() {
+		v, err := it.ValueAndErr()
+		if err != nil {
+			break
+		}
+		e, err := decodeEntry(v)
+		if err != nil {
+			_ = it.Close()
+			return nil, fmt.Errorf("scanning %s: %w", s.path, err)
+		}
+		out = append(out, Total{Product: string(it.Key()[1:]), Total: e.Total})
+	}
+	if err := it.Close(); err != nil {
+		return nil, fmt.Errorf("scanning %s: %w", s.path, err)
+	}
+	return out, nil
+}
+
+// Count returns the number of products and the sum of their totals.
+func (s *Store) Count() (products int64, sum int64, err error) {
+	it, err := s.db.NewIter(&pebble.IterOptions{LowerBound: []byte{dataPrefix}, UpperBound: []byte{dataEnd}})
+	if err != nil {
+		return 0, 0, fmt.Errorf("counting %s: %w", s.path, err)
+	}
+	for ok := it.First(); ok; ok = it.Next() {
+		v, err := it.ValueAndErr()
+		if err != nil {
+			break
+		}
+		if len(v) >= 8 {
+			sum += int64(binary.BigEndian.Uint64(v))
+		}
+		products++
+	}
+	if err := it.Close(); err != nil {
+		return 0, 0, fmt.Errorf("counting %s: %w", s.path, err)
+	}
+	return products, sum, nil
+}
+
+// Close syncs and closes the database.
+func (s *Store) Close() error {
+	if s.db == nil {
+		return ErrClosed
+	}
+	var errs []error
+	if !s.readOnly {
+		// A flushed memtable makes the next open quick: no WAL to replay.
+		errs = append(errs, s.db.Flush())
+	}
+	errs = append(errs, s.db.Close())
+	s.db = nil
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("closing store %s: %w", s.path, err)
+	}
+	return nil
+}
+
+// pebbleLogger routes Pebble's logs to zap: its chatty info lines at debug.
+// Fatalf panics instead of exiting so the owner of the store can recover.
+type pebbleLogger struct{ s *zap.SugaredLogger }
+
+func (l pebbleLogger) Infof(format string, args ...any)  { l.s.Debugf("pebble: "+format, args...) }
+func (l pebbleLogger) Errorf(format string, args ...any) { l.s.Errorf("pebble: "+format, args...) }
+func (l pebbleLogger) Fatalf(format string, args ...any) {
+	panic(fmt.Sprintf("pebble: "+format, args...))
+}

@@ -1,0 +1,248 @@
+package stream
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"go.uber.org/zap"
+
+	"github.com/salesagg/salesagg/internal/sales"
+	"github.com/salesagg/salesagg/internal/state"
+)
+
+// restoreProgressEvery is how often a long restore logs its progress.
+const restoreProgressEvery = 5 * time.Second
+
+// restore opens the task's store and brings it up to the changelog end
+// offset read now: from the stored checkpoint, or from the start when there
+// is none or the changelog cannot honour it (invariant 5: wipe, never serve
+// stale state).
+func (t *task) restore(ctx context.Context) error {
+	start := time.Now()
+	store, err := state.Open(t.rt.dir.TaskPath(t.partition), t.log, state.OpenOptions{})
+	if err != nil {
+		return err
+	}
+	t.store.Store(store)
+
+	cl := t.rt.cfg.ChangelogTopic()
+	tp := fmt.Sprintf("%s-%d", cl, t.partition)
+	for attempt := 0; ; attempt++ {
+		from, to, err := t.restoreRange(ctx, tp)
+		if err != nil {
+			return err
+		}
+		t.stats.restoreFrom.Store(from)
+		t.stats.restoreTo.Store(to)
+		n, err := t.replay(ctx, from, to)
+		if errors.Is(err, kerr.OffsetOutOfRange) && attempt < 3 {
+			// The log start moved past our position while restoring
+			// (compaction or retention): start over.
+			t.log.Warn("Changelog start moved during restore; wiping the task and restoring from the start", zap.String("changelog", tp))
+			if err := t.wipe(); err != nil {
+				return err
+			}
+			continue
+		}
+		if err != nil {
+			return err
+		}
+		d := time.Since(start)
+		t.stats.restoreMillis.Store(d.Milliseconds())
+		t.log.Info(fmt.Sprintf("Finished restoring changelog %s to store %s with a total number of %d records", tp, t.rt.cfg.StoreName, n),
+			zap.Int64("records", n), zap.Duration("duration", d))
+		t.log.Info(fmt.Sprintf("task [%s] Restored and ready to run", t.name))
+		return nil
+	}
+}
+
+// restoreRange validates the checkpoint against the changelog and returns
+// the offsets to replay, [from, to).
+func (t *task) restoreRange(ctx context.Context, tp string) (from, to int64, err error) {
+	cl := t.rt.cfg.ChangelogTopic()
+	starts, err := t.rt.admin.ListStartOffsets(ctx, cl)
+	if err == nil {
+		err = starts.Error()
+	}
+	if err != nil {
+		return 0, 0, fmt.Errorf("listing start offsets of %s: %w", cl, err)
+	}
+	ends, err := t.rt.admin.ListEndOffsets(ctx, cl)
+	if err == nil {
+		err = ends.Error()
+	}
+	if err != nil {
+		return 0, 0, fmt.Errorf("listing end offsets of %s: %w", cl, err)
+	}
+	so, ok1 := starts.Lookup(cl, t.partition)
+	eo, ok2 := ends.Lookup(cl, t.partition)
+	if !ok1 || !ok2 {
+		return 0, 0, fmt.Errorf("changelog partition %s not found", tp)
+	}
+	logStart, end := so.Offset, eo.Offset
+
+	cp, found, err := t.store.Load().Checkpoint()
+	if err != nil {
+		return 0, 0, err
+	}
+	var zeroID [16]byte
+	switch {
+	case !found:
+		t.log.Info(fmt.Sprintf("task [%s] State store %s did not find checkpoint offset, hence would default to the starting offset at changelog %s",
+			t.name, t.rt.cfg.StoreName, tp))
+		t.cp = state.Checkpoint{ChangelogOffset: logStart, InputOffset: -1, ChangelogTopicID: t.rt.topo.changelogID}
+		return logStart, end, nil
+	case cp.ChangelogTopicID != zeroID && cp.ChangelogTopicID != t.rt.topo.changelogID:
+		t.log.Warn(fmt.Sprintf("task [%s] Changelog %s was recreated since the checkpoint was written; wiping the store and restoring from the start", t.name, tp),
+			zap.Int64("checkpoint", cp.ChangelogOffset))
+	case cp.ChangelogOffset > end:
+		t.log.Warn(fmt.Sprintf("task [%s] Checkpoint offset %d is beyond the end offset %d of changelog %s; wiping the store and restoring from the start", t.name, cp.ChangelogOffset, end, tp),
+			zap.Int64("checkpoint", cp.ChangelogOffset), zap.Int64("end_offset", end))
+	case cp.ChangelogOffset < logStart:
+		t.log.Warn(fmt.Sprintf("task [%s] Checkpoint offset %d is below the start offset %d of changelog %s; wiping the store and restoring from the start", t.name, cp.ChangelogOffset, logStart, tp),
+			zap.Int64("checkpoint", cp.ChangelogOffset), zap.Int64("start_offset", logStart))
+	default:
+		t.cp = cp
+		t.stats.checkpoint.Store(cp.ChangelogOffset)
+		return cp.ChangelogOffset, end, nil
+	}
+	if err := t.wipe(); err != nil {
+		return 0, 0, err
+	}
+	t.cp = state.Checkpoint{ChangelogOffset: logStart, InputOffset: -1, ChangelogTopicID: t.rt.topo.changelogID}
+	return logStart, end, nil
+}
+
+// wipe deletes the task's store and opens an empty one.
+func (t *task) wipe() error {
+	if s := t.store.Swap(nil); s != nil {
+		if err := s.Close(); err != nil {
+			t.log.Warn("Closing store before wiping it", zap.Error(err))
+		}
+	}
+	if err := t.rt.dir.Wipe(t.partition); err != nil {
+		return err
+	}
+	s, err := state.Open(t.rt.dir.TaskPath(t.partition), t.log, state.OpenOptions{})
+	if err != nil {
+		return err
+	}
+	t.store.Store(s)
+	t.cp = state.Checkpoint{InputOffset: -1, ChangelogTopicID: t.rt.topo.changelogID}
+	return nil
+}
+
+// replay reads the changelog partition over [from, to) and writes each
+// fetch as one Pebble batch with the checkpoint after it. It returns the
+// number of records restored.
+func (t *task) replay(ctx context.Context, from, to int64) (int64, error) {
+	if from >= to {
+		if t.cp.ChangelogOffset != from || t.cp.ChangelogTopicID != t.rt.topo.changelogID {
+			t.cp.ChangelogOffset, t.cp.ChangelogTopicID = from, t.rt.topo.changelogID
+			if err := t.store.Load().Apply(nil, t.cp); err != nil {
+				return 0, err
+			}
+		}
+		t.stats.checkpoint.Store(t.cp.ChangelogOffset)
+		return 0, nil
+	}
+	cl := t.rt.cfg.ChangelogTopic()
+	client, err := kgo.NewClient(append(t.rt.kafkaOpts(),
+		kgo.ConsumePartitions(map[string]map[int32]kgo.Offset{cl: {t.partition: kgo.NewOffset().At(from)}}),
+		kgo.FetchMaxBytes(32<<20),
+	)...)
+	if err != nil {
+		return 0, fmt.Errorf("creating restore consumer: %w", err)
+	}
+	defer client.Close()
+
+	var (
+		n       int64
+		next    = from
+		began   = time.Now()
+		lastLog = began
+		total   = to - from
+		updates []state.Update
+		tp      = fmt.Sprintf("%s-%d", cl, t.partition)
+	)
+	for next < to {
+		fetches := client.PollFetches(ctx)
+		if err := ctx.Err(); err != nil {
+			return n, err
+		}
+		var ferr error
+		fetches.EachError(func(_ string, _ int32, err error) {
+			if ferr == nil {
+				ferr = err
+			}
+		})
+		if ferr != nil {
+			if errors.Is(ferr, kerr.OffsetOutOfRange) {
+				return n, ferr
+			}
+			// Retriable errors are retried inside the client; anything
+			// reaching us is logged and polled again, bounded by ctx.
+			t.log.Warn("Fetching changelog during restore", zap.String("changelog", tp), zap.Error(ferr))
+			select {
+			case <-ctx.Done():
+				return n, ctx.Err()
+			case <-time.After(time.Second):
+			}
+			continue
+		}
+		updates = updates[:0]
+		fetches.EachRecord(func(r *kgo.Record) {
+			if r.Offset >= to {
+				return
+			}
+			next = r.Offset + 1
+			n++
+			u := state.Update{Product: string(r.Key)}
+			if r.Value == nil {
+				u.Delete = true
+				updates = append(updates, u)
+				return
+			}
+			total, err := sales.DecodeTotal(r.Value)
+			if err != nil {
+				t.log.Warn("Skipping unreadable changelog record", zap.String("changelog", tp), zap.Int64("offset", r.Offset), zap.Error(err))
+				return
+			}
+			u.Entry.Total = total
+			for _, h := range r.Headers {
+				if h.Key == sales.OffsetsHeader {
+					if offs, err := sales.DecodeOffsets(h.Value); err == nil {
+						u.Entry.Offsets = offs
+					}
+				}
+			}
+			updates = append(updates, u)
+		})
+		if len(updates) > 0 || next > t.cp.ChangelogOffset {
+			cp := t.cp
+			cp.ChangelogOffset = min(next, to)
+			if err := t.store.Load().Apply(updates, cp); err != nil {
+				return n, err
+			}
+			t.cp = cp
+			t.stats.checkpoint.Store(cp.ChangelogOffset)
+		}
+		t.stats.restored.Store(n)
+		if now := time.Now(); now.Sub(lastLog) >= restoreProgressEvery {
+			lastLog = now
+			done := next - from
+			rate := float64(done) / now.Sub(began).Seconds()
+			eta := time.Duration(0)
+			if rate > 0 {
+				eta = time.Duration(float64(to-next) / rate * float64(time.Second))
+			}
+			t.log.Info(fmt.Sprintf("task [%s] Restoring changelog %s: %d of %d offsets done (%.0f records/s, ETA %s)", t.name, tp, done, total, rate, eta.Round(time.Second)),
+				zap.Int64("records", n), zap.Int64("done", done), zap.Int64("total", total), zap.Float64("rate", rate), zap.Duration("eta", eta))
+		}
+	}
+	return n, nil
+}

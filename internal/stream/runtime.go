@@ -1,0 +1,484 @@
+package stream
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sort"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
+	"github.com/twmb/franz-go/plugin/kzap"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+
+	"github.com/salesagg/salesagg/internal/config"
+	"github.com/salesagg/salesagg/internal/state"
+)
+
+// Knobs are hooks for tests. The zero value does nothing.
+type Knobs struct {
+	// CrashPoint, if set, is called at the named points of the commit
+	// cycle ("flush-start", "changelog-produced", "changelog-flushed",
+	// "store-written", "offsets-committed"); a test kills the process there.
+	CrashPoint func(point string)
+}
+
+// Runtime runs salesagg's tasks for one process. Create it with New and run
+// it with Run; its status methods are safe to call from any goroutine.
+type Runtime struct {
+	cfg   config.Config
+	log   *zap.Logger
+	dir   *state.Dir
+	knobs Knobs
+
+	// set by Run before any task starts
+	topo   topology
+	client *kgo.Client
+	admin  *kadm.Client
+
+	committer committer
+	badEvents atomic.Int64
+	// work is the context tasks run under: canceled when the shutdown
+	// grace period runs out, not when shutdown begins.
+	work context.Context
+
+	mu struct {
+		sync.Mutex
+		tasks    map[int32]*task
+		assigned bool // an assignment was received since the last revoke of all
+		stopping bool
+		// restoring is the batch of tasks of the latest assignment still
+		// restoring, for the "Restoration took" line.
+		restoring  map[int32]bool
+		restoreAll []string
+		restoreAt  time.Time
+	}
+	wg       sync.WaitGroup // task goroutines
+	failures chan error     // a task's fatal error
+}
+
+// New returns a runtime for cfg using the locked state dir.
+func New(cfg config.Config, log *zap.Logger, dir *state.Dir, knobs Knobs) *Runtime {
+	rt := &Runtime{cfg: cfg, log: log, dir: dir, knobs: knobs, failures: make(chan error, 1)}
+	rt.mu.tasks = make(map[int32]*task)
+	rt.committer.onDone = func() { rt.crashPoint("offsets-committed") }
+	return rt
+}
+
+// GracePeriod bounds how long Run takes to stop once its context is done.
+const GracePeriod = 30 * time.Second
+
+func (rt *Runtime) kafkaOpts() []kgo.Opt {
+	return []kgo.Opt{
+		kgo.SeedBrokers(rt.cfg.BootstrapServers...),
+		kgo.ClientID(rt.cfg.ApplicationID + "-" + rt.dir.ProcessID()),
+		kgo.WithLogger(kzap.New(rt.log.Named("kafka"), kzap.LevelFn(func() kgo.LogLevel {
+			// franz-go logs one level below ours: its info is our debug.
+			if rt.log.Core().Enabled(zapcore.DebugLevel) {
+				return kgo.LogLevelInfo
+			}
+			return kgo.LogLevelWarn
+		}))),
+	}
+}
+
+// Run connects to Kafka, prepares the topics, joins the group and processes
+// until ctx is done; then it stops every task (flushing and checkpointing),
+// commits, leaves the group and closes the stores within GracePeriod.
+func (rt *Runtime) Run(ctx context.Context) error {
+	work, cancelWork := context.WithCancel(context.Background())
+	defer cancelWork()
+	rt.work = work
+
+	adminClient, err := kgo.NewClient(rt.kafkaOpts()...)
+	if err != nil {
+		return fmt.Errorf("creating Kafka client: %w", err)
+	}
+	defer adminClient.Close()
+	rt.admin = kadm.NewClient(adminClient)
+
+	if err := rt.prepareTopics(ctx); err != nil {
+		return err
+	}
+	if ctx.Err() != nil {
+		return nil
+	}
+
+	reset := kgo.NewOffset().AtStart()
+	if rt.cfg.AutoOffsetReset == "latest" {
+		reset = kgo.NewOffset().AtEnd()
+	}
+	rt.client, err = kgo.NewClient(append(rt.kafkaOpts(),
+		kgo.ConsumerGroup(rt.cfg.ApplicationID),
+		kgo.ConsumeTopics(rt.cfg.InputTopic, rt.cfg.RepartitionTopic()),
+		kgo.Balancers(kgo.CooperativeStickyBalancer()),
+		kgo.ConsumeResetOffset(reset),
+		kgo.DisableAutoCommit(),
+		kgo.BlockRebalanceOnPoll(),
+		kgo.OnPartitionsAssigned(rt.assigned),
+		kgo.OnPartitionsRevoked(rt.revoked),
+		kgo.OnPartitionsLost(rt.lost),
+		kgo.RecordPartitioner(kgo.ManualPartitioner()),
+		kgo.ProducerLinger(5*time.Millisecond),
+		kgo.MaxBufferedRecords(100_000),
+	)...)
+	if err != nil {
+		return fmt.Errorf("creating group consumer: %w", err)
+	}
+	rt.log.Info("Joining consumer group", zap.String("group", rt.cfg.ApplicationID), zap.String("input", rt.cfg.InputTopic),
+		zap.Int32("partitions", rt.topo.partitions), zap.String("process_id", rt.dir.ProcessID()))
+
+	commitDone := make(chan struct{})
+	commitCtx, stopCommits := context.WithCancel(context.Background())
+	go func() {
+		defer close(commitDone)
+		rt.commitLoop(commitCtx)
+	}()
+
+	pollErr := rt.poll(ctx)
+
+	// Shutdown: stop every task with a flush, commit, leave the group.
+	deadline := time.AfterFunc(GracePeriod, cancelWork)
+	defer deadline.Stop()
+	rt.mu.Lock()
+	rt.mu.stopping = true
+	rt.mu.Unlock()
+	stopErr := rt.stopTasks(rt.allPartitions(), true)
+	stopCommits()
+	<-commitDone
+	commitErr := rt.committer.commit(work, rt.client)
+	rt.client.Close() // leaves the group
+	rt.wg.Wait()
+	if work.Err() != nil {
+		rt.log.Warn("Shutdown grace period ran out; the next start restores the changelog tail", zap.Duration("grace", GracePeriod))
+	}
+	rt.log.Info("Stopped")
+	return errors.Join(pollErr, stopErr, commitErr)
+}
+
+// prepareTopics checks and creates the topics, retrying while Kafka cannot
+// be reached.
+func (rt *Runtime) prepareTopics(ctx context.Context) error {
+	backoff := 250 * time.Millisecond
+	for attempt := 1; ; attempt++ {
+		attemptCtx, cancel := context.WithTimeout(ctx, 15*time.Second)
+		topo, err := ensureTopics(attemptCtx, rt.admin, rt.cfg, rt.log)
+		cancel()
+		if err == nil {
+			rt.mu.Lock()
+			rt.topo = topo
+			rt.mu.Unlock()
+			return nil
+		}
+		if ctx.Err() != nil {
+			return nil
+		}
+		if !retriable(err) {
+			return err
+		}
+		rt.log.Warn("Waiting for Kafka", zap.Strings("bootstrap.servers", rt.cfg.BootstrapServers), zap.Int("attempt", attempt), zap.Error(err))
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(backoff):
+		}
+		backoff = min(2*backoff, 10*time.Second)
+	}
+}
+
+// retriable reports whether a start-up error can go away by waiting: Kafka
+// unreachable or not ready, as opposed to a wrong topic layout.
+func retriable(err error) bool {
+	var te interface{ Timeout() bool }
+	if errors.Is(err, context.DeadlineExceeded) || errors.As(err, &te) {
+		return true
+	}
+	msg := err.Error()
+	for _, s := range []string{"connection refused", "dial", "EOF", "unable to dial", "broken pipe", "connection reset", "not available", "NOT_CONTROLLER", "LEADER_NOT_AVAILABLE", "COORDINATOR"} {
+		if strings.Contains(msg, s) {
+			return true
+		}
+	}
+	return false
+}
+
+// poll is the loop that owns the group client: it fetches and hands each
+// partition's records to its task, until ctx is done or a task fails.
+func (rt *Runtime) poll(ctx context.Context) error {
+	for {
+		select {
+		case err := <-rt.failures:
+			return err
+		default:
+		}
+		fetches := rt.client.PollRecords(ctx, 10_000)
+		if ctx.Err() != nil || fetches.IsClientClosed() {
+			rt.client.AllowRebalance()
+			return nil
+		}
+		fetches.EachError(func(topic string, p int32, err error) {
+			rt.log.Warn("Fetching", zap.String("topic", topic), zap.Int32("partition", p), zap.Error(err))
+		})
+		fetches.EachPartition(func(p kgo.FetchTopicPartition) {
+			if len(p.Records) == 0 {
+				return
+			}
+			rt.mu.Lock()
+			t := rt.mu.tasks[p.Partition]
+			rt.mu.Unlock()
+			if t == nil {
+				return // revoked meanwhile; the new owner reads from the committed offset
+			}
+			select {
+			case t.inbox <- batch{topic: p.Topic, recs: p.Records, hwm: p.HighWatermark}:
+			case <-t.done:
+			case <-ctx.Done():
+			}
+		})
+		rt.client.AllowRebalance()
+	}
+}
+
+// assigned starts a task for each newly assigned partition. Fetching for it
+// stays paused until its restore is done.
+func (rt *Runtime) assigned(_ context.Context, cl *kgo.Client, parts map[string][]int32) {
+	rt.mu.Lock()
+	defer rt.mu.Unlock()
+	if rt.mu.stopping {
+		return
+	}
+	rt.mu.assigned = true
+	var started []int32
+	for _, ps := range parts {
+		for _, p := range ps {
+			if _, ok := rt.mu.tasks[p]; ok {
+				continue
+			}
+			t := newTask(rt, p)
+			rt.mu.tasks[p] = t
+			started = append(started, p)
+		}
+	}
+	if len(started) == 0 {
+		return
+	}
+	sort.Slice(started, func(i, j int) bool { return started[i] < started[j] })
+	cl.PauseFetchPartitions(rt.topicsOf(started))
+	rt.mu.restoring = make(map[int32]bool)
+	rt.mu.restoreAll = nil
+	rt.mu.restoreAt = time.Now()
+	for _, p := range started {
+		t := rt.mu.tasks[p]
+		rt.mu.restoring[p] = true
+		rt.mu.restoreAll = append(rt.mu.restoreAll, t.name)
+		rt.wg.Add(1)
+		go func() {
+			defer rt.wg.Done()
+			if err := t.run(rt.work); err != nil {
+				select {
+				case rt.failures <- err:
+				default:
+				}
+			}
+		}()
+	}
+	rt.log.Info("Assigned partitions", zap.Strings("tasks", rt.mu.restoreAll))
+}
+
+// taskRestored resumes fetching for a restored task and logs when the whole
+// latest assignment is restored.
+func (rt *Runtime) taskRestored(t *task) {
+	rt.client.ResumeFetchPartitions(rt.topicsOf([]int32{t.partition}))
+	rt.mu.Lock()
+	defer rt.mu.Unlock()
+	if !rt.mu.restoring[t.partition] {
+		return
+	}
+	delete(rt.mu.restoring, t.partition)
+	if len(rt.mu.restoring) == 0 {
+		ms := time.Since(rt.mu.restoreAt).Milliseconds()
+		rt.log.Info(fmt.Sprintf("Restoration took %d ms for all tasks [%s]", ms, strings.Join(rt.mu.restoreAll, ", ")),
+			zap.Int64("duration_ms", ms), zap.Strings("tasks", rt.mu.restoreAll))
+	}
+}
+
+func (rt *Runtime) topicsOf(ps []int32) map[string][]int32 {
+	return map[string][]int32{rt.cfg.InputTopic: ps, rt.cfg.RepartitionTopic(): ps}
+}
+
+// revoked stops the tasks of revoked partitions: each drains what it was
+// handed, flushes and checkpoints; then their offsets are committed before
+// the partitions are let go.
+func (rt *Runtime) revoked(ctx context.Context, cl *kgo.Client, parts map[string][]int32) {
+	ps := rt.partitionsOf(parts)
+	if err := rt.stopTasks(ps, true); err != nil {
+		rt.log.Error("Stopping revoked tasks", zap.Error(err))
+	}
+	if err := rt.committer.commit(ctx, cl); err != nil {
+		rt.log.Error("Committing offsets of revoked partitions", zap.Error(err))
+	}
+}
+
+// lost drops the tasks of lost partitions without committing: another
+// member may own them already.
+func (rt *Runtime) lost(_ context.Context, _ *kgo.Client, parts map[string][]int32) {
+	ps := rt.partitionsOf(parts)
+	if err := rt.stopTasks(ps, false); err != nil {
+		rt.log.Warn("Dropping lost tasks", zap.Error(err))
+	}
+	rt.committer.forget(rt.cfg.InputTopic, ps)
+	rt.committer.forget(rt.cfg.RepartitionTopic(), ps)
+}
+
+// partitionsOf returns the task partitions among parts: a task goes when
+// its input partition goes.
+func (rt *Runtime) partitionsOf(parts map[string][]int32) []int32 {
+	return parts[rt.cfg.InputTopic]
+}
+
+func (rt *Runtime) allPartitions() []int32 {
+	rt.mu.Lock()
+	defer rt.mu.Unlock()
+	var ps []int32
+	for p := range rt.mu.tasks {
+		ps = append(ps, p)
+	}
+	return ps
+}
+
+// stopTasks stops the tasks of ps and waits for them.
+func (rt *Runtime) stopTasks(ps []int32, flush bool) error {
+	rt.mu.Lock()
+	var ts []*task
+	for _, p := range ps {
+		if t, ok := rt.mu.tasks[p]; ok {
+			ts = append(ts, t)
+			delete(rt.mu.tasks, p)
+			delete(rt.mu.restoring, p)
+		}
+	}
+	if len(rt.mu.tasks) == 0 {
+		rt.mu.assigned = false
+	}
+	rt.mu.Unlock()
+	for _, t := range ts {
+		select {
+		case t.stop <- flush:
+		default:
+		}
+	}
+	var errs []error
+	for _, t := range ts {
+		<-t.done
+		if s := t.State(); s == TaskFailed {
+			errs = append(errs, fmt.Errorf("task %s failed", t.name))
+		}
+		t.log.Info(fmt.Sprintf("task [%s] Closed", t.name), zap.Bool("flushed", flush))
+	}
+	return errors.Join(errs...)
+}
+
+func (rt *Runtime) crashPoint(name string) {
+	if rt.knobs.CrashPoint != nil {
+		rt.knobs.CrashPoint(name)
+	}
+}
+
+// commitLoop commits the offsets tasks reported, every commit interval.
+func (rt *Runtime) commitLoop(ctx context.Context) {
+	tick := time.NewTicker(rt.cfg.CommitInterval)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+			if err := rt.committer.commit(ctx, rt.client); err != nil && ctx.Err() == nil {
+				rt.log.Warn("Committing offsets", zap.Error(err))
+			}
+		}
+	}
+}
+
+// committer holds the offsets tasks made safe to commit (their changelog is
+// acknowledged and their store written) until they are committed.
+type committer struct {
+	mu      sync.Mutex
+	pending map[string]map[int32]kgo.EpochOffset
+	onDone  func()
+}
+
+func (c *committer) report(topic string, partition int32, next int64) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.pending == nil {
+		c.pending = make(map[string]map[int32]kgo.EpochOffset)
+	}
+	if c.pending[topic] == nil {
+		c.pending[topic] = make(map[int32]kgo.EpochOffset)
+	}
+	c.pending[topic][partition] = kgo.EpochOffset{Epoch: -1, Offset: next}
+}
+
+func (c *committer) forget(topic string, ps []int32) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, p := range ps {
+		delete(c.pending[topic], p)
+	}
+}
+
+// commit commits the pending offsets synchronously. Offsets that fail to
+// commit are kept for the next try, unless newer ones arrived meanwhile.
+func (c *committer) commit(ctx context.Context, cl *kgo.Client) error {
+	c.mu.Lock()
+	todo := c.pending
+	c.pending = nil
+	c.mu.Unlock()
+	if len(todo) == 0 {
+		return nil
+	}
+	var commitErr error
+	cl.CommitOffsetsSync(ctx, todo, func(_ *kgo.Client, _ *kmsg.OffsetCommitRequest, resp *kmsg.OffsetCommitResponse, err error) {
+		if err != nil {
+			commitErr = err
+			return
+		}
+		for _, t := range resp.Topics {
+			for _, p := range t.Partitions {
+				if e := kerr.ErrorForCode(p.ErrorCode); e != nil && commitErr == nil {
+					commitErr = fmt.Errorf("committing %s-%d: %w", t.Topic, p.Partition, e)
+				}
+			}
+		}
+	})
+	if commitErr != nil {
+		c.mu.Lock()
+		for topic, ps := range todo {
+			for p, eo := range ps {
+				if _, newer := c.pending[topic][p]; !newer {
+					if c.pending == nil {
+						c.pending = make(map[string]map[int32]kgo.EpochOffset)
+					}
+					if c.pending[topic] == nil {
+						c.pending[topic] = make(map[int32]kgo.EpochOffset)
+					}
+					c.pending[topic][p] = eo
+				}
+			}
+		}
+		c.mu.Unlock()
+		return commitErr
+	}
+	if c.onDone != nil {
+		c.onDone()
+	}
+	return nil
+}

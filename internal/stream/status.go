@@ -1,0 +1,165 @@
+package stream
+
+import (
+	"errors"
+	"fmt"
+	"sort"
+
+	"github.com/salesagg/salesagg/internal/sales"
+	"github.com/salesagg/salesagg/internal/state"
+)
+
+// Errors of queries.
+var (
+	// ErrNotReady: the task owning the product is not running yet
+	// (restoring), or no partitions are assigned yet.
+	ErrNotReady = errors.New("stream: task not ready")
+	// ErrNotHosted: the partition owning the product is assigned to no task
+	// of this process.
+	ErrNotHosted = errors.New("stream: partition not hosted by this instance")
+)
+
+// Total returns the committed total of product from the store of the task
+// that owns it. Totals reflect the last commit cycle (commit.interval.ms).
+func (rt *Runtime) Total(product string) (int64, bool, error) {
+	rt.mu.Lock()
+	n := rt.topo.partitions
+	var t *task
+	if n > 0 {
+		t = rt.mu.tasks[sales.Partition([]byte(product), n)]
+	}
+	rt.mu.Unlock()
+	if n == 0 {
+		return 0, false, ErrNotReady
+	}
+	p := sales.Partition([]byte(product), n)
+	if t == nil {
+		return 0, false, fmt.Errorf("%w: partition %d", ErrNotHosted, p)
+	}
+	if t.State() != TaskRunning {
+		return 0, false, fmt.Errorf("%w: task %s is %s", ErrNotReady, t.name, t.State())
+	}
+	s := t.store.Load()
+	if s == nil {
+		return 0, false, ErrNotReady
+	}
+	e, ok, err := s.Get(product)
+	return e.Total, ok, err
+}
+
+// Products lists up to limit totals sorted by product, after the product
+// after, from every running task. unavailable names the tasks that are
+// assigned but not running, whose products are missing from the page.
+func (rt *Runtime) Products(after string, limit int) (page []state.Total, unavailable []string, err error) {
+	for _, t := range rt.tasks() {
+		s := t.store.Load()
+		if t.State() != TaskRunning || s == nil {
+			unavailable = append(unavailable, t.name)
+			continue
+		}
+		got, err := s.Scan(after, limit)
+		if err != nil {
+			return nil, nil, err
+		}
+		page = append(page, got...)
+	}
+	sort.Slice(page, func(i, j int) bool { return page[i].Product < page[j].Product })
+	if len(page) > limit {
+		page = page[:limit]
+	}
+	return page, unavailable, nil
+}
+
+func (rt *Runtime) tasks() []*task {
+	rt.mu.Lock()
+	defer rt.mu.Unlock()
+	ts := make([]*task, 0, len(rt.mu.tasks))
+	for _, t := range rt.mu.tasks {
+		ts = append(ts, t)
+	}
+	sort.Slice(ts, func(i, j int) bool { return ts[i].partition < ts[j].partition })
+	return ts
+}
+
+// TaskStatus describes one task for operators.
+type TaskStatus struct {
+	Task      string `json:"task"`
+	Partition int32  `json:"partition"`
+	State     string `json:"state"`
+	// Checkpoint is the next changelog offset the store reflects (-1: none yet).
+	Checkpoint int64         `json:"checkpoint"`
+	Restore    RestoreStatus `json:"restore"`
+	// Position is the next input offset to process (-1: none read yet);
+	// Lag is the input high watermark minus it.
+	Position   int64 `json:"position"`
+	Lag        int64 `json:"lag"`
+	Processed  int64 `json:"processed"`
+	Duplicates int64 `json:"duplicates_skipped"`
+	BadEvents  int64 `json:"bad_events"`
+	Forwarded  int64 `json:"forwarded"`
+}
+
+// RestoreStatus is a task's restore progress.
+type RestoreStatus struct {
+	From       int64 `json:"from"`
+	To         int64 `json:"to"`
+	Restored   int64 `json:"restored"`
+	Done       bool  `json:"done"`
+	DurationMs int64 `json:"duration_ms"`
+}
+
+// Tasks returns the status of every assigned task, by partition.
+func (rt *Runtime) Tasks() []TaskStatus {
+	var out []TaskStatus
+	for _, t := range rt.tasks() {
+		st := t.State()
+		pos, hwm := t.stats.inputPos.Load(), t.stats.inputHWM.Load()
+		lag := int64(0)
+		if pos >= 0 && hwm > pos {
+			lag = hwm - pos
+		}
+		out = append(out, TaskStatus{
+			Task:       t.name,
+			Partition:  t.partition,
+			State:      st.String(),
+			Checkpoint: t.stats.checkpoint.Load(),
+			Restore: RestoreStatus{
+				From:       t.stats.restoreFrom.Load(),
+				To:         t.stats.restoreTo.Load(),
+				Restored:   t.stats.restored.Load(),
+				Done:       st >= TaskRunning && st != TaskFailed,
+				DurationMs: t.stats.restoreMillis.Load(),
+			},
+			Position:   pos,
+			Lag:        lag,
+			Processed:  t.stats.processed.Load(),
+			Duplicates: t.stats.duplicates.Load(),
+			BadEvents:  t.stats.bad.Load(),
+			Forwarded:  t.stats.forwarded.Load(),
+		})
+	}
+	return out
+}
+
+// Ready reports whether the process serves: it has an assignment and every
+// assigned task is running. The reason says what is missing.
+func (rt *Runtime) Ready() (bool, string) {
+	rt.mu.Lock()
+	assigned, stopping := rt.mu.assigned, rt.mu.stopping
+	rt.mu.Unlock()
+	switch {
+	case stopping:
+		return false, "shutting down"
+	case !assigned:
+		return false, "no partitions assigned yet"
+	}
+	for _, t := range rt.tasks() {
+		if st := t.State(); st != TaskRunning {
+			return false, fmt.Sprintf("task %s is %s", t.name, st)
+		}
+	}
+	return true, "all tasks running"
+}
+
+// BadEvents returns the number of bad events skipped since start.
+func (rt *Runtime) BadEvents() int64 { return rt.badEvents.Load() }

@@ -1,0 +1,427 @@
+package stream
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+	"go.uber.org/zap"
+
+	"github.com/salesagg/salesagg/internal/sales"
+	"github.com/salesagg/salesagg/internal/state"
+)
+
+// TaskState is where a task is in its life.
+type TaskState int32
+
+// Task states, in the order a task goes through them.
+const (
+	TaskCreated TaskState = iota
+	TaskRestoring
+	TaskRunning
+	TaskStopping
+	TaskClosed
+	TaskFailed
+)
+
+func (s TaskState) String() string {
+	switch s {
+	case TaskCreated:
+		return "created"
+	case TaskRestoring:
+		return "restoring"
+	case TaskRunning:
+		return "running"
+	case TaskStopping:
+		return "stopping"
+	case TaskClosed:
+		return "closed"
+	case TaskFailed:
+		return "failed"
+	}
+	return fmt.Sprintf("TaskState(%d)", int32(s))
+}
+
+// maxDirty bounds the products a task keeps changed in memory between
+// commits; past it the task flushes early.
+const maxDirty = 20_000
+
+// batch is records of one partition handed from the poll loop to a task.
+type batch struct {
+	topic string
+	recs  []*kgo.Record
+	hwm   int64
+}
+
+// task owns one partition: its goroutine, its inbox and its store. Fields
+// under "owned by the task goroutine" are touched by nothing else; the atomic
+// fields are read by status queries.
+type task struct {
+	rt        *Runtime
+	partition int32
+	name      string
+	log       *zap.Logger
+
+	inbox chan batch
+	stop  chan bool // true: flush before closing; false: drop (partitions lost)
+	done  chan struct{}
+
+	state atomic.Int32
+	// store is set once opened; it is read by queries while running.
+	store atomic.Pointer[state.Store]
+
+	// owned by the task goroutine
+	dirty      map[string]state.Entry
+	cp         state.Checkpoint
+	inputNext  int64 // next input offset to process, -1 before the first record
+	repartNext int64 // next repartition offset to process, -1 before the first record
+	pending    sync.WaitGroup
+	produceErr atomic.Pointer[error]
+	badLog     rateLimiter
+
+	stats taskStats
+}
+
+// taskStats are counters read by status queries.
+type taskStats struct {
+	processed     atomic.Int64
+	duplicates    atomic.Int64
+	bad           atomic.Int64
+	forwarded     atomic.Int64
+	inputHWM      atomic.Int64
+	inputPos      atomic.Int64
+	restoreFrom   atomic.Int64
+	restoreTo     atomic.Int64
+	restored      atomic.Int64
+	restoreMillis atomic.Int64
+	checkpoint    atomic.Int64
+}
+
+func newTask(rt *Runtime, partition int32) *task {
+	t := &task{
+		rt:         rt,
+		partition:  partition,
+		name:       state.TaskName(partition),
+		inbox:      make(chan batch, 256),
+		stop:       make(chan bool, 1),
+		done:       make(chan struct{}),
+		dirty:      make(map[string]state.Entry),
+		inputNext:  -1,
+		repartNext: -1,
+		badLog:     rateLimiter{every: 10 * time.Second, burst: 5},
+	}
+	t.log = rt.log.With(zap.String("task", t.name), zap.Int32("partition", partition))
+	t.stats.inputPos.Store(-1)
+	t.stats.checkpoint.Store(-1)
+	return t
+}
+
+// State returns the task's state.
+func (t *task) State() TaskState { return TaskState(t.state.Load()) }
+
+func (t *task) setState(s TaskState) { t.state.Store(int32(s)) }
+
+// run is the task goroutine. It restores the store, then processes records
+// until told to stop. It returns an error only for a failure that leaves the
+// task unable to go on; the runtime then stops.
+func (t *task) run(ctx context.Context) (err error) {
+	defer close(t.done)
+	defer func() {
+		if err != nil {
+			t.setState(TaskFailed)
+			t.log.Error("Task failed", zap.Error(err))
+		} else {
+			t.setState(TaskClosed)
+		}
+	}()
+	t.setState(TaskRestoring)
+	if err := t.restore(ctx); err != nil {
+		if s := t.store.Load(); s != nil {
+			_ = s.Close()
+		}
+		if ctx.Err() != nil {
+			return nil
+		}
+		return fmt.Errorf("restoring task %s: %w", t.name, err)
+	}
+	t.setState(TaskRunning)
+	t.rt.taskRestored(t)
+
+	ticker := time.NewTicker(t.rt.cfg.CommitInterval)
+	defer ticker.Stop()
+	for {
+		select {
+		case b := <-t.inbox:
+			if err := t.processBatch(ctx, b); err != nil {
+				return t.close(ctx, false, err)
+			}
+		case <-ticker.C:
+			if err := t.flush(ctx); err != nil {
+				return t.close(ctx, false, err)
+			}
+		case flush := <-t.stop:
+			return t.close(ctx, flush, nil)
+		case <-ctx.Done():
+			return t.close(ctx, false, nil)
+		}
+	}
+}
+
+// close drains what the poll loop already handed over, flushes when asked,
+// and closes the store.
+func (t *task) close(ctx context.Context, flush bool, cause error) error {
+	t.setState(TaskStopping)
+	var errs []error
+	if cause != nil {
+		errs = append(errs, cause)
+	}
+	if flush && cause == nil {
+	drain:
+		for {
+			select {
+			case b := <-t.inbox:
+				if err := t.processBatch(ctx, b); err != nil {
+					errs = append(errs, err)
+					break drain
+				}
+			default:
+				break drain
+			}
+		}
+		if len(errs) == 0 {
+			errs = append(errs, t.flush(ctx))
+		}
+	}
+	// Wait for every record produced for this task, whatever happens to
+	// them, so no callback outlives the task.
+	t.pending.Wait()
+	if s := t.store.Load(); s != nil {
+		errs = append(errs, s.Close())
+	}
+	return errors.Join(errs...)
+}
+
+func (t *task) processBatch(ctx context.Context, b batch) error {
+	if b.topic == t.rt.cfg.InputTopic && b.hwm >= 0 {
+		t.stats.inputHWM.Store(b.hwm)
+	}
+	for _, r := range b.recs {
+		if err := t.process(ctx, b.topic, r); err != nil {
+			return err
+		}
+	}
+	if len(t.dirty) >= maxDirty {
+		return t.flush(ctx)
+	}
+	return nil
+}
+
+// process folds one record. Bad events are counted, logged and skipped.
+func (t *task) process(ctx context.Context, topic string, r *kgo.Record) error {
+	srcPart, srcOff := r.Partition, r.Offset
+	if topic == t.rt.cfg.InputTopic {
+		t.inputNext = r.Offset + 1
+		t.stats.inputPos.Store(t.inputNext)
+	} else {
+		t.repartNext = r.Offset + 1
+		var ok bool
+		if srcPart, srcOff, ok = sourceOf(r); !ok {
+			t.badEvent(topic, r, errors.New("forwarded record without source headers"), "bad_forward")
+			return nil
+		}
+	}
+	ev, err := sales.Decode(r.Key, r.Value)
+	if err != nil {
+		t.badEvent(topic, r, err, sales.Reason(err))
+		return nil
+	}
+	if topic == t.rt.cfg.InputTopic {
+		if owner := sales.Partition([]byte(ev.Key), t.rt.topo.partitions); owner != t.partition {
+			t.forward(ctx, owner, ev.Key, r)
+			return nil
+		}
+	}
+	e, ok := t.dirty[ev.Key]
+	if !ok {
+		stored, _, err := t.store.Load().Get(ev.Key)
+		if err != nil {
+			return err
+		}
+		e = stored
+	}
+	if e.Offsets.Reflects(srcPart, srcOff) {
+		t.stats.duplicates.Add(1)
+		return nil
+	}
+	total, err := sales.Add(e.Total, ev.Value)
+	if err != nil {
+		t.badEvent(topic, r, err, sales.Reason(err))
+		return nil
+	}
+	e.Total = total
+	e.Offsets = e.Offsets.With(srcPart, srcOff)
+	t.dirty[ev.Key] = e
+	t.stats.processed.Add(1)
+	return nil
+}
+
+// forward sends an event to the task owning its product, through the
+// repartition topic, with its input coordinates as headers so the owner can
+// recognise a redelivery.
+func (t *task) forward(ctx context.Context, owner int32, key string, r *kgo.Record) {
+	rec := &kgo.Record{
+		Topic:     t.rt.cfg.RepartitionTopic(),
+		Partition: owner,
+		Key:       []byte(key),
+		Value:     r.Value,
+		Headers: []kgo.RecordHeader{
+			{Key: sales.SourcePartitionHeader, Value: binary.BigEndian.AppendUint32(nil, uint32(r.Partition))},
+			{Key: sales.SourceOffsetHeader, Value: binary.BigEndian.AppendUint64(nil, uint64(r.Offset))},
+		},
+	}
+	t.produce(ctx, rec, nil)
+	t.stats.forwarded.Add(1)
+}
+
+func sourceOf(r *kgo.Record) (int32, int64, bool) {
+	var p, o []byte
+	for _, h := range r.Headers {
+		switch h.Key {
+		case sales.SourcePartitionHeader:
+			p = h.Value
+		case sales.SourceOffsetHeader:
+			o = h.Value
+		}
+	}
+	if len(p) != 4 || len(o) != 8 {
+		return 0, 0, false
+	}
+	return int32(binary.BigEndian.Uint32(p)), int64(binary.BigEndian.Uint64(o)), true
+}
+
+// produce sends rec; done, if not nil, runs with the produced record on
+// success. Failures are kept for the next flush to report.
+func (t *task) produce(ctx context.Context, rec *kgo.Record, done func(*kgo.Record)) {
+	t.pending.Add(1)
+	t.rt.client.Produce(ctx, rec, func(r *kgo.Record, err error) {
+		defer t.pending.Done()
+		if err != nil {
+			err = fmt.Errorf("producing to %s-%d: %w", r.Topic, r.Partition, err)
+			t.produceErr.CompareAndSwap(nil, &err)
+			return
+		}
+		if done != nil {
+			done(r)
+		}
+	})
+}
+
+// flush runs the commit cycle described in the package documentation.
+func (t *task) flush(ctx context.Context) error {
+	t.rt.crashPoint("flush-start")
+	cl := t.rt.cfg.ChangelogTopic()
+	updates := make([]state.Update, 0, len(t.dirty))
+	var mu sync.Mutex
+	maxOffset := int64(-1)
+	onChangelog := func(r *kgo.Record) {
+		mu.Lock()
+		maxOffset = max(maxOffset, r.Offset)
+		mu.Unlock()
+	}
+	for key, e := range t.dirty {
+		t.produce(ctx, &kgo.Record{
+			Topic:     cl,
+			Partition: t.partition,
+			Key:       []byte(key),
+			Value:     sales.EncodeTotal(e.Total),
+			Headers:   []kgo.RecordHeader{{Key: sales.OffsetsHeader, Value: e.Offsets.AppendEncode(nil)}},
+		}, onChangelog)
+		if sales.Notify(e.Total, t.rt.cfg.NotificationThreshold) {
+			t.produce(ctx, &kgo.Record{
+				Topic:     t.rt.cfg.NotificationTopic,
+				Partition: sales.Partition([]byte(key), t.rt.topo.notificationPartitions),
+				Key:       []byte(key),
+				Value:     sales.EncodeNotification(key, e.Total),
+			}, nil)
+		}
+		updates = append(updates, state.Update{Product: key, Entry: e})
+	}
+	t.rt.crashPoint("changelog-produced")
+	t.pending.Wait()
+	if err := ctx.Err(); err != nil {
+		// Past the shutdown grace period: what was produced may be partial;
+		// the store and offsets stay behind, and the next start restores the
+		// changelog tail and skips what it already reflects.
+		return fmt.Errorf("flushing task %s: %w", t.name, err)
+	}
+	if errp := t.produceErr.Load(); errp != nil {
+		return *errp
+	}
+	t.rt.crashPoint("changelog-flushed")
+	if len(updates) > 0 || (t.inputNext >= 0 && t.inputNext != t.cp.InputOffset) {
+		cp := t.cp
+		if maxOffset >= 0 {
+			cp.ChangelogOffset = max(cp.ChangelogOffset, maxOffset+1)
+		}
+		if t.inputNext >= 0 {
+			cp.InputOffset = t.inputNext
+		}
+		if err := t.store.Load().Apply(updates, cp); err != nil {
+			return err
+		}
+		t.cp = cp
+		t.stats.checkpoint.Store(cp.ChangelogOffset)
+		clear(t.dirty)
+	}
+	t.rt.crashPoint("store-written")
+	if t.inputNext >= 0 {
+		t.rt.committer.report(t.rt.cfg.InputTopic, t.partition, t.inputNext)
+	}
+	if t.repartNext >= 0 {
+		t.rt.committer.report(t.rt.cfg.RepartitionTopic(), t.partition, t.repartNext)
+	}
+	return nil
+}
+
+func (t *task) badEvent(topic string, r *kgo.Record, err error, reason string) {
+	t.stats.bad.Add(1)
+	t.rt.badEvents.Add(1)
+	if ok, suppressed := t.badLog.allow(time.Now()); ok {
+		t.log.Warn("Skipping bad event",
+			zap.String("topic", topic),
+			zap.Int64("offset", r.Offset),
+			zap.String("reason", reason),
+			zap.Int64("suppressed", suppressed),
+			zap.Error(err))
+	}
+}
+
+// rateLimiter lets burst events through per period and counts the rest.
+type rateLimiter struct {
+	every      time.Duration
+	burst      int
+	windowFrom time.Time
+	inWindow   int
+	suppressed int64
+}
+
+// allow reports whether to log now, and how many were suppressed since the
+// last one logged.
+func (l *rateLimiter) allow(now time.Time) (bool, int64) {
+	if now.Sub(l.windowFrom) >= l.every {
+		l.windowFrom, l.inWindow = now, 0
+	}
+	if l.inWindow >= l.burst {
+		l.suppressed++
+		return false, 0
+	}
+	l.inWindow++
+	s := l.suppressed
+	l.suppressed = 0
+	return true, s
+}
