@@ -1,6 +1,7 @@
 package sales
 
 import (
+	"bytes"
 	"encoding/binary"
 	"encoding/json"
 	"errors"
@@ -49,10 +50,14 @@ type Notification struct {
 	Value int64  `json:"value"`
 }
 
-// EncodeNotification returns the JSON value of a notification.
+// EncodeNotification returns the JSON value of a notification. HTML
+// characters are not escaped, as Jackson writes them.
 func EncodeNotification(product string, total int64) []byte {
-	b, _ := json.Marshal(Notification{SKU: product, Value: total}) // cannot fail for these types
-	return b
+	var b bytes.Buffer
+	enc := json.NewEncoder(&b)
+	enc.SetEscapeHTML(false)
+	_ = enc.Encode(Notification{SKU: product, Value: total}) // cannot fail for these types
+	return bytes.TrimSuffix(b.Bytes(), []byte("\n"))
 }
 
 // Notify reports whether a total at threshold or above emits a notification.

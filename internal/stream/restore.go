@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"go.uber.org/zap"
@@ -60,30 +61,56 @@ func (t *task) restore(ctx context.Context) error {
 	}
 }
 
+// changelogBounds returns the log start and end offsets of the task's
+// changelog partition, retrying for a while: right after the topic is
+// created, or while a broker restarts, the partition can be briefly unknown.
+func (t *task) changelogBounds(ctx context.Context, tp string) (logStart, end int64, err error) {
+	cl := t.rt.cfg.ChangelogTopic()
+	lookup := func(list func(context.Context, ...string) (kadm.ListedOffsets, error)) (int64, error) {
+		offs, err := list(ctx, cl)
+		if err == nil {
+			err = offs.Error()
+		}
+		if err != nil {
+			return 0, err
+		}
+		o, ok := offs.Lookup(cl, t.partition)
+		if !ok {
+			return 0, kerr.UnknownTopicOrPartition
+		}
+		return o.Offset, nil
+	}
+	wait := 100 * time.Millisecond
+	for attempt := 1; ; attempt++ {
+		logStart, err = lookup(t.rt.admin.ListStartOffsets)
+		if err == nil {
+			end, err = lookup(t.rt.admin.ListEndOffsets)
+		}
+		if err == nil {
+			return logStart, end, nil
+		}
+		if attempt >= 50 {
+			return 0, 0, fmt.Errorf("listing offsets of changelog %s: %w", tp, err)
+		}
+		if attempt%10 == 0 {
+			t.log.Warn("Listing changelog offsets; retrying", zap.String("changelog", tp), zap.Error(err))
+		}
+		select {
+		case <-ctx.Done():
+			return 0, 0, ctx.Err()
+		case <-time.After(wait):
+		}
+		wait = min(2*wait, 2*time.Second)
+	}
+}
+
 // restoreRange validates the checkpoint against the changelog and returns
 // the offsets to replay, [from, to).
 func (t *task) restoreRange(ctx context.Context, tp string) (from, to int64, err error) {
-	cl := t.rt.cfg.ChangelogTopic()
-	starts, err := t.rt.admin.ListStartOffsets(ctx, cl)
-	if err == nil {
-		err = starts.Error()
-	}
+	logStart, end, err := t.changelogBounds(ctx, tp)
 	if err != nil {
-		return 0, 0, fmt.Errorf("listing start offsets of %s: %w", cl, err)
+		return 0, 0, err
 	}
-	ends, err := t.rt.admin.ListEndOffsets(ctx, cl)
-	if err == nil {
-		err = ends.Error()
-	}
-	if err != nil {
-		return 0, 0, fmt.Errorf("listing end offsets of %s: %w", cl, err)
-	}
-	so, ok1 := starts.Lookup(cl, t.partition)
-	eo, ok2 := ends.Lookup(cl, t.partition)
-	if !ok1 || !ok2 {
-		return 0, 0, fmt.Errorf("changelog partition %s not found", tp)
-	}
-	logStart, end := so.Offset, eo.Offset
 
 	cp, found, err := t.store.Load().Checkpoint()
 	if err != nil {

@@ -60,13 +60,18 @@ type Runtime struct {
 		restoreAll []string
 		restoreAt  time.Time
 	}
-	wg       sync.WaitGroup // task goroutines
-	failures chan error     // a task's fatal error
+	wg sync.WaitGroup // task goroutines
+
+	// failed is closed, with failure set, when a task fails; the poll loop
+	// then stops and Run returns the failure.
+	failOnce sync.Once
+	failure  error
+	failed   chan struct{}
 }
 
 // New returns a runtime for cfg using the locked state dir.
 func New(cfg config.Config, log *zap.Logger, dir *state.Dir, knobs Knobs) *Runtime {
-	rt := &Runtime{cfg: cfg, log: log, dir: dir, knobs: knobs, failures: make(chan error, 1)}
+	rt := &Runtime{cfg: cfg, log: log, dir: dir, knobs: knobs, failed: make(chan struct{})}
 	rt.mu.tasks = make(map[int32]*task)
 	rt.committer.onDone = func() { rt.crashPoint("offsets-committed") }
 	return rt
@@ -212,16 +217,25 @@ func retriable(err error) bool {
 // poll is the loop that owns the group client: it fetches and hands each
 // partition's records to its task, until ctx is done or a task fails.
 func (rt *Runtime) poll(ctx context.Context) error {
-	for {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	go func() {
 		select {
-		case err := <-rt.failures:
-			return err
-		default:
+		case <-rt.failed:
+			cancel()
+		case <-ctx.Done():
 		}
+	}()
+	for {
 		fetches := rt.client.PollRecords(ctx, 10_000)
 		if ctx.Err() != nil || fetches.IsClientClosed() {
 			rt.client.AllowRebalance()
-			return nil
+			select {
+			case <-rt.failed:
+				return rt.failure
+			default:
+				return nil
+			}
 		}
 		fetches.EachError(func(topic string, p int32, err error) {
 			rt.log.Warn("Fetching", zap.String("topic", topic), zap.Int32("partition", p), zap.Error(err))
@@ -282,10 +296,10 @@ func (rt *Runtime) assigned(_ context.Context, cl *kgo.Client, parts map[string]
 		go func() {
 			defer rt.wg.Done()
 			if err := t.run(rt.work); err != nil {
-				select {
-				case rt.failures <- err:
-				default:
-				}
+				rt.failOnce.Do(func() {
+					rt.failure = err
+					close(rt.failed)
+				})
 			}
 		}()
 	}

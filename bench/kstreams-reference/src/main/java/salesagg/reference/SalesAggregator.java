@@ -46,7 +46,7 @@ import org.slf4j.LoggerFactory;
  * REFERENCE RESTORE START store=&lt;s&gt; partition=&lt;p&gt; from=&lt;offset&gt; to=&lt;offset&gt;
  * REFERENCE RESTORE END store=&lt;s&gt; partition=&lt;p&gt; records=&lt;n&gt;
  * REFERENCE RESTORE SUSPENDED store=&lt;s&gt; partition=&lt;p&gt; records=&lt;n&gt;
- * REFERENCE RESTORE TOTAL records=&lt;n&gt; ms=&lt;ms&gt;
+ * REFERENCE RESTORE TOTAL records=&lt;n&gt; ms=&lt;ms&gt;    (just before STATE RUNNING; see RestoreReporter)
  * REFERENCE ERROR &lt;exception&gt;
  * REFERENCE STOPPED clean=&lt;true|false&gt; skipped=&lt;n&gt;
  * </pre>

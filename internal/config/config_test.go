@@ -1,0 +1,130 @@
+package config
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/spf13/pflag"
+)
+
+func load(t *testing.T, file string, env []string, args ...string) (Config, error) {
+	t.Helper()
+	fs := pflag.NewFlagSet("test", pflag.ContinueOnError)
+	RegisterFlags(fs)
+	if file != "" {
+		name := filepath.Join(t.TempDir(), "salesagg.yaml")
+		if err := os.WriteFile(name, []byte(file), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		args = append(args, "--config", name)
+	}
+	if err := fs.Parse(args); err != nil {
+		t.Fatal(err)
+	}
+	return Load(fs, env)
+}
+
+func TestDefaults(t *testing.T) {
+	// Scenario: with nothing set, the documented defaults apply.
+	c := Default()
+	if c.ApplicationID != "sales-aggregator" || c.BootstrapServers[0] != "localhost:9092" || c.StateDir != "/tmp/salesagg" ||
+		c.InputTopic != "sales-events-v1" || c.NotificationTopic != "notifications-events-v1" || c.StoreName != "PRODUCT_AGGREGATED_SALES" ||
+		c.NotificationThreshold != 2000 || c.ProcessingGuarantee != AtLeastOnce || c.AutoOffsetReset != "earliest" ||
+		c.CommitInterval != time.Second || !c.TopicsCreate || c.TopicsPartitions != 3 || c.ReplicationFactor != 1 ||
+		c.HTTPAddr != ":8080" || c.LogLevel != "info" || c.LogFormat != "" {
+		t.Fatalf("defaults: %+v", c)
+	}
+	if got := c.ChangelogTopic(); got != "sales-aggregator-PRODUCT_AGGREGATED_SALES-changelog" {
+		t.Fatalf("changelog topic %s", got)
+	}
+}
+
+func TestPrecedenceFileEnvFlags(t *testing.T) {
+	// Scenario: the file sets keys, the environment overrides it, flags override both.
+	file := "application.id: from-file\nnotification.threshold: 10\nstate.dir: /data/file\ncommit.interval.ms: 250\n"
+	env := []string{"SALESAGG_NOTIFICATION_THRESHOLD=20", "SALESAGG_STATE_DIR=/data/env", "KAFKA_BOOTSTRAP_SERVERS=k1:9092,k2:9092", "PATH=/bin"}
+	c, err := load(t, file, env, "--state.dir", "/data/flag")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.ApplicationID != "from-file" || c.NotificationThreshold != 20 || c.StateDir != "/data/flag" || c.CommitInterval != 250*time.Millisecond {
+		t.Fatalf("got %+v", c)
+	}
+	if strings.Join(c.BootstrapServers, ",") != "k1:9092,k2:9092" {
+		t.Fatalf("bootstrap %v", c.BootstrapServers)
+	}
+	// SALESAGG_BOOTSTRAP_SERVERS wins over the KAFKA_ alias.
+	c, err = load(t, "", []string{"KAFKA_BOOTSTRAP_SERVERS=a:1", "SALESAGG_BOOTSTRAP_SERVERS=b:2"})
+	if err != nil || c.BootstrapServers[0] != "b:2" {
+		t.Fatalf("got %v, %v", c.BootstrapServers, err)
+	}
+}
+
+func TestNestedYAML(t *testing.T) {
+	// Scenario: YAML written nested instead of with dotted keys means the same.
+	c, err := load(t, "application:\n  id: nested\ntopics:\n  partitions: 6\n", nil)
+	if err != nil || c.ApplicationID != "nested" || c.TopicsPartitions != 6 {
+		t.Fatalf("got %+v, %v", c, err)
+	}
+}
+
+func TestBadConfigNamesKeyValueAndAllowed(t *testing.T) {
+	// Scenario: every bad key is reported at once with its value and what is allowed.
+	file := "notification.threshold: lots\nunknown.key: 1\n"
+	env := []string{"SALESAGG_PROCESSING_GUARANTEE=exactly_twice", "SALESAGG_NOPE=1"}
+	_, err := load(t, file, env, "--commit.interval.ms", "0", "--topics.partitions", "x", "--log.level", "loud",
+		"--application.id", "bad id", "--bootstrap.servers", "nohostport", "--topics.create", "maybe", "--http.addr", "8080")
+	if err == nil {
+		t.Fatal("bad config accepted")
+	}
+	msg := err.Error()
+	for _, want := range []string{
+		`unknown key "unknown.key"`,
+		`notification.threshold = "lots"`,
+		"SALESAGG_NOPE",
+	} {
+		if !strings.Contains(msg, want) {
+			t.Errorf("error lacks %q:\n%s", want, msg)
+		}
+	}
+	// Type errors stop before validation; validation errors list together.
+	_, err = load(t, "", []string{"SALESAGG_PROCESSING_GUARANTEE=exactly_twice"}, "--commit.interval.ms", "5", "--log.level", "loud",
+		"--application.id", "bad id", "--bootstrap.servers", "nohostport", "--http.addr", "8080", "--auto.offset.reset", "middle")
+	msg = err.Error()
+	for _, want := range []string{
+		`processing.guarantee = "exactly_twice": allowed: at_least_once`,
+		`log.level = "loud": allowed: debug, info, warn, error`,
+		`application.id = "bad id"`,
+		`bootstrap.servers = "nohostport": each entry must be host:port`,
+		`http.addr = "8080"`,
+		`auto.offset.reset = "middle": allowed: earliest, latest`,
+	} {
+		if !strings.Contains(msg, want) {
+			t.Errorf("error lacks %q:\n%s", want, msg)
+		}
+	}
+	_, err = load(t, "", nil, "--commit.interval.ms", "0")
+	if err == nil || !strings.Contains(err.Error(), "commit.interval.ms = 0: must be from 1 to 3600000") {
+		t.Errorf("commit.interval.ms 0: %v", err)
+	}
+	_, err = load(t, "", nil, "--processing.guarantee", "exactly_once_v2")
+	if err == nil || !strings.Contains(err.Error(), "exactly_once_v2 is not available") {
+		t.Errorf("exactly_once_v2: %v", err)
+	}
+}
+
+func TestStateDirUnderTemp(t *testing.T) {
+	// Scenario: a state dir under the temp dir is flagged, a volume path is not.
+	c := Default()
+	c.StateDir = filepath.Join(os.TempDir(), "x")
+	if !c.StateDirUnderTemp() {
+		t.Error("temp state dir not flagged")
+	}
+	c.StateDir = "/shared-volume/state_store"
+	if c.StateDirUnderTemp() {
+		t.Error("volume state dir flagged")
+	}
+}

@@ -1,0 +1,171 @@
+package sales
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"strings"
+	"testing"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+)
+
+func TestDecodeGoodEvents(t *testing.T) {
+	// Scenario: well-formed events decode to the group key and value a user expects.
+	tests := []struct {
+		name, key, value string
+		want             Event
+	}{
+		{"plain", "p1", `{"product":"p1","value":1000}`, Event{Key: "p1", Product: "p1", Value: 1000}},
+		{"negative", "p1", `{"product":"p1","value":-250}`, Event{Key: "p1", Product: "p1", Value: -250}},
+		{"empty key falls back to product", "", `{"product":"p2","value":5}`, Event{Key: "p2", Product: "p2", Value: 5}},
+		{"key wins over product", "k", `{"product":"p3","value":5}`, Event{Key: "k", Product: "p3", Value: 5}},
+		{"no product with key", "p4", `{"value":7}`, Event{Key: "p4", Value: 7}},
+		{"extra fields and spaces", "p5", ` { "value" : 9 , "product" : "p5", "ts": "x" } `, Event{Key: "p5", Product: "p5", Value: 9}},
+		{"max int64", "p6", fmt.Sprintf(`{"value":%d}`, int64(math.MaxInt64)), Event{Key: "p6", Value: math.MaxInt64}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got, err := Decode([]byte(tt.key), []byte(tt.value))
+			if err != nil {
+				t.Fatalf("Decode: %v", err)
+			}
+			if got != tt.want {
+				t.Fatalf("got %+v, want %+v", got, tt.want)
+			}
+		})
+	}
+}
+
+func TestDecodeBadEvents(t *testing.T) {
+	// Scenario: every class of malformed event is rejected with its reason, never a panic.
+	tests := []struct {
+		name, reason string
+		key, value   []byte
+	}{
+		{"empty record", ReasonEmpty, []byte("p"), nil},
+		{"blank value", ReasonEmpty, []byte("p"), []byte("   ")},
+		{"not JSON", ReasonNotJSON, []byte("p"), []byte("hello")},
+		{"truncated JSON", ReasonNotJSON, []byte("p"), []byte(`{"product":"p","value":1`)},
+		{"JSON array", ReasonNotObject, []byte("p"), []byte(`[1,2]`)},
+		{"JSON number", ReasonNotObject, []byte("p"), []byte(`42`)},
+		{"JSON null", ReasonNotObject, []byte("p"), []byte(`null`)},
+		{"missing value", ReasonNoValue, []byte("p"), []byte(`{"product":"p"}`)},
+		{"null value", ReasonNoValue, []byte("p"), []byte(`{"product":"p","value":null}`)},
+		{"string value", ReasonBadValue, []byte("p"), []byte(`{"product":"p","value":"100"}`)},
+		{"fraction", ReasonBadValue, []byte("p"), []byte(`{"product":"p","value":1.5}`)},
+		{"exponent", ReasonBadValue, []byte("p"), []byte(`{"product":"p","value":1e3}`)},
+		{"bool value", ReasonBadValue, []byte("p"), []byte(`{"product":"p","value":true}`)},
+		{"huge number", ReasonRange, []byte("p"), []byte(`{"product":"p","value":99999999999999999999}`)},
+		{"huge negative", ReasonRange, []byte("p"), []byte(`{"product":"p","value":-99999999999999999999}`)},
+		{"product not a string", ReasonBadProduct, []byte(""), []byte(`{"product":7,"value":1}`)},
+		{"empty key and product", ReasonNoKey, []byte(""), []byte(`{"product":"","value":1}`)},
+		{"empty key, no product", ReasonNoKey, nil, []byte(`{"value":1}`)},
+		{"invalid UTF-8 key", ReasonInvalidUTF8, []byte{0xff, 0xfe}, []byte(`{"value":1}`)},
+		{"oversized value", ReasonTooLarge, []byte("p"), []byte(`{"value":1,"pad":"` + strings.Repeat("x", MaxEventSize) + `"}`)},
+		{"oversized key", ReasonTooLarge, []byte(strings.Repeat("k", MaxKeySize+1)), []byte(`{"value":1}`)},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			_, err := Decode(tt.key, tt.value)
+			var be *BadEventError
+			if !errors.As(err, &be) {
+				t.Fatalf("want *BadEventError, got %v", err)
+			}
+			if be.Reason != tt.reason {
+				t.Fatalf("reason %q, want %q (%v)", be.Reason, tt.reason, err)
+			}
+		})
+	}
+}
+
+func FuzzDecode(f *testing.F) {
+	f.Add([]byte("p"), []byte(`{"product":"p","value":1}`))
+	f.Add([]byte(""), []byte(`{"value":-1}`))
+	f.Fuzz(func(t *testing.T, key, value []byte) {
+		ev, err := Decode(key, value)
+		if err == nil && ev.Key == "" {
+			t.Fatalf("accepted an event without a group key: %q %q", key, value)
+		}
+	})
+}
+
+func TestAddOverflow(t *testing.T) {
+	// Scenario: a sum that would overflow int64 is rejected, never wrapped.
+	tests := []struct {
+		total, v int64
+		ok       bool
+	}{
+		{1, 2, true},
+		{math.MaxInt64 - 1, 1, true},
+		{math.MaxInt64, 1, false},
+		{math.MinInt64 + 1, -1, true},
+		{math.MinInt64, -1, false},
+		{math.MaxInt64, math.MinInt64, true},
+	}
+	for _, tt := range tests {
+		got, err := Add(tt.total, tt.v)
+		if (err == nil) != tt.ok {
+			t.Fatalf("Add(%d, %d) err = %v, want ok=%v", tt.total, tt.v, err, tt.ok)
+		}
+		if err == nil && got != tt.total+tt.v {
+			t.Fatalf("Add(%d, %d) = %d", tt.total, tt.v, got)
+		}
+		if err != nil && (Reason(err) != ReasonOverflow || got != tt.total) {
+			t.Fatalf("Add(%d, %d) = %d, %v: want the total unchanged and reason %s", tt.total, tt.v, got, err, ReasonOverflow)
+		}
+	}
+}
+
+func TestPartitionAgreesWithJavaPartitioner(t *testing.T) {
+	// Scenario: a product's owning partition is the one the Java client (murmur2) picks;
+	// franz-go's Kafka-compatible key partitioner is the independent reference.
+	p := kgo.StickyKeyPartitioner(nil).ForTopic("t")
+	rng := rand.New(rand.NewPCG(1, 2))
+	for i := 0; i < 2000; i++ {
+		key := make([]byte, rng.IntN(40)+1)
+		for j := range key {
+			key[j] = byte(rng.IntN(256))
+		}
+		n := rng.IntN(50) + 1
+		want := p.Partition(&kgo.Record{Key: key}, n)
+		if got := Partition(key, int32(n)); int(got) != want {
+			t.Fatalf("Partition(%x, %d) = %d, Java partitioner says %d", key, n, got, want)
+		}
+	}
+}
+
+func TestWireFormats(t *testing.T) {
+	// Scenario: totals, notifications and offsets round-trip in the documented formats.
+	if got := EncodeTotal(2000); string(got) != "\x00\x00\x00\x00\x00\x00\x07\xd0" {
+		t.Fatalf("EncodeTotal(2000) = %x", got)
+	}
+	for _, v := range []int64{0, -1, math.MaxInt64, math.MinInt64} {
+		got, err := DecodeTotal(EncodeTotal(v))
+		if err != nil || got != v {
+			t.Fatalf("DecodeTotal(EncodeTotal(%d)) = %d, %v", v, got, err)
+		}
+	}
+	if _, err := DecodeTotal([]byte{1, 2}); err == nil {
+		t.Fatal("DecodeTotal accepted 2 bytes")
+	}
+	if got := string(EncodeNotification("p1", 2500)); got != `{"sku":"p1","value":2500}` {
+		t.Fatalf("notification = %s", got)
+	}
+	if got := string(EncodeNotification("a<b>&c", 1)); got != `{"sku":"a<b>&c","value":1}` {
+		t.Fatalf("notification = %s", got)
+	}
+	var offs Offsets
+	offs = offs.With(2, 10).With(0, 5).With(2, 11)
+	if !offs.Reflects(2, 11) || offs.Reflects(2, 12) || !offs.Reflects(0, 0) || offs.Reflects(1, 0) {
+		t.Fatalf("Reflects wrong for %v", offs)
+	}
+	back, err := DecodeOffsets(offs.AppendEncode(nil))
+	if err != nil || len(back) != 2 || back[0] != (PartitionOffset{0, 5}) || back[1] != (PartitionOffset{2, 11}) {
+		t.Fatalf("DecodeOffsets = %v, %v", back, err)
+	}
+	if _, err := DecodeOffsets([]byte{1, 2, 3}); err == nil {
+		t.Fatal("DecodeOffsets accepted 3 bytes")
+	}
+}

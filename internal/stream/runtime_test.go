@@ -1,0 +1,248 @@
+package stream_test
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"go.uber.org/zap"
+
+	"github.com/salesagg/salesagg/internal/state"
+)
+
+func TestSeedWalkthrough(t *testing.T) {
+	// Scenario: first start folds the sample events; a restart restores 0 records; a wiped
+	// state dir restores the whole changelog and gives the same totals.
+	h := newHarness(t)
+	in := h.start(h.cfg)
+	in.waitReady()
+	if n := in.waitRestored(3); n != 0 {
+		t.Fatalf("first start restored %d records", n)
+	}
+	if got := in.logs.FilterMessageSnippet("did not find checkpoint offset, hence would default to the starting offset at changelog").Len(); got != 3 {
+		t.Fatalf("%d 'did not find checkpoint offset' lines, want 3", got)
+	}
+	if in.logs.FilterMessageSnippet("Restoration took").Len() != 1 {
+		t.Fatal("no 'Restoration took ... for all tasks' line")
+	}
+	h.produce(sampleEvents(t)...)
+	in.waitTotals(sampleTotals)
+
+	// What a client reads from the topics.
+	var clRecords int
+	waitFor(t, 10*time.Second, "changelog to hold the totals", func() bool {
+		got, n, _ := h.changelog(h.cfg)
+		clRecords = n
+		for p, w := range sampleTotals {
+			if got[p] != w {
+				return false
+			}
+		}
+		return len(got) == len(sampleTotals)
+	})
+	notes, _ := h.notifications(h.cfg)
+	for p, w := range sampleTotals {
+		if w >= h.cfg.NotificationThreshold && notes[p] != w {
+			t.Errorf("last notification of %s = %d, want %d", p, notes[p], w)
+		}
+	}
+	if len(notes) != len(sampleTotals) { // every sample product ends above 2000
+		t.Errorf("notifications for %d products, want %d", len(notes), len(sampleTotals))
+	}
+	if err := in.stop(); err != nil {
+		t.Fatalf("stop: %v", err)
+	}
+
+	// Restart on the intact state dir: nothing to restore.
+	in = h.start(h.cfg)
+	in.waitReady()
+	if n := in.waitRestored(3); n != 0 {
+		t.Fatalf("restart with intact state restored %d records, want 0", n)
+	}
+	if in.logs.FilterMessageSnippet("did not find checkpoint").Len() != 0 {
+		t.Fatal("restart did not find its checkpoint")
+	}
+	in.waitTotals(sampleTotals)
+	if err := in.stop(); err != nil {
+		t.Fatalf("stop: %v", err)
+	}
+
+	// Lose the volume: the whole changelog is restored.
+	if err := os.RemoveAll(filepath.Join(h.stateDir, h.cfg.ApplicationID)); err != nil {
+		t.Fatal(err)
+	}
+	in = h.start(h.cfg)
+	in.waitReady()
+	if n := in.waitRestored(3); n != int64(clRecords) {
+		t.Fatalf("restore after wipe: %d records, want the changelog's %d", n, clRecords)
+	}
+	in.waitTotals(sampleTotals)
+}
+
+func TestBadEventsAreSkippedAndCounted(t *testing.T) {
+	// Scenario: malformed events between good ones are counted and skipped; the partition keeps flowing.
+	h := newHarness(t)
+	h.createInput(3)
+	in := h.start(h.cfg)
+	in.waitReady()
+	bad := [][]byte{
+		[]byte("not json"), nil, []byte(`[1,2,3]`), []byte(`{"product":"a"}`), []byte(`{"product":"a","value":"10"}`),
+		[]byte(`{"product":"a","value":1.5}`), []byte(`{"product":"a","value":null}`), []byte(`{"product":"a","value":123456789012345678901234}`),
+		[]byte(`"just a string"`), []byte(`{"value":5,"product":""}`),
+	}
+	var recs []*kgo.Record
+	want := map[string]int64{}
+	for i := 0; i < 30; i++ {
+		for p := int32(0); p < 3; p++ {
+			key := []string{"a", "b", "c"}[p]
+			recs = append(recs, event(key, key, 10))
+			want[key] += 10
+			b := bad[(i+int(p))%len(bad)]
+			r := &kgo.Record{Key: []byte(key), Value: b}
+			if string(b) == `{"value":5,"product":""}` {
+				r.Key = nil // empty key and empty product: no group key
+			}
+			recs = append(recs, r)
+		}
+	}
+	// Overflow: 2^62 fits; adding 2^62 again would wrap, so both later events are rejected.
+	recs = append(recs, event("big", "big", 1<<62), event("big", "big", 1<<62), event("big", "big", 1<<62))
+	want["big"] = 1 << 62
+	h.produce(recs...)
+	in.waitTotals(want)
+	if got := in.rt.BadEvents(); got != 92 {
+		t.Fatalf("bad events counted: %d, want 92 (90 malformed + 2 overflows)", got)
+	}
+	if in.logs.FilterMessage("Skipping bad event").Len() == 0 {
+		t.Fatal("no bad event logged")
+	}
+	if logged := in.logs.FilterMessage("Skipping bad event").Len(); logged > 3*6 {
+		t.Fatalf("%d bad-event lines: not rate limited", logged)
+	}
+	for _, ts := range in.rt.Tasks() {
+		if ts.State != "running" {
+			t.Fatalf("task %s is %s", ts.Task, ts.State)
+		}
+	}
+}
+
+func TestProductHasOneTotalWhateverItsPartition(t *testing.T) {
+	// Scenario: a product's events arrive on every partition (another partitioner, empty keys);
+	// it still has one total, kept by the task that owns it, and one changelog partition.
+	h := newHarness(t)
+	h.createInput(3)
+	in := h.start(h.cfg)
+	in.waitReady()
+	var recs []*kgo.Record
+	for i := 0; i < 20; i++ {
+		recs = append(recs, eventTo(int32(i%3), "widget", "widget", 100))
+		recs = append(recs, eventTo(int32((i+1)%3), "", "gadget", 7))
+	}
+	h.produce(recs...)
+	want := map[string]int64{"widget": 2000, "gadget": 140}
+	in.waitTotals(want)
+	var forwarded int64
+	for _, ts := range in.rt.Tasks() {
+		forwarded += ts.Forwarded
+	}
+	if forwarded == 0 {
+		t.Fatal("no event was forwarded to its owner")
+	}
+	waitFor(t, 10*time.Second, "changelog totals", func() bool {
+		got, _, _ := h.changelog(h.cfg)
+		return got["widget"] == 2000 && got["gadget"] == 140
+	})
+	_, _, parts := h.changelog(h.cfg)
+	for p := range want {
+		if len(parts[p]) != 1 {
+			t.Fatalf("%s written to changelog partitions %v, want one", p, parts[p])
+		}
+	}
+	page, _, err := in.rt.Products("", 10)
+	if err != nil || len(page) != 2 {
+		t.Fatalf("products %v %v", page, err)
+	}
+	// Restart: redelivered or not, totals stay exact.
+	if err := in.stop(); err != nil {
+		t.Fatal(err)
+	}
+	in = h.start(h.cfg)
+	in.waitReady()
+	h.produce(eventTo(2, "", "widget", 1))
+	want["widget"] = 2001
+	in.waitTotals(want)
+}
+
+func TestCheckpointBeyondChangelogEndWipesAndRestores(t *testing.T) {
+	// Scenario: a checkpoint the changelog cannot honour (beyond its end) is not trusted:
+	// warn, wipe the task, restore from the start, same totals.
+	h := newHarness(t)
+	in := h.start(h.cfg)
+	in.waitReady()
+	h.produce(sampleEvents(t)...)
+	in.waitTotals(sampleTotals)
+	if err := in.stop(); err != nil {
+		t.Fatal(err)
+	}
+	_, clRecords, parts := h.changelog(h.cfg)
+	p := int32(-1)
+	for _, ps := range parts {
+		for q := range ps {
+			p = q
+		}
+	}
+	// Forge a checkpoint far beyond the end, and a stale total, in task 0_p.
+	path := filepath.Join(h.stateDir, h.cfg.ApplicationID, state.TaskName(p))
+	s, err := state.Open(path, zap.NewNop(), state.OpenOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cp, _, _ := s.Checkpoint()
+	cp.ChangelogOffset += 1000
+	if err := s.Apply([]state.Update{{Product: "product1", Entry: state.Entry{Total: -5}}}, cp); err != nil {
+		t.Fatal(err)
+	}
+	_ = s.Close()
+
+	in = h.start(h.cfg)
+	in.waitReady()
+	in.waitRestored(3)
+	if in.logs.FilterMessageSnippet("is beyond the end offset").Len() != 1 {
+		t.Fatal("no warning about the checkpoint beyond the changelog end")
+	}
+	n, _ := in.restored()
+	if n <= 0 || n > int64(clRecords) {
+		t.Fatalf("restored %d records, want the changelog partition's records (1..%d)", n, clRecords)
+	}
+	in.waitTotals(sampleTotals)
+	if total, _ := in.total("product1"); total != sampleTotals["product1"] {
+		t.Fatalf("stale product1 survived: %d", total)
+	}
+}
+
+func TestChangelogPartitionMismatchFailsAtStart(t *testing.T) {
+	// Scenario: an existing changelog with another partition count is a start-up error naming both counts.
+	h := newHarness(t)
+	h.createInput(3)
+	adm := kadm.NewClient(h.client())
+	if _, err := adm.CreateTopic(context.Background(), 2, 1, nil, h.cfg.ChangelogTopic()); err != nil {
+		t.Fatal(err)
+	}
+	in := h.start(h.cfg)
+	select {
+	case err := <-in.done:
+		in.cancel = nil
+		in.http.Close()
+		_ = in.dir.Close()
+		if err == nil || !strings.Contains(err.Error(), "has 2 partitions but input topic sales-events-v1 has 3") {
+			t.Fatalf("Run error = %v", err)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("runtime started despite a mismatched changelog")
+	}
+}
