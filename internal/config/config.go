@@ -44,7 +44,12 @@ type Config struct {
 	TopicsPartitions      int32
 	ReplicationFactor     int16
 	HTTPAddr              string
-	LogLevel              string
+	// GroupInstanceID, when set, makes this process a static group member
+	// (KIP-345): a restart within the session timeout gets its partitions
+	// back without a rebalance. Empty means dynamic membership.
+	GroupInstanceID string
+	SessionTimeout  time.Duration
+	LogLevel        string
 	// LogFormat is json or console; empty chooses console when standard
 	// error is a terminal, json otherwise.
 	LogFormat string
@@ -95,6 +100,8 @@ var keys = []keyDef{
 	{"topics.partitions", kindInt, "3", "partitions of a created input topic"},
 	{"replication.factor", kindInt, "1", "replication factor of created topics (-1: the broker's default)"},
 	{"http.addr", kindString, ":8080", "address of the HTTP server (queries, tasks, health)"},
+	{"group.instance.id", kindString, "", "static group membership id, e.g. the pod name (default: dynamic membership)"},
+	{"session.timeout.ms", kindInt, "45000", "consumer group session timeout"},
 	{"log.level", kindString, "info", "debug, info, warn or error"},
 	{"log.format", kindString, "", "json or console (default: console on a terminal, json otherwise)"},
 }
@@ -299,6 +306,10 @@ func decode(v *viper.Viper) (Config, []error) {
 	c.TopicsPartitions = int32(integer("topics.partitions", 1, 10_000))
 	c.ReplicationFactor = int16(integer("replication.factor", -1, math.MaxInt16))
 	c.HTTPAddr = str("http.addr")
+	if v.IsSet("group.instance.id") {
+		c.GroupInstanceID = str("group.instance.id")
+	}
+	c.SessionTimeout = time.Duration(integer("session.timeout.ms", 1000, 3_600_000)) * time.Millisecond
 	c.LogLevel = strings.ToLower(str("log.level"))
 	c.LogFormat = strings.ToLower(str("log.format"))
 	if !v.IsSet("log.format") {
@@ -359,6 +370,9 @@ func (c Config) Validate() error {
 	if c.ReplicationFactor == 0 || c.ReplicationFactor < -1 {
 		bad("replication.factor", c.ReplicationFactor, "must be -1 (broker default) or at least 1")
 	}
+	if c.GroupInstanceID != "" && (!legalName.MatchString(c.GroupInstanceID) || len(c.GroupInstanceID) > 249) {
+		bad("group.instance.id", c.GroupInstanceID, "must be up to 249 characters of a-z, A-Z, 0-9, '.', '_' and '-'")
+	}
 	if _, _, err := net.SplitHostPort(c.HTTPAddr); err != nil {
 		bad("http.addr", c.HTTPAddr, "must be host:port or :port")
 	}
@@ -390,6 +404,8 @@ func (c Config) Fields() map[string]any {
 		"topics.partitions":      c.TopicsPartitions,
 		"replication.factor":     c.ReplicationFactor,
 		"http.addr":              c.HTTPAddr,
+		"group.instance.id":      c.GroupInstanceID,
+		"session.timeout.ms":     c.SessionTimeout.Milliseconds(),
 		"log.level":              c.LogLevel,
 		"log.format":             c.LogFormat,
 	}

@@ -24,7 +24,7 @@ type Options struct {
 	// CompactEvery is the period of log compaction in milliseconds; 0 means
 	// ten minutes.
 	CompactEvery int64
-	Log *zap.Logger
+	Log          *zap.Logger
 }
 
 // Broker is a running embedded broker.

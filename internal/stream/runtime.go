@@ -120,8 +120,9 @@ func (rt *Runtime) Run(ctx context.Context) error {
 	if rt.cfg.AutoOffsetReset == "latest" {
 		reset = kgo.NewOffset().AtEnd()
 	}
-	rt.client, err = kgo.NewClient(append(rt.kafkaOpts(),
+	groupOpts := []kgo.Opt{
 		kgo.ConsumerGroup(rt.cfg.ApplicationID),
+		kgo.SessionTimeout(rt.cfg.SessionTimeout),
 		kgo.ConsumeTopics(rt.cfg.InputTopic, rt.cfg.RepartitionTopic()),
 		kgo.Balancers(kgo.CooperativeStickyBalancer()),
 		kgo.ConsumeResetOffset(reset),
@@ -131,9 +132,13 @@ func (rt *Runtime) Run(ctx context.Context) error {
 		kgo.OnPartitionsRevoked(rt.revoked),
 		kgo.OnPartitionsLost(rt.lost),
 		kgo.RecordPartitioner(kgo.ManualPartitioner()),
-		kgo.ProducerLinger(5*time.Millisecond),
+		kgo.ProducerLinger(5 * time.Millisecond),
 		kgo.MaxBufferedRecords(100_000),
-	)...)
+	}
+	if rt.cfg.GroupInstanceID != "" {
+		groupOpts = append(groupOpts, kgo.InstanceID(rt.cfg.GroupInstanceID))
+	}
+	rt.client, err = kgo.NewClient(append(rt.kafkaOpts(), groupOpts...)...)
 	if err != nil {
 		return fmt.Errorf("creating group consumer: %w", err)
 	}
