@@ -1,0 +1,43 @@
+# salesagg: the targets mirror CI (.ci/run).
+.DEFAULT_GOAL := help
+GO        ?= go
+BIN       ?= bin/salesagg
+export KAFKA_DIR ?= $(CURDIR)/.kafka
+
+.PHONY: help build test test-e2e run bench bench-compare lint kafka-up kafka-down clean
+
+help: ## list the targets
+	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-14s %s\n", $$1, $$2}'
+
+build: ## build bin/salesagg (static)
+	CGO_ENABLED=0 $(GO) build -trimpath -o $(BIN) ./cmd/salesagg
+
+test: ## unit and component tests (in-process dev broker, real Pebble), with -race
+	$(GO) vet ./...
+	$(GO) test -race -count=1 -timeout 20m ./...
+
+test-e2e: ## end-to-end tests on a real Apache Kafka broker (Java 17 + Maven; or KAFKA_BOOTSTRAP_SERVERS)
+	$(GO) test -tags e2e -count=1 -timeout 40m ./test/e2e/
+
+run: ## run the service on the embedded dev broker, state under ./data
+	./scripts/dev.sh
+
+bench: ## micro-benchmarks (go test -bench)
+	$(GO) test -run '^$$' -bench . -benchmem ./internal/...
+
+bench-compare: ## side-by-side benchmark against Kafka Streams on a real broker (not in CI)
+	$(GO) run ./bench/compare
+
+lint: ## gofmt and go vet
+	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || (gofmt -l $$(git ls-files '*.go'); exit 1)
+	$(GO) vet ./...
+	$(GO) vet -tags e2e ./test/e2e/
+
+kafka-up: ## start a real Apache Kafka broker from Maven Central on loopback
+	./test/kafka/kafka.sh up
+
+kafka-down: ## stop it and delete its data
+	./test/kafka/kafka.sh down
+
+clean: ## remove build output and local data
+	rm -rf bin data
