@@ -29,7 +29,7 @@ import (
 )
 
 // waitFor polls cond until it holds or timeout passes.
-func waitFor(t *testing.T, timeout time.Duration, what string, cond func() bool) {
+func waitFor(t testing.TB, timeout time.Duration, what string, cond func() bool) {
 	t.Helper()
 	deadline := time.Now().Add(timeout)
 	for !cond() {
@@ -42,14 +42,14 @@ func waitFor(t *testing.T, timeout time.Duration, what string, cond func() bool)
 
 // harness is an in-process kfake broker and a state dir for runtimes.
 type harness struct {
-	t        *testing.T
+	t        testing.TB
 	cluster  *kfake.Cluster
 	addr     string
 	stateDir string
 	cfg      config.Config
 }
 
-func newHarness(t *testing.T) *harness {
+func newHarness(t testing.TB) *harness {
 	t.Helper()
 	c, err := kfake.NewCluster(kfake.NumBrokers(1))
 	if err != nil {

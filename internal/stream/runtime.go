@@ -132,6 +132,10 @@ func (rt *Runtime) Run(ctx context.Context) error {
 		kgo.OnPartitionsRevoked(rt.revoked),
 		kgo.OnPartitionsLost(rt.lost),
 		kgo.RecordPartitioner(kgo.ManualPartitioner()),
+		// A fetch long-polls for at most this long (the Java consumer's
+		// default); it also bounds how long a partition resumed after its
+		// restore waits for the fetch in flight to return.
+		kgo.FetchMaxWait(500 * time.Millisecond),
 		kgo.ProducerLinger(5 * time.Millisecond),
 		kgo.MaxBufferedRecords(100_000),
 	}

@@ -1,0 +1,20 @@
+package sales
+
+import "testing"
+
+func BenchmarkDecode(b *testing.B) {
+	key, value := []byte("product42"), []byte(`{"product":"product42","value":1000}`)
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := Decode(key, value); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+func BenchmarkPartition(b *testing.B) {
+	key := []byte("product42")
+	for b.Loop() {
+		_ = Partition(key, 3)
+	}
+}

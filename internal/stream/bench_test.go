@@ -1,0 +1,65 @@
+package stream_test
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kgo"
+)
+
+// BenchmarkProcess measures events/s through the whole runtime (fetch, fold,
+// changelog, Pebble, commit) and the full restore of the changelog it wrote,
+// on the in-process broker. Each iteration is one run over 100,000 events
+// over 10,000 products.
+func BenchmarkProcess(b *testing.B) {
+	const events, products = 100_000, 10_000
+	for b.Loop() {
+		b.StopTimer()
+		h := newHarness(b)
+		h.createInput(3)
+		var recs []*kgo.Record
+		for i := 0; i < events; i++ {
+			p := fmt.Sprintf("product%d", i%products)
+			recs = append(recs, &kgo.Record{Topic: h.cfg.InputTopic, Key: []byte(p), Value: []byte(fmt.Sprintf(`{"product":%q,"value":%d}`, p, i%100))})
+		}
+		h.produce(recs...)
+		adm := kadm.NewClient(h.client())
+		b.StartTimer()
+
+		start := time.Now()
+		in := h.start(h.cfg)
+		in.waitReady()
+		waitFor(b, 5*time.Minute, "the group to commit every input offset", func() bool {
+			offs, err := adm.FetchOffsets(context.Background(), h.cfg.ApplicationID)
+			if err != nil {
+				return false
+			}
+			var done int64
+			offs.Each(func(o kadm.OffsetResponse) {
+				if o.Topic == h.cfg.InputTopic {
+					done += o.At
+				}
+			})
+			return done == events
+		})
+		process := time.Since(start)
+		_ = in.stop()
+
+		if err := os.RemoveAll(filepath.Join(h.stateDir, h.cfg.ApplicationID)); err != nil {
+			b.Fatal(err)
+		}
+		start = time.Now()
+		in = h.start(h.cfg)
+		restored := in.waitRestored(3)
+		restore := time.Since(start)
+		_ = in.stop()
+
+		b.ReportMetric(float64(events)/process.Seconds(), "events/s")
+		b.ReportMetric(float64(restored)/restore.Seconds(), "restored-records/s")
+	}
+}
