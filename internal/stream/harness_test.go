@@ -172,6 +172,11 @@ type instance struct {
 
 func (h *harness) start(cfg config.Config) *instance {
 	h.t.Helper()
+	return h.startWith(cfg, stream.Knobs{})
+}
+
+func (h *harness) startWith(cfg config.Config, knobs stream.Knobs) *instance {
+	h.t.Helper()
 	core, logs := observer.New(zapcore.InfoLevel)
 	log := zap.New(core)
 	if os.Getenv("SALESAGG_TEST_VERBOSE") != "" {
@@ -181,7 +186,7 @@ func (h *harness) start(cfg config.Config) *instance {
 	if err != nil {
 		h.t.Fatal(err)
 	}
-	rt := stream.New(cfg, log, dir, stream.Knobs{})
+	rt := stream.New(cfg, log, dir, knobs)
 	ctx, cancel := context.WithCancel(context.Background())
 	in := &instance{h: h, rt: rt, dir: dir, logs: logs, cancel: cancel, done: make(chan error, 1)}
 	in.http = httptest.NewServer(httpapi.Handler(rt))

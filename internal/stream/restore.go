@@ -23,6 +23,9 @@ const restoreProgressEvery = 5 * time.Second
 // is none or the changelog cannot honour it (invariant 5: wipe, never serve
 // stale state).
 func (t *task) restore(ctx context.Context) error {
+	if t.rt.knobs.BeforeRestore != nil {
+		t.rt.knobs.BeforeRestore(t.partition)
+	}
 	start := time.Now()
 	store, err := state.Open(t.rt.dir.TaskPath(t.partition), t.log, state.OpenOptions{})
 	if err != nil {
@@ -196,6 +199,10 @@ func (t *task) replay(ctx context.Context, from, to int64) (int64, error) {
 		updates []state.Update
 		tp      = fmt.Sprintf("%s-%d", cl, t.partition)
 	)
+	progressEvery := restoreProgressEvery
+	if t.rt.knobs.RestoreProgressEvery > 0 {
+		progressEvery = t.rt.knobs.RestoreProgressEvery
+	}
 	for next < to {
 		fetches := client.PollFetches(ctx)
 		if err := ctx.Err(); err != nil {
@@ -259,7 +266,7 @@ func (t *task) replay(ctx context.Context, from, to int64) (int64, error) {
 			t.stats.checkpoint.Store(cp.ChangelogOffset)
 		}
 		t.stats.restored.Store(n)
-		if now := time.Now(); now.Sub(lastLog) >= restoreProgressEvery {
+		if now := time.Now(); now.Sub(lastLog) >= progressEvery {
 			lastLog = now
 			done := next - from
 			rate := float64(done) / now.Sub(began).Seconds()

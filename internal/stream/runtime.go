@@ -28,6 +28,12 @@ type Knobs struct {
 	// cycle ("flush-start", "changelog-produced", "changelog-flushed",
 	// "store-written", "offsets-committed"); a test kills the process there.
 	CrashPoint func(point string)
+	// BeforeRestore, if set, is called by each task before it restores;
+	// a test holds a task in the restoring state by blocking in it.
+	BeforeRestore func(partition int32)
+	// RestoreProgressEvery overrides how often a restore logs its
+	// progress (default 5 s).
+	RestoreProgressEvery time.Duration
 }
 
 // Runtime runs salesagg's tasks for one process. Create it with New and run

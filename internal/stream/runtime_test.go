@@ -2,6 +2,7 @@ package stream_test
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -12,7 +13,9 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 	"go.uber.org/zap"
 
+	"github.com/salesagg/salesagg/internal/sales"
 	"github.com/salesagg/salesagg/internal/state"
+	"github.com/salesagg/salesagg/internal/stream"
 )
 
 func TestSeedWalkthrough(t *testing.T) {
@@ -245,4 +248,38 @@ func TestChangelogPartitionMismatchFailsAtStart(t *testing.T) {
 	case <-time.After(20 * time.Second):
 		t.Fatal("runtime started despite a mismatched changelog")
 	}
+}
+
+func TestLongRestoreLogsProgress(t *testing.T) {
+	// Scenario: a restore of many records logs progress lines with done, total, rate and ETA,
+	// and ends with the exact totals.
+	h := newHarness(t)
+	h.createInput(1)
+	adm := kadm.NewClient(h.client())
+	compact := "compact"
+	if _, err := adm.CreateTopic(context.Background(), 1, 1, map[string]*string{"cleanup.policy": &compact}, h.cfg.ChangelogTopic()); err != nil {
+		t.Fatal(err)
+	}
+	// A changelog as another instance left it: 200,000 updates of 1,000 products.
+	var recs []*kgo.Record
+	for i := 0; i < 200_000; i++ {
+		p := fmt.Sprintf("product%d", i%1000)
+		recs = append(recs, &kgo.Record{Topic: h.cfg.ChangelogTopic(), Partition: 0, Key: []byte(p), Value: sales.EncodeTotal(int64(i))})
+	}
+	h.produce(recs...)
+	in := h.startWith(h.cfg, stream.Knobs{RestoreProgressEvery: time.Millisecond})
+	if n := in.waitRestored(1); n != 200_000 {
+		t.Fatalf("restored %d records, want 200000", n)
+	}
+	lines := in.logs.FilterMessageSnippet("task [0_0] Restoring changelog").All()
+	if len(lines) == 0 {
+		t.Fatal("no restore progress line")
+	}
+	for _, k := range []string{"done", "total", "rate", "eta"} {
+		if _, ok := lines[0].ContextMap()[k]; !ok {
+			t.Fatalf("progress line lacks %s: %v", k, lines[0].ContextMap())
+		}
+	}
+	in.waitReady()
+	in.waitTotals(map[string]int64{"product0": 199_000, "product999": 199_999})
 }

@@ -1,0 +1,80 @@
+package stream_test
+
+import (
+	"io"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/salesagg/salesagg/internal/sales"
+	"github.com/salesagg/salesagg/internal/stream"
+)
+
+func get(t *testing.T, url string) (int, string) {
+	t.Helper()
+	resp, err := http.Get(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
+}
+
+func TestRestoringTaskIsNotReadyAndOthersServe(t *testing.T) {
+	// Scenario: while one task restores, /readyz is 503 naming it and its products answer 503,
+	// while the other tasks already process and answer (invariant 4).
+	h := newHarness(t)
+	h.createInput(3)
+	// Two products owned by different partitions.
+	var held, free string
+	for i := 0; held == "" || free == ""; i++ {
+		p := "item" + string(rune('a'+i%26)) + strings.Repeat("x", i/26)
+		switch sales.Partition([]byte(p), 3) {
+		case 1:
+			held = p
+		case 2:
+			free = p
+		}
+	}
+	gate := make(chan struct{})
+	in := h.startWith(h.cfg, stream.Knobs{BeforeRestore: func(p int32) {
+		if p == 1 {
+			<-gate
+		}
+	}})
+	h.produce(event(held, held, 5), event(free, free, 7))
+	waitFor(t, 30*time.Second, "the free task to serve", func() bool {
+		total, _ := in.total(free)
+		return total == 7
+	})
+	if code, body := get(t, in.http.URL+"/readyz"); code != http.StatusServiceUnavailable || !strings.Contains(body, "task 0_1 is restoring") {
+		t.Fatalf("/readyz while 0_1 restores = %d %s", code, body)
+	}
+	if code, body := get(t, in.http.URL+"/v1/products/"+held); code != http.StatusServiceUnavailable {
+		t.Fatalf("product of the restoring task = %d %s", code, body)
+	}
+	if code, body := get(t, in.http.URL+"/v1/products"); code != http.StatusOK || !strings.Contains(body, `"unavailable_tasks":["0_1"]`) || !strings.Contains(body, free) {
+		t.Fatalf("/v1/products while 0_1 restores = %d %s", code, body)
+	}
+	if code, body := get(t, in.http.URL+"/v1/tasks"); code != http.StatusOK || !strings.Contains(body, `"task":"0_1","partition":1,"state":"restoring"`) {
+		t.Fatalf("/v1/tasks = %d %s", code, body)
+	}
+	close(gate)
+	in.waitReady()
+	in.waitTotals(map[string]int64{held: 5, free: 7})
+
+	if code, _ := get(t, in.http.URL+"/healthz"); code != http.StatusOK {
+		t.Fatalf("/healthz = %d", code)
+	}
+	if code, _ := get(t, in.http.URL+"/v1/products?limit=0"); code != http.StatusBadRequest {
+		t.Fatalf("limit=0 = %d, want 400", code)
+	}
+	code, body := get(t, in.http.URL+"/metrics")
+	for _, want := range []string{"salesagg_ready 1", `salesagg_task_processed_total{task="0_1",partition="1"} 1`, "# TYPE salesagg_task_input_lag gauge"} {
+		if code != http.StatusOK || !strings.Contains(body, want) {
+			t.Fatalf("/metrics lacks %q:\n%s", want, body)
+		}
+	}
+}
