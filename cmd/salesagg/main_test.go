@@ -235,17 +235,50 @@ func (p *proc) waitTotals(want map[string]int64, timeout time.Duration) {
 	}
 }
 
-// changelogTotals reads the latest total per product from the changelog.
-func changelogTotals(t *testing.T, broker, topic string) map[string]int64 {
+// changelogTotals reads the latest committed total per product from the
+// changelog, and the number of records.
+func changelogTotals(t *testing.T, broker, topic string) (map[string]int64, int) {
 	t.Helper()
-	cl, err := kgo.NewClient(kgo.SeedBrokers(broker), kgo.ConsumeTopics(topic), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
+	got := map[string]int64{}
+	n := 0
+	readCommitted(t, broker, topic, func(r *kgo.Record) {
+		v, err := sales.DecodeTotal(r.Value)
+		if err != nil {
+			t.Fatalf("changelog value at %d: %v", r.Offset, err)
+		}
+		got[string(r.Key)] = v
+		n++
+	})
+	return got, n
+}
+
+// notifications reads the committed notification values per product, in order.
+func notifications(t *testing.T, broker, topic string) map[string][]int64 {
+	t.Helper()
+	got := map[string][]int64{}
+	readCommitted(t, broker, topic, func(r *kgo.Record) {
+		var n sales.Notification
+		if err := json.Unmarshal(r.Value, &n); err != nil {
+			t.Fatalf("notification %s: %v", r.Value, err)
+		}
+		got[n.SKU] = append(got[n.SKU], n.Value)
+	})
+	return got
+}
+
+// readCommitted reads a topic's committed records up to its last stable
+// offset, in offset order per partition.
+func readCommitted(t *testing.T, broker, topic string, each func(*kgo.Record)) {
+	t.Helper()
+	cl, err := kgo.NewClient(kgo.SeedBrokers(broker), kgo.ConsumeTopics(topic), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()),
+		kgo.FetchIsolationLevel(kgo.ReadCommitted()), kgo.KeepControlRecords())
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer cl.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	ends, err := kadm.NewClient(cl).ListEndOffsets(ctx, topic)
+	ends, err := kadm.NewClient(cl).ListCommittedOffsets(ctx, topic)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -255,22 +288,19 @@ func changelogTotals(t *testing.T, broker, topic string) map[string]int64 {
 			want[o.Partition] = o.Offset
 		}
 	})
-	got := map[string]int64{}
 	for len(want) > 0 {
 		fs := cl.PollFetches(ctx)
 		if ctx.Err() != nil {
 			t.Fatalf("reading %s: %v", topic, ctx.Err())
 		}
 		fs.EachRecord(func(r *kgo.Record) {
-			v, err := sales.DecodeTotal(r.Value)
-			if err != nil {
-				t.Fatalf("changelog value at %d: %v", r.Offset, err)
-			}
-			got[string(r.Key)] = v
 			if r.Offset+1 >= want[r.Partition] {
 				delete(want, r.Partition)
 			}
+			if r.Attrs.IsControl() {
+				return
+			}
+			each(r)
 		})
 	}
-	return got
 }

@@ -152,7 +152,7 @@ func TestBadConfigFailsAtStart(t *testing.T) {
 	}
 	p = startProc(t, nil, "run", "--processing.guarantee", "sometimes", "--http.addr", freeAddr(t))
 	<-p.exited
-	if !strings.Contains(p.output(), `processing.guarantee = "sometimes": allowed: at_least_once`) {
+	if !strings.Contains(p.output(), `processing.guarantee = "sometimes": allowed: exactly_once_v2, at_least_once`) {
 		t.Fatalf("output: %s", p.output())
 	}
 }

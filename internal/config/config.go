@@ -93,9 +93,9 @@ var keys = []keyDef{
 	{"notification.topic", kindString, "notifications-events-v1", "topic notifications are written to"},
 	{"store.name", kindString, "PRODUCT_AGGREGATED_SALES", "name of the store; the changelog is <application.id>-<store.name>-changelog"},
 	{"notification.threshold", kindInt, "2000", "a product total at or above this emits a notification"},
-	{"processing.guarantee", kindString, AtLeastOnce, "at_least_once (exactly_once_v2 is not built yet)"},
+	{"processing.guarantee", kindString, ExactlyOnceV2, "exactly_once_v2 or at_least_once"},
 	{"auto.offset.reset", kindString, "earliest", "where a new group starts reading the input: earliest or latest"},
-	{"commit.interval.ms", kindInt, "", "how often state is flushed, checkpointed and input offsets committed (default 1000 at-least-once)"},
+	{"commit.interval.ms", kindInt, "", "how often state is flushed, checkpointed and input offsets committed (default 100 exactly-once, 1000 at-least-once)"},
 	{"topics.create", kindBool, "true", "create missing input, notification, changelog and repartition topics"},
 	{"topics.partitions", kindInt, "3", "partitions of a created input topic"},
 	{"replication.factor", kindInt, "1", "replication factor of created topics (-1: the broker's default)"},
@@ -351,12 +351,8 @@ func (c Config) Validate() error {
 	if c.InputTopic != "" && c.InputTopic == c.NotificationTopic {
 		bad("notification.topic", c.NotificationTopic, "must differ from input.topic")
 	}
-	switch c.ProcessingGuarantee {
-	case AtLeastOnce:
-	case ExactlyOnceV2:
-		bad("processing.guarantee", c.ProcessingGuarantee, "exactly_once_v2 is not available in this version; allowed: at_least_once")
-	default:
-		bad("processing.guarantee", c.ProcessingGuarantee, "allowed: at_least_once")
+	if c.ProcessingGuarantee != AtLeastOnce && c.ProcessingGuarantee != ExactlyOnceV2 {
+		bad("processing.guarantee", c.ProcessingGuarantee, "allowed: exactly_once_v2, at_least_once")
 	}
 	if c.AutoOffsetReset != "earliest" && c.AutoOffsetReset != "latest" {
 		bad("auto.offset.reset", c.AutoOffsetReset, "allowed: earliest, latest")

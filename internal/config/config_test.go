@@ -32,8 +32,8 @@ func TestDefaults(t *testing.T) {
 	c := Default()
 	if c.ApplicationID != "sales-aggregator" || c.BootstrapServers[0] != "localhost:9092" || c.StateDir != "/tmp/salesagg" ||
 		c.InputTopic != "sales-events-v1" || c.NotificationTopic != "notifications-events-v1" || c.StoreName != "PRODUCT_AGGREGATED_SALES" ||
-		c.NotificationThreshold != 2000 || c.ProcessingGuarantee != AtLeastOnce || c.AutoOffsetReset != "earliest" ||
-		c.CommitInterval != time.Second || !c.TopicsCreate || c.TopicsPartitions != 3 || c.ReplicationFactor != 1 ||
+		c.NotificationThreshold != 2000 || c.ProcessingGuarantee != ExactlyOnceV2 || c.AutoOffsetReset != "earliest" ||
+		c.CommitInterval != 100*time.Millisecond || !c.TopicsCreate || c.TopicsPartitions != 3 || c.ReplicationFactor != 1 ||
 		c.HTTPAddr != ":8080" || c.LogLevel != "info" || c.LogFormat != "" {
 		t.Fatalf("defaults: %+v", c)
 	}
@@ -95,7 +95,7 @@ func TestBadConfigNamesKeyValueAndAllowed(t *testing.T) {
 		"--application.id", "bad id", "--bootstrap.servers", "nohostport", "--http.addr", "8080", "--auto.offset.reset", "middle")
 	msg = err.Error()
 	for _, want := range []string{
-		`processing.guarantee = "exactly_twice": allowed: at_least_once`,
+		`processing.guarantee = "exactly_twice": allowed: exactly_once_v2, at_least_once`,
 		`log.level = "loud": allowed: debug, info, warn, error`,
 		`application.id = "bad id"`,
 		`bootstrap.servers = "nohostport": each entry must be host:port`,
@@ -110,9 +110,9 @@ func TestBadConfigNamesKeyValueAndAllowed(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "commit.interval.ms = 0: must be from 1 to 3600000") {
 		t.Errorf("commit.interval.ms 0: %v", err)
 	}
-	_, err = load(t, "", nil, "--processing.guarantee", "exactly_once_v2")
-	if err == nil || !strings.Contains(err.Error(), "exactly_once_v2 is not available") {
-		t.Errorf("exactly_once_v2: %v", err)
+	// The commit interval defaults per guarantee, as in Kafka Streams.
+	if c, err := load(t, "", nil, "--processing.guarantee", "at_least_once"); err != nil || c.CommitInterval != time.Second {
+		t.Errorf("at_least_once: %v %v", c.CommitInterval, err)
 	}
 }
 

@@ -316,7 +316,9 @@ func (h *harness) notifications(cfg config.Config) (latest map[string]int64, cou
 func (h *harness) readCompacted(topic string, decode func([]byte) int64) (map[string]int64, int, map[string]map[int32]bool) {
 	h.t.Helper()
 	adm := kadm.NewClient(h.client())
-	ends, err := adm.ListEndOffsets(context.Background(), topic)
+	// Read committed records only, up to the last stable offset; markers
+	// are kept so the position passes a trailing commit marker.
+	ends, err := adm.ListCommittedOffsets(context.Background(), topic)
 	if err != nil {
 		h.t.Fatal(err)
 	}
@@ -332,7 +334,8 @@ func (h *harness) readCompacted(topic string, decode func([]byte) int64) (map[st
 	if len(want) == 0 {
 		return latest, 0, parts
 	}
-	cl := h.client(kgo.ConsumeTopics(topic), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
+	cl := h.client(kgo.ConsumeTopics(topic), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()),
+		kgo.FetchIsolationLevel(kgo.ReadCommitted()), kgo.KeepControlRecords())
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	for len(want) > 0 {
@@ -341,15 +344,18 @@ func (h *harness) readCompacted(topic string, decode func([]byte) int64) (map[st
 			h.t.Fatalf("reading %s: %v (still waiting for %v)", topic, ctx.Err(), want)
 		}
 		fs.EachRecord(func(r *kgo.Record) {
+			if r.Offset+1 >= want[r.Partition] {
+				delete(want, r.Partition)
+			}
+			if r.Attrs.IsControl() {
+				return
+			}
 			n++
 			latest[string(r.Key)] = decode(r.Value)
 			if parts[string(r.Key)] == nil {
 				parts[string(r.Key)] = map[int32]bool{}
 			}
 			parts[string(r.Key)][r.Partition] = true
-			if r.Offset+1 >= want[r.Partition] {
-				delete(want, r.Partition)
-			}
 		})
 	}
 	return latest, n, parts

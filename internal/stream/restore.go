@@ -87,7 +87,8 @@ func (t *task) changelogBounds(ctx context.Context, tp string) (logStart, end in
 	for attempt := 1; ; attempt++ {
 		logStart, err = lookup(t.rt.admin.ListStartOffsets)
 		if err == nil {
-			end, err = lookup(t.rt.admin.ListEndOffsets)
+			// The last stable offset: restore reads committed records only.
+			end, err = lookup(t.rt.admin.ListCommittedOffsets)
 		}
 		if err == nil {
 			return logStart, end, nil
@@ -184,6 +185,11 @@ func (t *task) replay(ctx context.Context, from, to int64) (int64, error) {
 	client, err := kgo.NewClient(append(t.rt.kafkaOpts(),
 		kgo.ConsumePartitions(map[string]map[int32]kgo.Offset{cl: {t.partition: kgo.NewOffset().At(from)}}),
 		kgo.FetchMaxBytes(32<<20),
+		// Only committed changelog records; transaction markers are kept
+		// so the position passes them (the last offset before the end can
+		// be a marker).
+		kgo.FetchIsolationLevel(kgo.ReadCommitted()),
+		kgo.KeepControlRecords(),
 	)...)
 	if err != nil {
 		return 0, fmt.Errorf("creating restore consumer: %w", err)
@@ -234,6 +240,9 @@ func (t *task) replay(ctx context.Context, from, to int64) (int64, error) {
 				return
 			}
 			next = r.Offset + 1
+			if r.Attrs.IsControl() {
+				return
+			}
 			n++
 			u := state.Update{Product: string(r.Key)}
 			if r.Value == nil {

@@ -44,10 +44,15 @@ type Runtime struct {
 	dir   *state.Dir
 	knobs Knobs
 
+	// eos is processing.guarantee=exactly_once_v2: the poll loop runs one
+	// transaction per commit interval through session (see eos.go).
+	eos bool
+
 	// set by Run before any task starts
-	topo   topology
-	client *kgo.Client
-	admin  *kadm.Client
+	topo    topology
+	client  *kgo.Client
+	session *kgo.GroupTransactSession
+	admin   *kadm.Client
 
 	committer committer
 	badEvents atomic.Int64
@@ -77,7 +82,7 @@ type Runtime struct {
 
 // New returns a runtime for cfg using the locked state dir.
 func New(cfg config.Config, log *zap.Logger, dir *state.Dir, knobs Knobs) *Runtime {
-	rt := &Runtime{cfg: cfg, log: log, dir: dir, knobs: knobs, failed: make(chan struct{})}
+	rt := &Runtime{cfg: cfg, log: log, dir: dir, knobs: knobs, failed: make(chan struct{}), eos: cfg.ProcessingGuarantee == config.ExactlyOnceV2}
 	rt.mu.tasks = make(map[int32]*task)
 	rt.committer.onDone = func() { rt.crashPoint("offsets-committed") }
 	return rt
@@ -138,6 +143,9 @@ func (rt *Runtime) Run(ctx context.Context) error {
 		kgo.OnPartitionsRevoked(rt.revoked),
 		kgo.OnPartitionsLost(rt.lost),
 		kgo.RecordPartitioner(kgo.ManualPartitioner()),
+		// Forwarded events on the repartition topic become visible to their
+		// owner only once the transaction that forwarded them commits.
+		kgo.FetchIsolationLevel(kgo.ReadCommitted()),
 		// A fetch long-polls for at most this long (the Java consumer's
 		// default); it also bounds how long a partition resumed after its
 		// restore waits for the fetch in flight to return.
@@ -148,12 +156,27 @@ func (rt *Runtime) Run(ctx context.Context) error {
 	if rt.cfg.GroupInstanceID != "" {
 		groupOpts = append(groupOpts, kgo.InstanceID(rt.cfg.GroupInstanceID))
 	}
-	rt.client, err = kgo.NewClient(append(rt.kafkaOpts(), groupOpts...)...)
+	if rt.eos {
+		txnID := rt.cfg.ApplicationID + "-" + rt.dir.ProcessID()
+		groupOpts = append(groupOpts, kgo.TransactionalID(txnID), kgo.RequireStableFetchOffsets(),
+			kgo.TransactionTimeout(max(60*time.Second, 10*rt.cfg.CommitInterval)))
+		rt.session, err = kgo.NewGroupTransactSession(append(rt.kafkaOpts(), groupOpts...)...)
+		if err == nil {
+			rt.client = rt.session.Client()
+			rt.logTransactionalID(txnID)
+		}
+	} else {
+		rt.client, err = kgo.NewClient(append(rt.kafkaOpts(), groupOpts...)...)
+	}
 	if err != nil {
 		return fmt.Errorf("creating group consumer: %w", err)
 	}
 	rt.log.Info("Joining consumer group", zap.String("group", rt.cfg.ApplicationID), zap.String("input", rt.cfg.InputTopic),
 		zap.Int32("partitions", rt.topo.partitions), zap.String("process_id", rt.dir.ProcessID()))
+
+	if rt.eos {
+		return rt.runEOS(ctx, work, cancelWork)
+	}
 
 	commitDone := make(chan struct{})
 	commitCtx, stopCommits := context.WithCancel(context.Background())
@@ -167,9 +190,7 @@ func (rt *Runtime) Run(ctx context.Context) error {
 	// Shutdown: stop every task with a flush, commit, leave the group.
 	deadline := time.AfterFunc(GracePeriod, cancelWork)
 	defer deadline.Stop()
-	rt.mu.Lock()
-	rt.mu.stopping = true
-	rt.mu.Unlock()
+	rt.beginStopping()
 	stopErr := rt.stopTasks(rt.allPartitions(), true)
 	stopCommits()
 	<-commitDone
@@ -181,6 +202,34 @@ func (rt *Runtime) Run(ctx context.Context) error {
 	}
 	rt.log.Info("Stopped")
 	return errors.Join(pollErr, stopErr, commitErr)
+}
+
+// runEOS runs the exactly-once poll loop, then shuts down: the last
+// transaction commits what was folded, tasks close, the group is left.
+func (rt *Runtime) runEOS(ctx, work context.Context, cancelWork context.CancelFunc) error {
+	pollErr := rt.pollEOS(ctx)
+	deadline := time.AfterFunc(GracePeriod, cancelWork)
+	defer deadline.Stop()
+	var lastErr error
+	if pollErr == nil {
+		lastErr = rt.transact(work)
+	}
+	rt.beginStopping()
+	stopErr := rt.stopTasks(rt.allPartitions(), false)
+	rt.client.AllowRebalance() // leaving the group revokes: let it through
+	rt.session.Close()         // leaves the group
+	rt.wg.Wait()
+	if work.Err() != nil {
+		rt.log.Warn("Shutdown grace period ran out; the next start restores the changelog tail", zap.Duration("grace", GracePeriod))
+	}
+	rt.log.Info("Stopped")
+	return errors.Join(pollErr, lastErr, stopErr)
+}
+
+func (rt *Runtime) beginStopping() {
+	rt.mu.Lock()
+	rt.mu.stopping = true
+	rt.mu.Unlock()
 }
 
 // prepareTopics checks and creates the topics, retrying while Kafka cannot
@@ -252,27 +301,34 @@ func (rt *Runtime) poll(ctx context.Context) error {
 				return nil
 			}
 		}
-		fetches.EachError(func(topic string, p int32, err error) {
-			rt.log.Warn("Fetching", zap.String("topic", topic), zap.Int32("partition", p), zap.Error(err))
-		})
-		fetches.EachPartition(func(p kgo.FetchTopicPartition) {
-			if len(p.Records) == 0 {
-				return
-			}
-			rt.mu.Lock()
-			t := rt.mu.tasks[p.Partition]
-			rt.mu.Unlock()
-			if t == nil {
-				return // revoked meanwhile; the new owner reads from the committed offset
-			}
-			select {
-			case t.inbox <- batch{topic: p.Topic, recs: p.Records, hwm: p.HighWatermark}:
-			case <-t.done:
-			case <-ctx.Done():
-			}
-		})
+		rt.dispatch(ctx, fetches)
 		rt.client.AllowRebalance()
 	}
+}
+
+// dispatch hands each partition's records to its task.
+func (rt *Runtime) dispatch(ctx context.Context, fetches kgo.Fetches) {
+	fetches.EachError(func(topic string, p int32, err error) {
+		if !errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, context.Canceled) {
+			rt.log.Warn("Fetching", zap.String("topic", topic), zap.Int32("partition", p), zap.Error(err))
+		}
+	})
+	fetches.EachPartition(func(p kgo.FetchTopicPartition) {
+		if len(p.Records) == 0 {
+			return
+		}
+		rt.mu.Lock()
+		t := rt.mu.tasks[p.Partition]
+		rt.mu.Unlock()
+		if t == nil {
+			return // revoked meanwhile; the new owner reads from the committed offset
+		}
+		select {
+		case t.inbox <- batch{topic: p.Topic, recs: p.Records, hwm: p.HighWatermark}:
+		case <-t.done:
+		case <-ctx.Done():
+		}
+	})
 }
 
 // assigned starts a task for each newly assigned partition. Fetching for it
@@ -347,6 +403,14 @@ func (rt *Runtime) topicsOf(ps []int32) map[string][]int32 {
 // the partitions are let go.
 func (rt *Runtime) revoked(ctx context.Context, cl *kgo.Client, parts map[string][]int32) {
 	ps := rt.partitionsOf(parts)
+	if rt.eos {
+		// Rebalances run between transactions: the tasks hold nothing
+		// uncommitted, and their stores are up to date.
+		if err := rt.stopTasks(ps, false); err != nil {
+			rt.log.Error("Stopping revoked tasks", zap.Error(err))
+		}
+		return
+	}
 	if err := rt.stopTasks(ps, true); err != nil {
 		rt.log.Error("Stopping revoked tasks", zap.Error(err))
 	}

@@ -70,6 +70,9 @@ type task struct {
 	inbox chan batch
 	stop  chan bool // true: flush before closing; false: drop (partitions lost)
 	done  chan struct{}
+	// cycle carries the exactly-once commit cycle's requests from the poll
+	// loop (see eos.go); unused at-least-once.
+	cycle chan cycleReq
 
 	state atomic.Int32
 	// store is set once opened; it is read by queries while running.
@@ -83,6 +86,9 @@ type task struct {
 	pending    sync.WaitGroup
 	produceErr atomic.Pointer[error]
 	badLog     rateLimiter
+	// prepared is the exactly-once cycle's batch, produced in the open
+	// transaction and written to the store only once it commits.
+	prepared *preparedBatch
 
 	stats taskStats
 }
@@ -110,6 +116,7 @@ func newTask(rt *Runtime, partition int32) *task {
 		inbox:      make(chan batch, 256),
 		stop:       make(chan bool, 1),
 		done:       make(chan struct{}),
+		cycle:      make(chan cycleReq),
 		dirty:      make(map[string]state.Entry),
 		inputNext:  -1,
 		repartNext: -1,
@@ -152,15 +159,27 @@ func (t *task) run(ctx context.Context) (err error) {
 	t.setState(TaskRunning)
 	t.rt.taskRestored(t)
 
-	ticker := time.NewTicker(t.rt.cfg.CommitInterval)
-	defer ticker.Stop()
+	// At-least-once, the task runs its own commit cycle on a ticker;
+	// exactly-once, the poll loop drives one cycle for all tasks.
+	var tick <-chan time.Time
+	if !t.rt.eos {
+		ticker := time.NewTicker(t.rt.cfg.CommitInterval)
+		defer ticker.Stop()
+		tick = ticker.C
+	}
 	for {
 		select {
 		case b := <-t.inbox:
 			if err := t.processBatch(ctx, b); err != nil {
 				return t.close(ctx, false, err)
 			}
-		case <-ticker.C:
+		case req := <-t.cycle:
+			err := t.handleCycle(ctx, req)
+			req.done <- err
+			if err != nil {
+				return t.close(ctx, false, err)
+			}
+		case <-tick:
 			if err := t.flush(ctx); err != nil {
 				return t.close(ctx, false, err)
 			}
@@ -180,7 +199,7 @@ func (t *task) close(ctx context.Context, flush bool, cause error) error {
 	if cause != nil {
 		errs = append(errs, cause)
 	}
-	if flush && cause == nil {
+	if flush && cause == nil && !t.rt.eos {
 	drain:
 		for {
 			select {
@@ -215,7 +234,7 @@ func (t *task) processBatch(ctx context.Context, b batch) error {
 			return err
 		}
 	}
-	if len(t.dirty) >= maxDirty {
+	if len(t.dirty) >= maxDirty && !t.rt.eos {
 		return t.flush(ctx)
 	}
 	return nil
@@ -321,17 +340,22 @@ func (t *task) produce(ctx context.Context, rec *kgo.Record, done func(*kgo.Reco
 	})
 }
 
-// flush runs the commit cycle described in the package documentation.
-func (t *task) flush(ctx context.Context) error {
-	t.rt.crashPoint("flush-start")
+// produceDirty produces the changed totals to the changelog, each with the
+// input offsets it reflects, and the notifications of those at or above the
+// threshold. It returns the store updates and the highest changelog offset
+// acknowledged so far (final once t.pending is done).
+func (t *task) produceDirty(ctx context.Context) ([]state.Update, *atomic.Int64) {
 	cl := t.rt.cfg.ChangelogTopic()
 	updates := make([]state.Update, 0, len(t.dirty))
-	var mu sync.Mutex
-	maxOffset := int64(-1)
+	maxOffset := new(atomic.Int64)
+	maxOffset.Store(-1)
 	onChangelog := func(r *kgo.Record) {
-		mu.Lock()
-		maxOffset = max(maxOffset, r.Offset)
-		mu.Unlock()
+		for {
+			cur := maxOffset.Load()
+			if r.Offset <= cur || maxOffset.CompareAndSwap(cur, r.Offset) {
+				return
+			}
+		}
 	}
 	for key, e := range t.dirty {
 		t.produce(ctx, &kgo.Record{
@@ -351,6 +375,36 @@ func (t *task) flush(ctx context.Context) error {
 		}
 		updates = append(updates, state.Update{Product: key, Entry: e})
 	}
+	clear(t.dirty)
+	return updates, maxOffset
+}
+
+// apply writes updates with the checkpoint that follows them: the changelog
+// offset after maxOffset, and the input position.
+func (t *task) apply(updates []state.Update, maxOffset, inputNext int64) error {
+	if len(updates) == 0 && (inputNext < 0 || inputNext == t.cp.InputOffset) {
+		return nil
+	}
+	cp := t.cp
+	if maxOffset >= 0 {
+		cp.ChangelogOffset = max(cp.ChangelogOffset, maxOffset+1)
+	}
+	if inputNext >= 0 {
+		cp.InputOffset = inputNext
+	}
+	if err := t.store.Load().Apply(updates, cp); err != nil {
+		return err
+	}
+	t.cp = cp
+	t.stats.checkpoint.Store(cp.ChangelogOffset)
+	return nil
+}
+
+// flush runs the at-least-once commit cycle described in the package
+// documentation.
+func (t *task) flush(ctx context.Context) error {
+	t.rt.crashPoint("flush-start")
+	updates, maxOffset := t.produceDirty(ctx)
 	t.rt.crashPoint("changelog-produced")
 	t.pending.Wait()
 	if err := ctx.Err(); err != nil {
@@ -363,20 +417,8 @@ func (t *task) flush(ctx context.Context) error {
 		return *errp
 	}
 	t.rt.crashPoint("changelog-flushed")
-	if len(updates) > 0 || (t.inputNext >= 0 && t.inputNext != t.cp.InputOffset) {
-		cp := t.cp
-		if maxOffset >= 0 {
-			cp.ChangelogOffset = max(cp.ChangelogOffset, maxOffset+1)
-		}
-		if t.inputNext >= 0 {
-			cp.InputOffset = t.inputNext
-		}
-		if err := t.store.Load().Apply(updates, cp); err != nil {
-			return err
-		}
-		t.cp = cp
-		t.stats.checkpoint.Store(cp.ChangelogOffset)
-		clear(t.dirty)
+	if err := t.apply(updates, maxOffset.Load(), t.inputNext); err != nil {
+		return err
 	}
 	t.rt.crashPoint("store-written")
 	if t.inputNext >= 0 {

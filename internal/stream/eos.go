@@ -1,0 +1,214 @@
+package stream
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync/atomic"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+	"go.uber.org/zap"
+
+	"github.com/salesagg/salesagg/internal/state"
+)
+
+// Exactly-once (processing.guarantee=exactly_once_v2)
+//
+// The poll loop drives one Kafka transaction per commit interval for all
+// running tasks, through franz-go's GroupTransactSession:
+//
+//  1. the transaction is begun before any record of the interval is
+//     dispatched, so events forwarded to the repartition topic are in it;
+//  2. tasks fold what the loop dispatches;
+//  3. at the end of the interval every running task drains its inbox and
+//     produces its changed totals and notifications (prepare);
+//  4. the session flushes and commits the transaction together with the
+//     input offsets of everything polled (End);
+//  5. each task writes its prepared totals and checkpoint to Pebble if the
+//     transaction committed, or drops them if it aborted (finish); on abort
+//     the session rewinds the input to the committed offsets, so the events
+//     are folded again from the store's state.
+//
+// The store therefore never holds a total the changelog does not have
+// committed; after a crash the restart restores the committed changelog
+// tail past the checkpoint (read_committed) and nothing more. Rebalances are
+// let through only between transactions, so a revoked task never holds an
+// uncommitted total; an instance that lost its partitions while paused (a
+// zombie) fails its offset commit and aborts.
+
+type cyclePhase int
+
+const (
+	cyclePrepare cyclePhase = iota
+	cycleFinish
+)
+
+// cycleReq is one step of the exactly-once cycle, answered on done.
+type cycleReq struct {
+	phase     cyclePhase
+	committed bool // for cycleFinish
+	done      chan error
+}
+
+// preparedBatch is what a task produced in the open transaction.
+type preparedBatch struct {
+	updates   []state.Update
+	maxOffset *atomic.Int64
+	inputNext int64
+}
+
+// handleCycle runs a cycle step in the task goroutine.
+func (t *task) handleCycle(ctx context.Context, req cycleReq) error {
+	switch req.phase {
+	case cyclePrepare:
+		// The poll loop dispatched everything it polled before asking:
+		// fold what is queued, so the offsets End commits are reflected.
+		for done := false; !done; {
+			select {
+			case b := <-t.inbox:
+				if err := t.processBatch(ctx, b); err != nil {
+					return err
+				}
+			default:
+				done = true
+			}
+		}
+		updates, maxOffset := t.produceDirty(ctx)
+		t.prepared = &preparedBatch{updates: updates, maxOffset: maxOffset, inputNext: t.inputNext}
+		return nil
+	case cycleFinish:
+		p := t.prepared
+		t.prepared = nil
+		t.pending.Wait()
+		if !req.committed {
+			// The transaction aborted: its records are invisible, the input
+			// is rewound, and the store still holds the committed state.
+			t.produceErr.Store(nil)
+			clear(t.dirty)
+			return nil
+		}
+		if errp := t.produceErr.Load(); errp != nil {
+			return *errp
+		}
+		if p == nil {
+			return nil
+		}
+		err := t.apply(p.updates, p.maxOffset.Load(), p.inputNext)
+		t.rt.crashPoint("store-written")
+		return err
+	}
+	return fmt.Errorf("unknown cycle phase %d", req.phase)
+}
+
+// pollEOS is the poll loop under exactly-once: it dispatches records to the
+// tasks and, every commit interval, runs the transaction cycle for all of
+// them. It returns when ctx is done (the caller then runs the last cycle) or
+// a task fails.
+func (rt *Runtime) pollEOS(ctx context.Context) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	go func() {
+		select {
+		case <-rt.failed:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	if err := rt.session.Begin(); err != nil {
+		return fmt.Errorf("beginning transaction: %w", err)
+	}
+	next := time.Now().Add(rt.cfg.CommitInterval)
+	for {
+		pctx, pcancel := context.WithDeadline(ctx, next)
+		fetches := rt.session.PollRecords(pctx, 10_000)
+		pcancel()
+		if ctx.Err() != nil || fetches.IsClientClosed() {
+			select {
+			case <-rt.failed:
+				return rt.failure
+			default:
+				return nil
+			}
+		}
+		// Every polled record must reach its task: the transaction commits
+		// the offsets of all of them. Hence the work context here.
+		rt.dispatch(rt.work, fetches)
+		if time.Now().Before(next) || ctx.Err() != nil {
+			continue // on shutdown, Run's last cycle commits
+		}
+		// The cycle runs under the work context: a shutdown beginning
+		// now must not cut a transaction short.
+		if err := rt.transact(rt.work); err != nil {
+			return err
+		}
+		rt.client.AllowRebalance()
+		if err := rt.session.Begin(); err != nil {
+			return fmt.Errorf("beginning transaction: %w", err)
+		}
+		next = time.Now().Add(rt.cfg.CommitInterval)
+	}
+}
+
+// transact runs prepare, End and finish for every running task.
+func (rt *Runtime) transact(ctx context.Context) error {
+	var ts []*task
+	for _, t := range rt.tasks() {
+		if t.State() == TaskRunning {
+			ts = append(ts, t)
+		}
+	}
+	var errs []error
+	prepared := ts[:0:0]
+	for _, t := range ts {
+		if err := t.send(ctx, cycleReq{phase: cyclePrepare}); err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		prepared = append(prepared, t)
+	}
+	rt.crashPoint("changelog-produced")
+	try := kgo.TryCommit
+	if len(errs) > 0 {
+		try = kgo.TryAbort
+	}
+	committed, endErr := rt.session.End(ctx, try)
+	if endErr == nil && committed {
+		rt.crashPoint("transaction-committed")
+	}
+	if endErr == nil && !committed && try == kgo.TryCommit {
+		rt.log.Warn("Transaction aborted (a rebalance or a fenced commit); the input is rewound to the committed offsets and folded again")
+	}
+	for _, t := range prepared {
+		if err := t.send(ctx, cycleReq{phase: cycleFinish, committed: committed && endErr == nil}); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if endErr != nil {
+		errs = append(errs, fmt.Errorf("ending transaction: %w", endErr))
+	}
+	return errors.Join(errs...)
+}
+
+// send hands a cycle step to the task and waits for its answer.
+func (t *task) send(ctx context.Context, req cycleReq) error {
+	req.done = make(chan error, 1)
+	select {
+	case t.cycle <- req:
+	case <-t.done:
+		return fmt.Errorf("task %s stopped", t.name)
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	select {
+	case err := <-req.done:
+		return err
+	case <-t.done:
+		return fmt.Errorf("task %s stopped", t.name)
+	}
+}
+
+func (rt *Runtime) logTransactionalID(id string) {
+	rt.log.Info("Exactly-once processing: one transaction per commit interval", zap.String("transactional_id", id),
+		zap.Duration("commit_interval", rt.cfg.CommitInterval))
+}
