@@ -35,7 +35,7 @@ func TestMain(m *testing.M) {
 	}
 	binary = filepath.Join(dir, "salesagg")
 	build := exec.Command("go", "build", "-race", "-o", binary, ".")
-	if os.Getenv("SALESAGG_TEST_NORACE") != "" {
+	if os.Getenv("SALESAGGTEST_NORACE") != "" {
 		build = exec.Command("go", "build", "-o", binary, ".")
 	}
 	build.Stdout, build.Stderr = os.Stderr, os.Stderr

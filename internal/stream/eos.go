@@ -32,10 +32,11 @@ import (
 //
 // The store therefore never holds a total the changelog does not have
 // committed; after a crash the restart restores the committed changelog
-// tail past the checkpoint (read_committed) and nothing more. Rebalances are
-// let through only between transactions, so a revoked task never holds an
-// uncommitted total; an instance that lost its partitions while paused (a
-// zombie) fails its offset commit and aborts.
+// tail past the checkpoint (read_committed) and nothing more. A rebalance
+// can happen at any time (franz-go's session favours that over blocking it):
+// the revoked tasks stop and drop what they folded, and the session aborts
+// the open transaction. An instance that lost its partitions while paused
+// (a zombie) fails its offset commit and aborts likewise.
 
 type cyclePhase int
 
@@ -142,7 +143,6 @@ func (rt *Runtime) pollEOS(ctx context.Context) error {
 		if err := rt.transact(rt.work); err != nil {
 			return err
 		}
-		rt.client.AllowRebalance()
 		if err := rt.session.Begin(); err != nil {
 			return fmt.Errorf("beginning transaction: %w", err)
 		}
@@ -159,16 +159,21 @@ func (rt *Runtime) transact(ctx context.Context) error {
 		}
 	}
 	var errs []error
+	try := kgo.TryCommit
 	prepared := ts[:0:0]
 	for _, t := range ts {
 		if err := t.send(ctx, cycleReq{phase: cyclePrepare}); err != nil {
-			errs = append(errs, err)
+			// A task revoked meanwhile had folded records of this
+			// transaction: abort (the session would anyway).
+			try = kgo.TryAbort
+			if !errors.Is(err, errTaskStopped) {
+				errs = append(errs, err)
+			}
 			continue
 		}
 		prepared = append(prepared, t)
 	}
 	rt.crashPoint("changelog-produced")
-	try := kgo.TryCommit
 	if len(errs) > 0 {
 		try = kgo.TryAbort
 	}
@@ -180,7 +185,9 @@ func (rt *Runtime) transact(ctx context.Context) error {
 		rt.log.Warn("Transaction aborted (a rebalance or a fenced commit); the input is rewound to the committed offsets and folded again")
 	}
 	for _, t := range prepared {
-		if err := t.send(ctx, cycleReq{phase: cycleFinish, committed: committed && endErr == nil}); err != nil {
+		// A task revoked after End has nothing to finish: its store is a
+		// cycle behind its changelog, which the next owner restores.
+		if err := t.send(ctx, cycleReq{phase: cycleFinish, committed: committed && endErr == nil}); err != nil && !errors.Is(err, errTaskStopped) {
 			errs = append(errs, err)
 		}
 	}
@@ -190,13 +197,23 @@ func (rt *Runtime) transact(ctx context.Context) error {
 	return errors.Join(errs...)
 }
 
-// send hands a cycle step to the task and waits for its answer.
+// errTaskStopped: the task was stopped (revoked) before it answered.
+var errTaskStopped = errors.New("stream: task stopped")
+
+// send hands a cycle step to the task and waits for its answer. It returns
+// errTaskStopped when the task was stopped, the task's error when it failed.
 func (t *task) send(ctx context.Context, req cycleReq) error {
 	req.done = make(chan error, 1)
+	stopped := func() error {
+		if t.State() == TaskFailed {
+			return fmt.Errorf("task %s failed", t.name)
+		}
+		return fmt.Errorf("task %s: %w", t.name, errTaskStopped)
+	}
 	select {
 	case t.cycle <- req:
 	case <-t.done:
-		return fmt.Errorf("task %s stopped", t.name)
+		return stopped()
 	case <-ctx.Done():
 		return ctx.Err()
 	}
@@ -204,7 +221,7 @@ func (t *task) send(ctx context.Context, req cycleReq) error {
 	case err := <-req.done:
 		return err
 	case <-t.done:
-		return fmt.Errorf("task %s stopped", t.name)
+		return stopped()
 	}
 }
 

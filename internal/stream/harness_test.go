@@ -179,7 +179,7 @@ func (h *harness) startWith(cfg config.Config, knobs stream.Knobs) *instance {
 	h.t.Helper()
 	core, logs := observer.New(zapcore.InfoLevel)
 	log := zap.New(core)
-	if os.Getenv("SALESAGG_TEST_VERBOSE") != "" {
+	if os.Getenv("SALESAGGTEST_VERBOSE") != "" {
 		log = zap.New(zapcore.NewTee(core, zaptest.NewLogger(h.t, zaptest.Level(zapcore.DebugLevel)).Core()))
 	}
 	dir, err := state.OpenDir(cfg.StateDir, cfg.ApplicationID)

@@ -85,6 +85,7 @@ func New(cfg config.Config, log *zap.Logger, dir *state.Dir, knobs Knobs) *Runti
 	rt := &Runtime{cfg: cfg, log: log, dir: dir, knobs: knobs, failed: make(chan struct{}), eos: cfg.ProcessingGuarantee == config.ExactlyOnceV2}
 	rt.mu.tasks = make(map[int32]*task)
 	rt.committer.onDone = func() { rt.crashPoint("offsets-committed") }
+	rt.committer.kick = make(chan struct{}, 1)
 	return rt
 }
 
@@ -138,7 +139,6 @@ func (rt *Runtime) Run(ctx context.Context) error {
 		kgo.Balancers(kgo.CooperativeStickyBalancer()),
 		kgo.ConsumeResetOffset(reset),
 		kgo.DisableAutoCommit(),
-		kgo.BlockRebalanceOnPoll(),
 		kgo.OnPartitionsAssigned(rt.assigned),
 		kgo.OnPartitionsRevoked(rt.revoked),
 		kgo.OnPartitionsLost(rt.lost),
@@ -155,6 +155,11 @@ func (rt *Runtime) Run(ctx context.Context) error {
 	}
 	if rt.cfg.GroupInstanceID != "" {
 		groupOpts = append(groupOpts, kgo.InstanceID(rt.cfg.GroupInstanceID))
+	}
+	if !rt.eos {
+		// At-least-once, a revoke runs between polls: the revoked tasks
+		// flush and commit what they processed before letting go.
+		groupOpts = append(groupOpts, kgo.BlockRebalanceOnPoll())
 	}
 	if rt.eos {
 		txnID := rt.cfg.ApplicationID + "-" + rt.dir.ProcessID()
@@ -216,8 +221,7 @@ func (rt *Runtime) runEOS(ctx, work context.Context, cancelWork context.CancelFu
 	}
 	rt.beginStopping()
 	stopErr := rt.stopTasks(rt.allPartitions(), false)
-	rt.client.AllowRebalance() // leaving the group revokes: let it through
-	rt.session.Close()         // leaves the group
+	rt.session.Close() // leaves the group
 	rt.wg.Wait()
 	if work.Err() != nil {
 		rt.log.Warn("Shutdown grace period ran out; the next start restores the changelog tail", zap.Duration("grace", GracePeriod))
@@ -404,8 +408,9 @@ func (rt *Runtime) topicsOf(ps []int32) map[string][]int32 {
 func (rt *Runtime) revoked(ctx context.Context, cl *kgo.Client, parts map[string][]int32) {
 	ps := rt.partitionsOf(parts)
 	if rt.eos {
-		// Rebalances run between transactions: the tasks hold nothing
-		// uncommitted, and their stores are up to date.
+		// A rebalance can come at any time: the session aborts the open
+		// transaction, so the revoked tasks' uncommitted totals are dropped
+		// and their stores hold the committed state.
 		if err := rt.stopTasks(ps, false); err != nil {
 			rt.log.Error("Stopping revoked tasks", zap.Error(err))
 		}
@@ -484,15 +489,14 @@ func (rt *Runtime) crashPoint(name string) {
 	}
 }
 
-// commitLoop commits the offsets tasks reported, every commit interval.
+// commitLoop commits the offsets tasks report, as soon as they report them
+// (several reports arriving together are one commit).
 func (rt *Runtime) commitLoop(ctx context.Context) {
-	tick := time.NewTicker(rt.cfg.CommitInterval)
-	defer tick.Stop()
 	for {
 		select {
 		case <-ctx.Done():
 			return
-		case <-tick.C:
+		case <-rt.committer.kick:
 			if err := rt.committer.commit(ctx, rt.client); err != nil && ctx.Err() == nil {
 				rt.log.Warn("Committing offsets", zap.Error(err))
 			}
@@ -506,6 +510,7 @@ type committer struct {
 	mu      sync.Mutex
 	pending map[string]map[int32]kgo.EpochOffset
 	onDone  func()
+	kick    chan struct{} // signalled by report; buffered 1
 }
 
 func (c *committer) report(topic string, partition int32, next int64) {
@@ -518,6 +523,10 @@ func (c *committer) report(topic string, partition int32, next int64) {
 		c.pending[topic] = make(map[int32]kgo.EpochOffset)
 	}
 	c.pending[topic][partition] = kgo.EpochOffset{Epoch: -1, Offset: next}
+	select {
+	case c.kick <- struct{}{}:
+	default:
+	}
 }
 
 func (c *committer) forget(topic string, ps []int32) {

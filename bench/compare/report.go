@@ -1,0 +1,444 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"math"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"runtime"
+	"strconv"
+	"strings"
+	"time"
+)
+
+type machineInfo struct {
+	Cores         int    `json:"cores"` // runtime.NumCPU
+	MemTotalBytes int64  `json:"mem_total_bytes"`
+	MemAvailBytes int64  `json:"mem_available_bytes_at_start"`
+	CPUModel      string `json:"cpu_model,omitempty"`
+	Kernel        string `json:"kernel,omitempty"`
+	GOOS          string `json:"goos"`
+	GOARCH        string `json:"goarch"`
+	Hostname      string `json:"hostname,omitempty"`
+	LoadAvgStart  string `json:"loadavg_start,omitempty"`
+	LoadAvgEnd    string `json:"loadavg_end,omitempty"`
+}
+
+type versions struct {
+	Go           string `json:"go"`
+	Java         string `json:"java"`
+	Kafka        string `json:"kafka_broker"`
+	KafkaStreams string `json:"kafka_streams,omitempty"`
+	GitCommit    string `json:"git_commit,omitempty"`
+	GitDirty     bool   `json:"git_dirty"`
+}
+
+type report struct {
+	StartedAt        time.Time                `json:"started_at"`
+	FinishedAt       time.Time                `json:"finished_at"`
+	Guarantee        string                   `json:"guarantee"`
+	Events           int                      `json:"events"`
+	Products         int                      `json:"products"`
+	DistinctProducts int                      `json:"distinct_products"`
+	Partitions       int                      `json:"partitions"`
+	Seed             uint64                   `json:"seed"`
+	InputTopic       string                   `json:"input_topic"`
+	InputBytes       int64                    `json:"input_bytes"`
+	Bootstrap        string                   `json:"bootstrap"`
+	ExternalBroker   bool                     `json:"external_broker"`
+	CommitIntervalMs int64                    `json:"commit_interval_ms"`
+	ProduceMs        int64                    `json:"produce_ms"`
+	Machine          machineInfo              `json:"machine"`
+	Versions         versions                 `json:"versions"`
+	Order            []string                 `json:"order"`
+	Systems          map[string]*systemResult `json:"systems"`
+	Table            string                   `json:"table_markdown"`
+}
+
+func describeMachine() machineInfo {
+	m := machineInfo{Cores: runtime.NumCPU(), GOOS: runtime.GOOS, GOARCH: runtime.GOARCH}
+	if b, err := os.ReadFile("/proc/meminfo"); err == nil {
+		for _, line := range strings.Split(string(b), "\n") {
+			k, v, _ := strings.Cut(line, ":")
+			f := strings.Fields(v)
+			if len(f) == 0 {
+				continue
+			}
+			n, _ := strconv.ParseInt(f[0], 10, 64)
+			switch k {
+			case "MemTotal":
+				m.MemTotalBytes = n * 1024
+			case "MemAvailable":
+				m.MemAvailBytes = n * 1024
+			}
+		}
+	}
+	if b, err := os.ReadFile("/proc/cpuinfo"); err == nil {
+		if mm := regexp.MustCompile(`(?m)^model name\s*:\s*(.+)$`).FindSubmatch(b); mm != nil {
+			m.CPUModel = strings.TrimSpace(string(mm[1]))
+		}
+	}
+	if b, err := os.ReadFile("/proc/sys/kernel/osrelease"); err == nil {
+		m.Kernel = strings.TrimSpace(string(b))
+	}
+	m.Hostname, _ = os.Hostname()
+	return m
+}
+
+func loadAvg() string {
+	b, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return ""
+	}
+	f := strings.Fields(string(b))
+	if len(f) < 3 {
+		return ""
+	}
+	return strings.Join(f[:3], " ")
+}
+
+func javaVersion() string {
+	out, err := exec.Command("java", "-version").CombinedOutput()
+	if err != nil {
+		return ""
+	}
+	// e.g. openjdk version "17.0.15" 2025-04-15 / OpenJDK Runtime Environment (build 17.0.15+6-...)
+	lines := strings.Split(strings.TrimSpace(string(out)), "\n")
+	s := strings.TrimSpace(lines[0])
+	if len(lines) > 1 {
+		s += " (" + strings.TrimSpace(lines[1]) + ")"
+	}
+	return s
+}
+
+// referenceStreamsVersion reads the Kafka Streams version from the
+// reference's runtime jars.
+func referenceStreamsVersion(repo string) string {
+	ms, _ := filepath.Glob(filepath.Join(repo, "bench", "kstreams-reference", "target", "lib", "kafka-streams-*.jar"))
+	for _, m := range ms {
+		v := strings.TrimSuffix(strings.TrimPrefix(filepath.Base(m), "kafka-streams-"), ".jar")
+		if v != "" && v[0] >= '0' && v[0] <= '9' {
+			return v
+		}
+	}
+	return ""
+}
+
+// gitState returns HEAD and whether the work tree differs from it, with
+// read-only git commands (no index refresh is written).
+func gitState(repo string) (string, bool) {
+	git := func(args ...string) (string, error) {
+		cmd := exec.Command("git", append([]string{"--no-optional-locks", "-C", repo}, args...)...)
+		cmd.Env = append(os.Environ(), "GIT_OPTIONAL_LOCKS=0")
+		out, err := cmd.Output()
+		return strings.TrimSpace(string(out)), err
+	}
+	head, err := git("rev-parse", "HEAD")
+	if err != nil {
+		return "", false
+	}
+	st, err := git("status", "--porcelain", "--untracked-files=no")
+	return head, err == nil && st != ""
+}
+
+// ---------------------------------------------------------------------------
+// Table
+
+type row struct {
+	name    string
+	cell    func(r *systemResult) (float64, string, bool) // value, formatted, ok
+	noRatio bool
+}
+
+func (rep *report) header() string {
+	var b strings.Builder
+	m := rep.Machine
+	fmt.Fprintf(&b, "## salesagg vs Kafka Streams reference — %s\n\n", rep.Guarantee)
+	fmt.Fprintf(&b, "- data: %d events over %d products (%d distinct), %d input partitions, seed %d, %s of keys+values\n",
+		rep.Events, rep.Products, rep.DistinctProducts, rep.Partitions, rep.Seed, mib(rep.InputBytes))
+	fmt.Fprintf(&b, "- machine: %d cores (%s), %s RAM, load average %s at start, %s at end\n",
+		m.Cores, m.CPUModel, gib(m.MemTotalBytes), m.LoadAvgStart, m.LoadAvgEnd)
+	v := rep.Versions
+	dirty := ""
+	if v.GitDirty {
+		dirty = " (work tree modified)"
+	}
+	fmt.Fprintf(&b, "- versions: %s, Java %s, Kafka broker %s, Kafka Streams %s, git %s%s\n",
+		v.Go, v.Java, v.Kafka, v.KafkaStreams, short(v.GitCommit), dirty)
+	fmt.Fprintf(&b, "- commit interval %d ms for both; systems run one after another on one broker (%s)\n", rep.CommitIntervalMs, rep.Bootstrap)
+	return b.String()
+}
+
+func short(s string) string {
+	if len(s) > 12 {
+		return s[:12]
+	}
+	return s
+}
+
+func mib(b int64) string { return fmt.Sprintf("%.1f MiB", float64(b)/(1<<20)) }
+func gib(b int64) string { return fmt.Sprintf("%.1f GiB", float64(b)/(1<<30)) }
+
+func secs(ms int64) (float64, string, bool) {
+	return float64(ms) / 1000, fmt.Sprintf("%.2f", float64(ms)/1000), true
+}
+
+func count(n float64) (float64, string, bool) {
+	return n, group(int64(math.Round(n))), true
+}
+
+// group formats n with thousands separators.
+func group(n int64) string {
+	s := strconv.FormatInt(n, 10)
+	neg := strings.HasPrefix(s, "-")
+	s = strings.TrimPrefix(s, "-")
+	var out []byte
+	for i, c := range []byte(s) {
+		if i > 0 && (len(s)-i)%3 == 0 {
+			out = append(out, ',')
+		}
+		out = append(out, c)
+	}
+	if neg {
+		return "-" + string(out)
+	}
+	return string(out)
+}
+
+func none() (float64, string, bool) { return 0, "", false }
+
+func runOf(r *systemResult, which string) *runMetrics {
+	switch which {
+	case "processing":
+		return r.Processing
+	case "full_restore":
+		return r.FullRestore
+	default:
+		return r.Restart
+	}
+}
+
+func rows() []row {
+	run := func(which string, f func(m *runMetrics) (float64, string, bool)) func(r *systemResult) (float64, string, bool) {
+		return func(r *systemResult) (float64, string, bool) {
+			m := runOf(r, which)
+			if m == nil {
+				return none()
+			}
+			return f(m)
+		}
+	}
+	rss := func(m *runMetrics) (float64, string, bool) {
+		if m.PeakRSSBytes <= 0 {
+			return none()
+		}
+		v := float64(m.PeakRSSBytes) / (1 << 20)
+		return v, fmt.Sprintf("%.0f", v), true
+	}
+	return []row{
+		{name: "(a) start → ready, processing run (s) ↓", cell: func(r *systemResult) (float64, string, bool) {
+			if r.Ceiling != nil {
+				return secs(r.Ceiling.StartToAssignedMs)
+			}
+			if r.Processing == nil || r.Processing.StartToReadyMs == 0 {
+				return none()
+			}
+			return secs(r.Processing.StartToReadyMs)
+		}},
+		{name: "(a) start → committed offsets = input end (s) ↓", cell: func(r *systemResult) (float64, string, bool) {
+			if r.Ceiling != nil {
+				return secs(r.Ceiling.StartToDoneMs)
+			}
+			if r.Processing == nil || r.Processing.StartToCaughtUpMs == 0 {
+				return none()
+			}
+			return secs(r.Processing.StartToCaughtUpMs)
+		}},
+		{name: "(a) start → all input processed, own view (s) ↓", cell: run("processing", func(m *runMetrics) (float64, string, bool) {
+			if m.StartToProcessedMs == 0 {
+				return none()
+			}
+			return secs(m.StartToProcessedMs)
+		})},
+		{name: "(a) **throughput, events/s (from process start)** ↑", cell: func(r *systemResult) (float64, string, bool) {
+			if r.EventsPerSec == 0 {
+				return none()
+			}
+			return count(r.EventsPerSec)
+		}},
+		{name: "(a) throughput after ready, events/s ↑", cell: func(r *systemResult) (float64, string, bool) {
+			if r.EventsPerSecAfterReady == 0 {
+				return none()
+			}
+			return count(r.EventsPerSecAfterReady)
+		}},
+		{name: "CPU time of the processing run, user+sys (s) ↓", cell: func(r *systemResult) (float64, string, bool) {
+			if r.Ceiling != nil {
+				return secs(r.Ceiling.CPUMs)
+			}
+			if r.Processing == nil || r.Processing.CPUMs == 0 {
+				return none()
+			}
+			return secs(r.Processing.CPUMs)
+		}},
+		{name: "(d) **peak RSS, processing run (MiB)** ↓", cell: run("processing", rss)},
+		{name: "stop after SIGTERM, processing run (s) ↓", cell: run("processing", func(m *runMetrics) (float64, string, bool) {
+			if m.LifetimeMs == 0 {
+				return none()
+			}
+			return secs(m.StopMs)
+		})},
+		{name: "changelog records after processing", cell: func(r *systemResult) (float64, string, bool) {
+			if r.Verify == nil || r.Verify.Error != "" {
+				return none()
+			}
+			return count(float64(r.Verify.ChangelogRecords))
+		}},
+		{name: "correctness: changelog totals ≠ expected (of keys)", noRatio: true, cell: func(r *systemResult) (float64, string, bool) {
+			if r.Verify == nil {
+				return none()
+			}
+			v := r.Verify
+			if v.Error != "" {
+				return 0, "ERROR", true
+			}
+			bad := v.Mismatches + v.Missing + v.Extra + int(v.BadValues) + v.WrongPartition + v.MultiPartition
+			s := fmt.Sprintf("%d of %s", bad, group(int64(v.KeysExpected)))
+			if bad > 0 {
+				s = "**" + s + " WRONG**"
+			}
+			return float64(bad), s, true
+		}},
+		{name: "(b) **full restore: start → ready (s)** ↓", cell: run("full_restore", func(m *runMetrics) (float64, string, bool) {
+			if m.StartToReadyMs == 0 {
+				return none()
+			}
+			return secs(m.StartToReadyMs)
+		})},
+		{name: "(b) full restore: records restored", cell: run("full_restore", func(m *runMetrics) (float64, string, bool) {
+			if m.RestoredRecords < 0 {
+				return none()
+			}
+			return count(float64(m.RestoredRecords))
+		})},
+		{name: "(b) full restore: restore time reported (s) ↓", cell: run("full_restore", func(m *runMetrics) (float64, string, bool) {
+			if m.RestoreReportedMs < 0 {
+				return none()
+			}
+			return secs(m.RestoreReportedMs)
+		})},
+		{name: "(b) full restore: records/s (reported restore time) ↑", cell: func(r *systemResult) (float64, string, bool) {
+			if r.RestoreRecordsPerSec == 0 {
+				return none()
+			}
+			return count(r.RestoreRecordsPerSec)
+		}},
+		{name: "(b) full restore: records/s (start → ready) ↑", cell: func(r *systemResult) (float64, string, bool) {
+			if r.RestoreRecordsPerSecWall == 0 {
+				return none()
+			}
+			return count(r.RestoreRecordsPerSecWall)
+		}},
+		{name: "(d) peak RSS, full restore run (MiB) ↓", cell: run("full_restore", rss)},
+		{name: "(c) **restart, state intact: start → ready (s)** ↓", cell: run("restart", func(m *runMetrics) (float64, string, bool) {
+			if m.StartToReadyMs == 0 {
+				return none()
+			}
+			return secs(m.StartToReadyMs)
+		})},
+		{name: "(c) restart, state intact: records restored", cell: run("restart", func(m *runMetrics) (float64, string, bool) {
+			if m.RestoredRecords < 0 {
+				return none()
+			}
+			return count(float64(m.RestoredRecords))
+		})},
+		{name: "(d) peak RSS, restart run (MiB) ↓", cell: run("restart", rss)},
+	}
+}
+
+func (rep *report) table() string {
+	get := func(sys string, rw row) (float64, string, bool) {
+		r := rep.Systems[sys]
+		if r == nil {
+			return 0, "not run", false
+		}
+		v, s, ok := rw.cell(r)
+		if !ok {
+			if r.Status != "ok" {
+				return 0, "failed", false
+			}
+			return 0, "–", false
+		}
+		return v, s, true
+	}
+	ratio := func(a, b float64, okA, okB bool, rw row) string {
+		if !okA || !okB || rw.noRatio || b == 0 {
+			return "–"
+		}
+		r := a / b
+		if r >= 0.1 {
+			return fmt.Sprintf("%.2f×", r)
+		}
+		return fmt.Sprintf("%.2g×", r)
+	}
+	var b strings.Builder
+	b.WriteString("| metric | salesagg | reference | ceiling | salesagg/reference | salesagg/ceiling |\n")
+	b.WriteString("| --- | ---: | ---: | ---: | ---: | ---: |\n")
+	for _, rw := range rows() {
+		sv, ss, sok := get(sysSalesagg, rw)
+		rv, rs, rok := get(sysReference, rw)
+		cv, cs, cok := get(sysCeiling, rw)
+		fmt.Fprintf(&b, "| %s | %s | %s | %s | %s | %s |\n", rw.name, ss, rs, cs,
+			ratio(sv, rv, sok, rok, rw), ratio(sv, cv, sok, cok, rw))
+	}
+	b.WriteString("\n↓ lower is better, ↑ higher is better. ceiling: an in-process franz-go group consumer (no processing, no commits):\n" +
+		"its \"ready\" is the partition assignment, its end the last input record consumed, its CPU time the harness's.\n" +
+		"\"own view\": salesagg's GET /v1/tasks shows every position at the input end (processed; the commit follows);\n" +
+		"the reference exposes no such view.\n")
+	return b.String()
+}
+
+// notes lists failures and anomalies under the table.
+func (rep *report) notes() string {
+	var b strings.Builder
+	for _, s := range rep.Order {
+		r := rep.Systems[s]
+		if r == nil {
+			continue
+		}
+		if r.Status != "ok" {
+			fmt.Fprintf(&b, "- **%s FAILED**: %s\n", s, indent(r.Error))
+		}
+		for _, a := range r.Anomalies {
+			fmt.Fprintf(&b, "- %s: %s\n", s, a)
+		}
+	}
+	if b.Len() == 0 {
+		return ""
+	}
+	return "### Failures and anomalies\n\n" + b.String()
+}
+
+func indent(s string) string { return strings.ReplaceAll(s, "\n", "\n    ") }
+
+// write stores the report as <outDir>/<date>-<guarantee>.json (via a .tmp
+// file and a rename).
+func (rep *report) write(outDir string) (string, error) {
+	if err := os.MkdirAll(outDir, 0o755); err != nil {
+		return "", err
+	}
+	b, err := json.MarshalIndent(rep, "", "  ")
+	if err != nil {
+		return "", err
+	}
+	name := rep.StartedAt.Format("2006-01-02T150405") + "-" + rep.Guarantee + ".json"
+	path := filepath.Join(outDir, name)
+	tmp := path + ".tmp"
+	if err := os.WriteFile(tmp, append(b, '\n'), 0o644); err != nil {
+		return "", err
+	}
+	return path, os.Rename(tmp, path)
+}

@@ -1,0 +1,834 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kgo"
+)
+
+// env is what every system's measurement shares.
+type env struct {
+	o         options
+	tmp       string
+	addr      string
+	adm       *kadm.Client
+	data      *dataset
+	prefix    string // of every topic and group of this run
+	guarantee string
+	salesagg  string // built binary
+	refRunSh  string
+}
+
+func shortGuarantee(g string) string {
+	if g == exactlyOnceV2 {
+		return "eos"
+	}
+	return "alo"
+}
+
+// runMetrics are the figures of one process run.
+type runMetrics struct {
+	Run               string `json:"run"`
+	Pid               int    `json:"pid"`
+	StartToReadyMs    int64  `json:"start_to_ready_ms"`
+	StartToCaughtUpMs int64  `json:"start_to_caught_up_ms,omitempty"`
+	// salesagg only: first time /v1/tasks showed every position at the input
+	// end (processed, not yet necessarily committed).
+	StartToProcessedMs int64 `json:"start_to_processed_ms,omitempty"`
+	// Restore as the system reports it (-1: not reported).
+	RestoredRecords    int64    `json:"restored_records"`
+	RestoreReportedMs  int64    `json:"restore_reported_ms"`
+	RestoredPartitions int      `json:"restored_partitions"`
+	PeakRSSBytes       int64    `json:"peak_rss_bytes"` // VmHWM (else VmRSS) of /proc/<pid>/status, polled every 100 ms
+	RSSSamples         int      `json:"rss_samples"`
+	CPUMs              int64    `json:"cpu_ms"`
+	LifetimeMs         int64    `json:"lifetime_ms"`
+	StopMs             int64    `json:"stop_ms"`
+	Killed             bool     `json:"killed"`
+	ExitCode           int      `json:"exit_code"`
+	ExitSignal         string   `json:"exit_signal,omitempty"`
+	CleanStop          *bool    `json:"clean_stop,omitempty"` // reference: REFERENCE STOPPED clean=
+	ErrorLines         int      `json:"error_log_lines"`
+	WarnLines          int      `json:"warn_log_lines"`
+	FirstErrors        []string `json:"first_errors,omitempty"`
+	Logs               string   `json:"logs"`
+}
+
+// systemResult is everything measured of one system under one guarantee.
+type systemResult struct {
+	System    string `json:"system"`
+	Status    string `json:"status"` // ok, failed
+	Error     string `json:"error,omitempty"`
+	AppID     string `json:"application_id,omitempty"`
+	StateDir  string `json:"state_dir,omitempty"`
+	Guarantee string `json:"guarantee"`
+
+	Processing  *runMetrics `json:"processing,omitempty"`
+	FullRestore *runMetrics `json:"full_restore,omitempty"`
+	Restart     *runMetrics `json:"restart,omitempty"`
+
+	// Derived.
+	EventsPerSec             float64 `json:"events_per_s"`               // events / (start → committed at end)
+	EventsPerSecAfterReady   float64 `json:"events_per_s_after_ready"`   // events / (ready → committed at end)
+	RestoreRecordsPerSec     float64 `json:"restore_records_per_s"`      // restored / reported restore time
+	RestoreRecordsPerSecWall float64 `json:"restore_records_per_s_wall"` // restored / (start → ready)
+
+	Verify *verifyResult `json:"verify,omitempty"`
+	// salesagg: GET /v1/tasks when caught up.
+	Tasks json.RawMessage `json:"tasks_at_caught_up,omitempty"`
+	// ceiling only.
+	Ceiling *ceilingMetrics `json:"ceiling,omitempty"`
+
+	Anomalies []string `json:"anomalies,omitempty"`
+}
+
+func (r *systemResult) anomaly(format string, args ...any) {
+	msg := fmt.Sprintf(format, args...)
+	r.Anomalies = append(r.Anomalies, msg)
+	logf("%s: ANOMALY: %s", r.System, msg)
+}
+
+// instance is one started process of a system, with what its output told.
+type instance struct {
+	*proc
+	run      string
+	httpAddr string // salesagg
+
+	mu sync.Mutex
+	// salesagg
+	restorationMs   int64
+	restoredRecords int64
+	restoredLines   int
+	// reference
+	runningAt   time.Time
+	restoreSeen bool
+	// both
+	errorLines  int
+	warnLines   int
+	firstErrors []string
+	cleanStop   *bool
+}
+
+func (in *instance) noteError(line string) {
+	in.errorLines++
+	if len(in.firstErrors) < 5 {
+		if len(line) > 500 {
+			line = line[:500] + "…"
+		}
+		in.firstErrors = append(in.firstErrors, line)
+	}
+}
+
+// driver starts and watches one system's processes.
+type driver interface {
+	name() string
+	appID() string
+	stateDir() string
+	launch(run string) (*instance, error)
+	// waitReady returns when the instance is ready to serve (restored, running).
+	waitReady(ctx context.Context, in *instance) (time.Time, error)
+	// restoreInfo returns what the instance reported of its restore (after ready).
+	restoreInfo(ctx context.Context, in *instance) (records, ms int64, partitions int, ok bool)
+	// positionsAtEnd reports whether the instance's own view says it has
+	// processed the whole input (salesagg: /v1/tasks positions); ok=false
+	// when the system has no such view.
+	positionsAtEnd(ctx context.Context, in *instance) (atEnd, ok bool)
+	// progress is an extra word for the progress line.
+	progress(ctx context.Context, in *instance) string
+	// caughtUp is called once caught up, before the changelog is verified.
+	caughtUp(ctx context.Context, in *instance, res *systemResult)
+}
+
+// measure runs the three runs of a system: processing, full restore (state
+// dir deleted), restart with the state dir intact.
+func measure(ctx context.Context, e *env, d driver) *systemResult {
+	res := &systemResult{System: d.name(), Status: "ok", AppID: d.appID(), StateDir: d.stateDir(), Guarantee: e.guarantee}
+	err := measureRuns(ctx, e, d, res)
+	if err != nil {
+		res.Status = "failed"
+		res.Error = err.Error()
+		logf("%s: FAILED: %v", d.name(), err)
+	}
+	return res
+}
+
+func measureRuns(ctx context.Context, e *env, d driver, res *systemResult) error {
+	events := float64(e.data.events)
+
+	// The notification topic must exist for the reference (the broker does
+	// not auto-create topics); salesagg would create it. Both get one made
+	// here, like the input: 3 partitions, replication 1.
+	if err := createTopic(ctx, e.adm, notificationTopic(d.appID()), e.o.partitions); err != nil {
+		return err
+	}
+
+	// (a) processing.
+	logf("%s [%s]: processing run: %d events from %s", d.name(), e.guarantee, e.data.events, e.data.topic)
+	m, err := runOnce(ctx, e, d, res, "processing", func(pctx context.Context, in *instance, m *runMetrics, readyAt time.Time) error {
+		caughtAt, processedAt, err := waitCaughtUp(pctx, e, d, in)
+		if err != nil {
+			return err
+		}
+		if !processedAt.IsZero() {
+			m.StartToProcessedMs = processedAt.Sub(in.started).Milliseconds()
+		}
+		m.StartToCaughtUpMs = caughtAt.Sub(in.started).Milliseconds()
+		res.EventsPerSec = events / caughtAt.Sub(in.started).Seconds()
+		if d := caughtAt.Sub(readyAt).Seconds(); d > 0 {
+			res.EventsPerSecAfterReady = events / d
+		}
+		logf("%s: caught up %.2f s after start (ready at %.2f s): %.0f events/s", d.name(),
+			caughtAt.Sub(in.started).Seconds(), readyAt.Sub(in.started).Seconds(), res.EventsPerSec)
+		d.caughtUp(pctx, in, res)
+		logf("%s: verifying changelog %s against the expected totals", d.name(), changelogTopic(d.appID()))
+		vr := verifyChangelog(pctx, e.addr, changelogTopic(d.appID()), e.data.expected, e.o.partitions)
+		res.Verify = &vr
+		switch {
+		case vr.Error != "":
+			res.anomaly("changelog verification failed: %s", vr.Error)
+		case !vr.OK:
+			res.anomaly("changelog differs from the expected totals: %d mismatches, %d missing, %d extra, %d bad values, %d in the wrong partition, %d in several partitions (of %d keys); e.g. %s",
+				vr.Mismatches, vr.Missing, vr.Extra, vr.BadValues, vr.WrongPartition, vr.MultiPartition, vr.KeysExpected, strings.Join(vr.Examples, "; "))
+		default:
+			logf("%s: changelog OK: %d keys, all totals equal (%d changelog records)", d.name(), vr.KeysChecked, vr.ChangelogRecords)
+		}
+		return nil
+	})
+	res.Processing = m
+	if err != nil {
+		return fmt.Errorf("processing run: %w", err)
+	}
+
+	// (b) full restore: state dir deleted.
+	if err := os.RemoveAll(d.stateDir()); err != nil {
+		return fmt.Errorf("deleting state dir: %w", err)
+	}
+	logf("%s: full restore run (state dir %s deleted)", d.name(), d.stateDir())
+	m, err = runOnce(ctx, e, d, res, "full_restore", nil)
+	res.FullRestore = m
+	if err != nil {
+		return fmt.Errorf("full restore run: %w", err)
+	}
+	if m.RestoredRecords >= 0 && m.RestoreReportedMs > 0 {
+		res.RestoreRecordsPerSec = float64(m.RestoredRecords) / (float64(m.RestoreReportedMs) / 1000)
+	}
+	if m.RestoredRecords >= 0 && m.StartToReadyMs > 0 {
+		res.RestoreRecordsPerSecWall = float64(m.RestoredRecords) / (float64(m.StartToReadyMs) / 1000)
+	}
+	if res.Verify != nil && res.Verify.Error == "" && m.RestoredRecords >= 0 && m.RestoredRecords != res.Verify.ChangelogRecords {
+		res.anomaly("full restore restored %d records but the changelog held %d when verified", m.RestoredRecords, res.Verify.ChangelogRecords)
+	}
+
+	// (c) restart, state dir intact.
+	logf("%s: restart run (state dir intact)", d.name())
+	m, err = runOnce(ctx, e, d, res, "restart", nil)
+	res.Restart = m
+	if err != nil {
+		return fmt.Errorf("restart run: %w", err)
+	}
+	if m.RestoredRecords > 0 {
+		res.anomaly("restart with the state dir intact after a clean SIGTERM restored %d records (expected 0)", m.RestoredRecords)
+	}
+	return nil
+}
+
+// runOnce starts the system, waits until ready, runs body (if any), and
+// stops it with SIGTERM, recording the run's figures.
+func runOnce(ctx context.Context, e *env, d driver, res *systemResult, run string,
+	body func(ctx context.Context, in *instance, m *runMetrics, readyAt time.Time) error) (*runMetrics, error) {
+	pctx, cancel := context.WithTimeout(ctx, e.o.phaseTimeout)
+	defer cancel()
+	m := &runMetrics{Run: run, RestoredRecords: -1, RestoreReportedMs: -1}
+	in, err := d.launch(run)
+	if err != nil {
+		return m, err
+	}
+	m.Pid = in.pid
+	m.Logs = filepath.Join(in.logDir, in.name+".{stdout,stderr}")
+	defer in.kill()
+	finish := func() {
+		took, killed := in.stop(e.o.stopTimeout)
+		m.StopMs, m.Killed = took.Milliseconds(), killed
+		code, sig, cpu := in.exitInfo()
+		m.ExitCode, m.ExitSignal, m.CPUMs = code, sig, cpu.Milliseconds()
+		m.LifetimeMs = in.exitedAt().Sub(in.started).Milliseconds()
+		m.PeakRSSBytes = in.peak()
+		in.proc.mu.Lock()
+		m.RSSSamples = in.proc.samples
+		in.proc.mu.Unlock()
+		in.mu.Lock()
+		m.CleanStop = in.cleanStop
+		m.ErrorLines, m.WarnLines = in.errorLines, in.warnLines
+		m.FirstErrors = in.firstErrors
+		in.mu.Unlock()
+		if killed {
+			res.anomaly("%s run: no exit within %s of SIGTERM; killed", run, e.o.stopTimeout)
+		} else if code != 0 && !(code == 143 && m.CleanStop != nil && *m.CleanStop) {
+			// (The JVM exits with 128+SIGTERM after its shutdown hooks ran:
+			// 143 with "REFERENCE STOPPED clean=true" is a clean stop.)
+			res.anomaly("%s run: exit code %d%s after SIGTERM", run, code, map[bool]string{true: " (signal " + sig + ")", false: ""}[sig != ""])
+		}
+		if m.CleanStop != nil && !*m.CleanStop {
+			res.anomaly("%s run: the reference reported an unclean stop", run)
+		}
+		if m.ErrorLines > 0 {
+			first := m.FirstErrors[0]
+			if len(first) > 300 {
+				first = first[:300] + "…"
+			}
+			res.anomaly("%s run: %d error log lines (in %s), first: %s", run, m.ErrorLines, m.Logs, first)
+		}
+		logf("%s: %s run stopped in %.2f s (exit %d%s), peak RSS %.1f MiB, CPU %.2f s", d.name(), run,
+			took.Seconds(), code, map[bool]string{true: ", KILLED", false: ""}[killed], float64(m.PeakRSSBytes)/(1<<20), cpu.Seconds())
+	}
+
+	readyAt, err := d.waitReady(pctx, in)
+	if err != nil {
+		finish()
+		return m, err
+	}
+	m.StartToReadyMs = readyAt.Sub(in.started).Milliseconds()
+	if recs, ms, parts, ok := d.restoreInfo(pctx, in); ok {
+		m.RestoredRecords, m.RestoreReportedMs, m.RestoredPartitions = recs, ms, parts
+	} else {
+		res.anomaly("%s run: the restore report was not found in the output", run)
+	}
+	logf("%s: %s run ready %.2f s after start; restored %d records in %d ms (reported)", d.name(), run,
+		readyAt.Sub(in.started).Seconds(), m.RestoredRecords, m.RestoreReportedMs)
+	if body != nil {
+		if err := body(pctx, in, m, readyAt); err != nil {
+			finish()
+			return m, err
+		}
+	}
+	if !in.running() {
+		finish()
+		return m, in.exitError("before it was stopped")
+	}
+	finish()
+	return m, nil
+}
+
+// waitCaughtUp polls the group's committed offsets every 100 ms until they
+// reach the input end offsets.
+// It also returns when the system's own view first said the whole input was
+// processed (zero if it has none).
+func waitCaughtUp(ctx context.Context, e *env, d driver, in *instance) (caught, processed time.Time, err error) {
+	tick := time.NewTicker(100 * time.Millisecond)
+	defer tick.Stop()
+	lastLog := time.Now()
+	var committed int64
+	hasView := true
+	for {
+		if hasView && processed.IsZero() {
+			atEnd, ok := d.positionsAtEnd(ctx, in)
+			hasView = ok
+			if atEnd {
+				processed = time.Now()
+			}
+		}
+		qctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		at, sum, err := committedAtEnd(qctx, e.adm, d.appID(), e.data.topic, e.data.ends)
+		cancel()
+		now := time.Now()
+		if err == nil {
+			committed = sum
+			if at {
+				return now, processed, nil
+			}
+		}
+		if !in.running() {
+			return time.Time{}, time.Time{}, in.exitError("while processing")
+		}
+		if now.Sub(lastLog) >= 5*time.Second {
+			lastLog = now
+			logf("%s: processing: %d of %d input offsets committed (%.1f%%), %.0f s since start%s", d.name(), committed, e.data.events,
+				100*float64(committed)/float64(e.data.events), now.Sub(in.started).Seconds(), d.progress(ctx, in))
+		}
+		select {
+		case <-ctx.Done():
+			return time.Time{}, time.Time{}, fmt.Errorf("not caught up (%d of %d offsets committed): %w", committed, e.data.events, context.Cause(ctx))
+		case <-tick.C:
+		}
+	}
+}
+
+func changelogTopic(app string) string    { return app + "-PRODUCT_AGGREGATED_SALES-changelog" }
+func notificationTopic(app string) string { return app + "-notifications" }
+
+// freePort returns a free TCP port on 127.0.0.1.
+func freePort() (int, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, err
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port, nil
+}
+
+// ---------------------------------------------------------------------------
+// salesagg
+
+type salesaggDriver struct {
+	e     *env
+	app   string
+	state string
+	http  *http.Client
+}
+
+func newSalesagg(e *env) *salesaggDriver {
+	app := e.prefix + "-salesagg-" + shortGuarantee(e.guarantee)
+	return &salesaggDriver{e: e, app: app, state: filepath.Join(e.tmp, "state", app), http: &http.Client{Timeout: 2 * time.Second}}
+}
+
+func (d *salesaggDriver) name() string     { return sysSalesagg }
+func (d *salesaggDriver) appID() string    { return d.app }
+func (d *salesaggDriver) stateDir() string { return d.state }
+
+var restorationRe = regexp.MustCompile(`^Restoration took (\d+) ms`)
+
+func (d *salesaggDriver) launch(run string) (*instance, error) {
+	port, err := freePort()
+	if err != nil {
+		return nil, err
+	}
+	in := &instance{run: run, httpAddr: fmt.Sprintf("127.0.0.1:%d", port), restorationMs: -1}
+	args := []string{"run",
+		"--bootstrap.servers", d.e.addr,
+		"--application.id", d.app,
+		"--state.dir", d.state,
+		"--http.addr", in.httpAddr,
+		"--input.topic", d.e.data.topic,
+		"--notification.topic", notificationTopic(d.app),
+		"--processing.guarantee", d.e.guarantee,
+		"--commit.interval.ms", strconv.FormatInt(d.e.o.commitInterval.Milliseconds(), 10),
+		"--log.format", "json",
+	}
+	onLine := func(stream string, _ time.Time, line string) {
+		if stream != "stderr" {
+			return
+		}
+		var rec struct {
+			Level   string `json:"level"`
+			Msg     string `json:"msg"`
+			Records *int64 `json:"records"`
+		}
+		if json.Unmarshal([]byte(line), &rec) != nil {
+			in.mu.Lock()
+			if strings.Contains(line, "panic") || strings.Contains(line, "fatal") {
+				in.noteError(line)
+			}
+			in.mu.Unlock()
+			return
+		}
+		in.mu.Lock()
+		defer in.mu.Unlock()
+		switch rec.Level {
+		case "error", "dpanic", "panic", "fatal":
+			in.noteError(line)
+		case "warn":
+			in.warnLines++
+		}
+		if strings.HasPrefix(rec.Msg, "Finished restoring changelog ") && rec.Records != nil {
+			in.restoredRecords += *rec.Records
+			in.restoredLines++
+		}
+		if m := restorationRe.FindStringSubmatch(rec.Msg); m != nil {
+			in.restorationMs, _ = strconv.ParseInt(m[1], 10, 64)
+		}
+	}
+	p, err := startProc("salesagg-"+shortGuarantee(d.e.guarantee)+"-"+run, d.e.o.repo, filepath.Join(d.e.tmp, "logs"), d.e.salesagg, args, nil, onLine)
+	if err != nil {
+		return nil, err
+	}
+	in.proc = p
+	return in, nil
+}
+
+func (d *salesaggDriver) waitReady(ctx context.Context, in *instance) (time.Time, error) {
+	url := "http://" + in.httpAddr + "/readyz"
+	lastLog := time.Now()
+	reason := ""
+	for {
+		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+		resp, err := d.http.Do(req)
+		if err == nil {
+			now := time.Now()
+			body, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				return now, nil
+			}
+			reason = strings.TrimSpace(string(body))
+		}
+		if !in.running() {
+			return time.Time{}, in.exitError("before it was ready")
+		}
+		if time.Since(lastLog) >= 5*time.Second {
+			lastLog = time.Now()
+			logf("salesagg: waiting for /readyz (%.0f s since start): %s", time.Since(in.started).Seconds(), reason)
+		}
+		select {
+		case <-ctx.Done():
+			return time.Time{}, fmt.Errorf("not ready (last /readyz: %s): %w", reason, context.Cause(ctx))
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}
+
+func (d *salesaggDriver) restoreInfo(ctx context.Context, in *instance) (int64, int64, int, bool) {
+	// The "Restoration took" line may come a moment after /readyz turns 200.
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		in.mu.Lock()
+		ms, recs, lines := in.restorationMs, in.restoredRecords, in.restoredLines
+		in.mu.Unlock()
+		if ms >= 0 && lines >= d.e.o.partitions {
+			return recs, ms, lines, true
+		}
+		if time.Now().After(deadline) || ctx.Err() != nil {
+			return recs, ms, lines, false
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+type taskStatus struct {
+	Task      string `json:"task"`
+	Partition int32  `json:"partition"`
+	State     string `json:"state"`
+	Position  int64  `json:"position"`
+	Lag       int64  `json:"lag"`
+	Processed int64  `json:"processed"`
+	Dups      int64  `json:"duplicates_skipped"`
+	Bad       int64  `json:"bad_events"`
+	Forwarded int64  `json:"forwarded"`
+}
+
+func (d *salesaggDriver) tasks(ctx context.Context, in *instance) ([]byte, []taskStatus, error) {
+	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+in.httpAddr+"/v1/tasks", nil)
+	resp, err := d.http.Do(req)
+	if err != nil {
+		return nil, nil, err
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+	if err != nil {
+		return nil, nil, err
+	}
+	if resp.StatusCode != http.StatusOK {
+		return body, nil, fmt.Errorf("GET /v1/tasks: %s", resp.Status)
+	}
+	var v struct {
+		Tasks []taskStatus `json:"tasks"`
+	}
+	if err := json.Unmarshal(body, &v); err != nil {
+		return body, nil, err
+	}
+	return body, v.Tasks, nil
+}
+
+func (d *salesaggDriver) positionsAtEnd(ctx context.Context, in *instance) (bool, bool) {
+	_, ts, err := d.tasks(ctx, in)
+	if err != nil || len(ts) != d.e.o.partitions {
+		return false, true
+	}
+	for _, t := range ts {
+		if t.Position < d.e.data.ends[t.Partition] {
+			return false, true
+		}
+	}
+	return true, true
+}
+
+func (d *salesaggDriver) progress(ctx context.Context, in *instance) string {
+	_, ts, err := d.tasks(ctx, in)
+	if err != nil {
+		return ""
+	}
+	var lag, processed int64
+	for _, t := range ts {
+		lag += t.Lag
+		processed += t.Processed
+	}
+	return fmt.Sprintf("; /v1/tasks: processed %d, lag %d", processed, lag)
+}
+
+func (d *salesaggDriver) caughtUp(ctx context.Context, in *instance, res *systemResult) {
+	body, ts, err := d.tasks(ctx, in)
+	if err != nil {
+		res.anomaly("GET /v1/tasks when caught up: %v", err)
+		return
+	}
+	res.Tasks = json.RawMessage(body)
+	var processed, dups, bad int64
+	for _, t := range ts {
+		processed += t.Processed
+		dups += t.Dups
+		bad += t.Bad
+		if t.State != "running" {
+			res.anomaly("task %s is %s when caught up", t.Task, t.State)
+		}
+		if end := d.e.data.ends[t.Partition]; t.Position != end {
+			res.anomaly("task %s position %d, input end offset %d", t.Task, t.Position, end)
+		}
+	}
+	if len(ts) != d.e.o.partitions {
+		res.anomaly("/v1/tasks lists %d tasks, want %d", len(ts), d.e.o.partitions)
+	}
+	if processed != int64(d.e.data.events) || dups != 0 || bad != 0 {
+		res.anomaly("/v1/tasks when caught up: processed %d (want %d), duplicates skipped %d, bad events %d", processed, d.e.data.events, dups, bad)
+	}
+}
+
+// ---------------------------------------------------------------------------
+// Kafka Streams reference
+
+type referenceDriver struct {
+	e     *env
+	app   string
+	state string
+}
+
+func newReference(e *env) *referenceDriver {
+	app := e.prefix + "-reference-" + shortGuarantee(e.guarantee)
+	return &referenceDriver{e: e, app: app, state: filepath.Join(e.tmp, "state", app)}
+}
+
+func (d *referenceDriver) name() string     { return sysReference }
+func (d *referenceDriver) appID() string    { return d.app }
+func (d *referenceDriver) stateDir() string { return d.state }
+
+var (
+	refRestoreTotalRe = regexp.MustCompile(`^REFERENCE RESTORE TOTAL records=(\d+) ms=(\d+)`)
+	refStoppedRe      = regexp.MustCompile(`^REFERENCE STOPPED clean=(\w+)`)
+)
+
+func (d *referenceDriver) launch(run string) (*instance, error) {
+	in := &instance{run: run, restorationMs: -1}
+	args := []string{
+		"--bootstrap", d.e.addr,
+		"--application-id", d.app,
+		"--state-dir", d.state,
+		"--processing-guarantee", d.e.guarantee,
+		"--input-topic", d.e.data.topic,
+		"--notification-topic", notificationTopic(d.app),
+		"--commit-interval-ms", strconv.FormatInt(d.e.o.commitInterval.Milliseconds(), 10),
+		"--leave-group-on-close", "true",
+	}
+	var (
+		pendingRecs, pendingMs int64 = -1, -1
+		restoreEnds            int
+	)
+	onLine := func(stream string, at time.Time, line string) {
+		in.mu.Lock()
+		defer in.mu.Unlock()
+		if stream == "stderr" {
+			switch {
+			case strings.Contains(line, "] ERROR "):
+				in.noteError(line)
+			case strings.Contains(line, "] WARN "):
+				in.warnLines++
+			}
+			return
+		}
+		switch {
+		case strings.HasPrefix(line, "REFERENCE RESTORE END "):
+			restoreEnds++
+		case strings.HasPrefix(line, "REFERENCE RESTORE TOTAL "):
+			if m := refRestoreTotalRe.FindStringSubmatch(line); m != nil {
+				pendingRecs, _ = strconv.ParseInt(m[1], 10, 64)
+				pendingMs, _ = strconv.ParseInt(m[2], 10, 64)
+			}
+		case line == "REFERENCE STATE RUNNING":
+			if in.runningAt.IsZero() {
+				in.runningAt = at
+				if pendingRecs >= 0 {
+					in.restoreSeen = true
+					in.restoredRecords, in.restorationMs, in.restoredLines = pendingRecs, pendingMs, restoreEnds
+				}
+			}
+		case strings.HasPrefix(line, "REFERENCE ERROR"):
+			in.noteError(line)
+		case strings.HasPrefix(line, "REFERENCE STOPPED "):
+			if m := refStoppedRe.FindStringSubmatch(line); m != nil {
+				clean := m[1] == "true"
+				in.cleanStop = &clean
+			}
+		}
+	}
+	env := []string{}
+	p, err := startProc("reference-"+shortGuarantee(d.e.guarantee)+"-"+run, d.e.o.repo, filepath.Join(d.e.tmp, "logs"), d.e.refRunSh, args, env, onLine)
+	if err != nil {
+		return nil, err
+	}
+	in.proc = p
+	return in, nil
+}
+
+func (d *referenceDriver) waitReady(ctx context.Context, in *instance) (time.Time, error) {
+	lastLog := time.Now()
+	for {
+		in.mu.Lock()
+		at := in.runningAt
+		in.mu.Unlock()
+		if !at.IsZero() {
+			return at, nil
+		}
+		if !in.running() {
+			return time.Time{}, in.exitError("before it was RUNNING")
+		}
+		if time.Since(lastLog) >= 5*time.Second {
+			lastLog = time.Now()
+			logf("reference: waiting for REFERENCE STATE RUNNING (%.0f s since start)", time.Since(in.started).Seconds())
+		}
+		select {
+		case <-ctx.Done():
+			return time.Time{}, fmt.Errorf("not RUNNING: %w", context.Cause(ctx))
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+}
+
+func (d *referenceDriver) restoreInfo(_ context.Context, in *instance) (int64, int64, int, bool) {
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	return in.restoredRecords, in.restorationMs, in.restoredLines, in.restoreSeen
+}
+
+func (d *referenceDriver) positionsAtEnd(context.Context, *instance) (bool, bool) {
+	return false, false
+}
+
+func (d *referenceDriver) progress(context.Context, *instance) string { return "" }
+
+func (d *referenceDriver) caughtUp(context.Context, *instance, *systemResult) {}
+
+// ---------------------------------------------------------------------------
+// ceiling: a consume-only franz-go group consumer in this process.
+
+type ceilingMetrics struct {
+	Group                string `json:"group"`
+	StartToAssignedMs    int64  `json:"start_to_assigned_ms"`
+	StartToFirstRecordMs int64  `json:"start_to_first_record_ms"`
+	StartToDoneMs        int64  `json:"start_to_done_ms"`
+	Records              int64  `json:"records"`
+	Bytes                int64  `json:"bytes"`
+	CPUMs                int64  `json:"cpu_ms"` // of the whole harness process over the run
+}
+
+func runCeiling(ctx context.Context, e *env) *systemResult {
+	group := e.prefix + "-ceiling-" + shortGuarantee(e.guarantee)
+	res := &systemResult{System: sysCeiling, Status: "ok", AppID: group, Guarantee: e.guarantee}
+	cm, err := consumeAll(ctx, e, group)
+	res.Ceiling = cm
+	if err != nil {
+		res.Status, res.Error = "failed", err.Error()
+		logf("ceiling: FAILED: %v", err)
+		return res
+	}
+	events := float64(e.data.events)
+	res.EventsPerSec = events / (float64(cm.StartToDoneMs) / 1000)
+	if d := cm.StartToDoneMs - cm.StartToAssignedMs; d > 0 {
+		res.EventsPerSecAfterReady = events / (float64(d) / 1000)
+	}
+	if cm.Records != int64(e.data.events) {
+		res.anomaly("consumed %d records, want %d", cm.Records, e.data.events)
+	}
+	logf("ceiling: consumed %d records in %.2f s (assigned at %.2f s): %.0f events/s", cm.Records,
+		float64(cm.StartToDoneMs)/1000, float64(cm.StartToAssignedMs)/1000, res.EventsPerSec)
+	return res
+}
+
+func consumeAll(ctx context.Context, e *env, group string) (*ceilingMetrics, error) {
+	cm := &ceilingMetrics{Group: group}
+	ctx, cancel := context.WithTimeout(ctx, e.o.phaseTimeout)
+	defer cancel()
+	var ru0 syscall.Rusage
+	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru0)
+	var (
+		mu         sync.Mutex
+		assignedAt time.Time
+	)
+	t0 := time.Now()
+	cl, err := kgo.NewClient(
+		kgo.SeedBrokers(e.addr),
+		kgo.ConsumerGroup(group),
+		kgo.ConsumeTopics(e.data.topic),
+		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()),
+		kgo.DisableAutoCommit(),
+		kgo.OnPartitionsAssigned(func(context.Context, *kgo.Client, map[string][]int32) {
+			mu.Lock()
+			if assignedAt.IsZero() {
+				assignedAt = time.Now()
+			}
+			mu.Unlock()
+		}),
+	)
+	if err != nil {
+		return cm, err
+	}
+	defer cl.Close()
+	want := map[int32]int64{}
+	for p, end := range e.data.ends {
+		if end > 0 {
+			want[p] = end - 1
+		}
+	}
+	var first time.Time
+	for len(want) > 0 {
+		fetches := cl.PollFetches(ctx)
+		if ctx.Err() != nil {
+			return cm, fmt.Errorf("consumed %d of %d records: %w", cm.Records, e.data.events, context.Cause(ctx))
+		}
+		var ferr error
+		fetches.EachError(func(_ string, _ int32, err error) { ferr = errors.Join(ferr, err) })
+		if ferr != nil {
+			return cm, ferr
+		}
+		fetches.EachPartition(func(fp kgo.FetchTopicPartition) {
+			n := len(fp.Records)
+			if n == 0 {
+				return
+			}
+			if first.IsZero() {
+				first = time.Now()
+			}
+			cm.Records += int64(n)
+			for _, r := range fp.Records {
+				cm.Bytes += int64(len(r.Key) + len(r.Value))
+			}
+			if last, ok := want[fp.Partition]; ok && fp.Records[n-1].Offset >= last {
+				delete(want, fp.Partition)
+			}
+		})
+	}
+	done := time.Now()
+	var ru1 syscall.Rusage
+	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru1)
+	tv := func(t syscall.Timeval) time.Duration { return time.Duration(t.Nano()) }
+	cm.CPUMs = (tv(ru1.Utime) + tv(ru1.Stime) - tv(ru0.Utime) - tv(ru0.Stime)).Milliseconds()
+	mu.Lock()
+	if !assignedAt.IsZero() {
+		cm.StartToAssignedMs = assignedAt.Sub(t0).Milliseconds()
+	}
+	mu.Unlock()
+	cm.StartToFirstRecordMs = first.Sub(t0).Milliseconds()
+	cm.StartToDoneMs = done.Sub(t0).Milliseconds()
+	return cm, nil
+}

@@ -1,0 +1,155 @@
+//go:build e2e
+
+package e2e
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"strconv"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+)
+
+// crashPoints are the commit-cycle points SALESAGGTEST_CRASH_POINT accepts,
+// per processing guarantee.
+var crashPoints = map[string][]string{
+	"at_least_once":   {"flush-start", "changelog-produced", "changelog-flushed", "store-written", "offsets-committed"},
+	"exactly_once_v2": {"changelog-produced", "transaction-committed", "store-written"},
+}
+
+// TestKillNineWhileEventsFlow: 20,000 events flow while the service is SIGKILLed at random moments and once at each commit-cycle crash point, restarting each time; a clean start then has exact totals (HTTP and changelog), under each guarantee.
+func TestKillNineWhileEventsFlow(t *testing.T) {
+	for _, g := range []string{"exactly_once_v2", "at_least_once"} {
+		t.Run(g, func(t *testing.T) { killNine(t, g) })
+	}
+}
+
+func killNine(t *testing.T, guarantee string) {
+	seed := uint64(time.Now().UnixNano())
+	if s := os.Getenv("E2E_SEED"); s != "" {
+		n, err := strconv.ParseUint(s, 10, 64)
+		if err != nil {
+			t.Fatalf("E2E_SEED=%q: %v", s, err)
+		}
+		seed = n
+	}
+	t.Logf("seed %d (rerun with E2E_SEED=%d)", seed, seed)
+	rng := rand.New(rand.NewPCG(seed, 0x6b696c6c))
+
+	appID, input, notif := testNames("kill-" + map[string]string{"exactly_once_v2": "eos", "at_least_once": "alos"}[guarantee])
+	createTopic(t, input, 3, nil)
+	events := genEvents(rng, "kp", 50, 20_000)
+
+	cfg := serviceConfig{appID: appID, stateDir: filepath.Join(t.TempDir(), "state"), input: input, notif: notif, commitMs: 200}
+	cfg.extra = append(cfg.extra, "--processing.guarantee", guarantee)
+	// A SIGKILLed member stays in the group until its session times out,
+	// and a dynamic member joining meanwhile waits for that. With static
+	// membership (a fixed group.instance.id, as a StatefulSet pod name gives)
+	// the restarted process takes its place at once, so kills land while it
+	// restores and processes; without it, each kill waits for readiness.
+	static := runSupports("group.instance.id") && os.Getenv("E2E_DYNAMIC_MEMBERSHIP") == ""
+	if static {
+		cfg.extra = append(cfg.extra, "--group.instance.id", appID+"-0")
+	}
+	if runSupports("session.timeout.ms") {
+		cfg.extra = append(cfg.extra, "--session.timeout.ms", "6000") // the broker's minimum
+	}
+	t.Logf("static membership: %v; extra flags %v", static, cfg.extra)
+
+	svc := startService(t, cfg)
+	svc.waitReady(t, 90*time.Second)
+	pp := startPacedProducer(t, newClient(t), input, events, 40, 70*time.Millisecond)
+	topUp := newClient(t)
+	var extra []event // events sent to top up crash runs, see below
+
+	// describe says what the service was doing, for the log of each kill.
+	describe := func(s *service) string {
+		c, err := s.tasks()
+		if err != nil {
+			return "not serving: " + err.Error()
+		}
+		return fmt.Sprintf("tasks %v, processed %d since its start (%d redelivered skipped)", c.States, c.Processed, c.Duplicates)
+	}
+
+	// killLater SIGKILLs the running service 0.5–3 s (random) after its
+	// start (after readiness without static membership).
+	kills := 0
+	killLater := func() {
+		t.Helper()
+		if !static {
+			svc.waitReady(t, 120*time.Second)
+		}
+		d := 500*time.Millisecond + time.Duration(rng.Int64N(int64(2500*time.Millisecond)))
+		// The chaos schedule itself: the moment of the kill is the point.
+		select {
+		case <-time.After(d):
+		case <-svc.done:
+			t.Fatalf("%s exited on its own (%s)", svc.name, svc.describeExit())
+		}
+		state := describe(svc)
+		svc.kill()
+		kills++
+		t.Logf("SIGKILL #%d of %s %s after its %s: %s; it had restored %d records at its start; producer at %d/%d",
+			kills, svc.name, d.Round(time.Millisecond), map[bool]string{true: "start", false: "readiness"}[static],
+			state, svc.restored(t).total, pp.sent.Load(), len(events))
+	}
+
+	for range 8 {
+		killLater()
+		svc = startService(t, cfg)
+	}
+	for _, point := range crashPoints[guarantee] {
+		killLater() // one process per state dir: the running one goes first
+		spec := fmt.Sprintf("%s:%d", point, 2+rng.IntN(6))
+		crashCfg := cfg
+		crashCfg.crashPoint = spec
+		svc = startService(t, crashCfg)
+		// A crash point needs a commit cycle with something to commit: if
+		// the producer is done, top it up (10 events every 100 ms).
+		lastTopUp := time.Time{}
+		waitFor(t, 2*time.Minute, svc.name+" to kill itself at "+spec, func() error {
+			if !svc.alive() {
+				return nil
+			}
+			if pp.finished() && time.Since(lastTopUp) >= 100*time.Millisecond {
+				evs := genEvents(rng, "kp", 50, 10)
+				recs := make([]*kgo.Record, len(evs))
+				for i, e := range evs {
+					recs[i] = e.record(input)
+				}
+				produce(t, topUp, recs...)
+				extra = append(extra, evs...)
+				lastTopUp = time.Now()
+			}
+			return fmt.Errorf("%s still runs", svc.name)
+		})
+		if !svc.killedBy(syscall.SIGKILL) {
+			t.Fatalf("%s with SALESAGGTEST_CRASH_POINT=%s ended with %s, want killed by SIGKILL at the crash point", svc.name, spec, svc.describeExit())
+		}
+		t.Logf("%s killed itself at %s; producer at %d/%d", svc.name, spec, pp.sent.Load(), len(events))
+		svc = startService(t, cfg)
+	}
+	if pp.finished() {
+		t.Logf("note: the producer finished during the kills; the later ones hit a service with little or no live traffic (crash runs were topped up)")
+	}
+
+	// The last start runs without a crash point and is not killed.
+	pp.wait(t, 5*time.Minute)
+	want := totalsOf(events, extra)
+	t.Logf("producer done: %d events (and %d topping up the crash runs) over %d products", len(events), len(extra), len(want))
+	last := svc.waitReady(t, 120*time.Second)
+	t.Logf("last start restored %d records %v", last.total, last.partitions)
+	waitFor(t, 2*time.Minute, "exact totals over HTTP", func() error { return svc.checkTotals(want) })
+	if err := checkChangelog(changelogTopic(appID), want); err != nil {
+		t.Error(err)
+	}
+	if c, err := svc.tasks(); err == nil {
+		t.Logf("last instance: %d events processed, %d redelivered events skipped as already counted", c.Processed, c.Duplicates)
+	}
+	svc.terminate(t)
+}
