@@ -44,6 +44,13 @@ type Config struct {
 	TopicsPartitions      int32
 	ReplicationFactor     int16
 	HTTPAddr              string
+	// DLQTopic, when set, receives every bad event as it was read, with
+	// headers naming its source and the error. Empty: bad events are
+	// skipped (and counted).
+	DLQTopic string
+	// Security of the Kafka connections.
+	Security Security
+
 	// GroupInstanceID, when set, makes this process a static group member
 	// (KIP-345): a restart within the session timeout gets its partitions
 	// back without a rebalance. Empty means dynamic membership.
@@ -53,6 +60,36 @@ type Config struct {
 	// LogFormat is json or console; empty chooses console when standard
 	// error is a terminal, json otherwise.
 	LogFormat string
+}
+
+// Security protocols accepted by security.protocol.
+const (
+	ProtocolPlaintext     = "PLAINTEXT"
+	ProtocolSSL           = "SSL"
+	ProtocolSASLPlaintext = "SASL_PLAINTEXT"
+	ProtocolSASLSSL       = "SASL_SSL"
+)
+
+// Security is how salesagg connects to Kafka: TLS and SASL.
+type Security struct {
+	Protocol      string // PLAINTEXT, SSL, SASL_PLAINTEXT or SASL_SSL
+	SASLMechanism string // PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512
+	SASLUsername  string
+	// SASLPassword is the password, from sasl.password or read from
+	// sasl.password.file at start. Never logged.
+	SASLPassword     string
+	SASLPasswordFile string
+	CAFile           string // PEM bundle to verify the brokers; empty: the system's roots
+	CertFile         string // client certificate (PEM), for mutual TLS
+	KeyFile          string // its key (PEM)
+}
+
+// TLS reports whether connections use TLS.
+func (s Security) TLS() bool { return s.Protocol == ProtocolSSL || s.Protocol == ProtocolSASLSSL }
+
+// SASL reports whether connections authenticate with SASL.
+func (s Security) SASL() bool {
+	return s.Protocol == ProtocolSASLPlaintext || s.Protocol == ProtocolSASLSSL
 }
 
 // ChangelogTopic returns <application.id>-<store.name>-changelog.
@@ -100,6 +137,15 @@ var keys = []keyDef{
 	{"topics.partitions", kindInt, "3", "partitions of a created input topic"},
 	{"replication.factor", kindInt, "1", "replication factor of created topics (-1: the broker's default)"},
 	{"http.addr", kindString, ":8080", "address of the HTTP server (queries, tasks, health)"},
+	{"security.protocol", kindString, ProtocolPlaintext, "PLAINTEXT, SSL, SASL_PLAINTEXT or SASL_SSL"},
+	{"sasl.mechanism", kindString, "PLAIN", "PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512"},
+	{"sasl.username", kindString, "", "SASL user"},
+	{"sasl.password", kindString, "", "SASL password (prefer sasl.password.file; never logged)"},
+	{"sasl.password.file", kindString, "", "file holding the SASL password (e.g. a mounted secret)"},
+	{"ssl.ca.file", kindString, "", "PEM CA bundle to verify the brokers (default: system roots)"},
+	{"ssl.cert.file", kindString, "", "PEM client certificate for mutual TLS"},
+	{"ssl.key.file", kindString, "", "PEM key of the client certificate"},
+	{"dlq.topic", kindString, "", "dead-letter topic for bad events (default: none, bad events are skipped and counted)"},
 	{"group.instance.id", kindString, "", "static group membership id, e.g. the pod name (default: dynamic membership)"},
 	{"session.timeout.ms", kindInt, "45000", "consumer group session timeout"},
 	{"log.level", kindString, "info", "debug, info, warn or error"},
@@ -306,6 +352,32 @@ func decode(v *viper.Viper) (Config, []error) {
 	c.TopicsPartitions = int32(integer("topics.partitions", 1, 10_000))
 	c.ReplicationFactor = int16(integer("replication.factor", -1, math.MaxInt16))
 	c.HTTPAddr = str("http.addr")
+	opt := func(key string) string {
+		if v.IsSet(key) {
+			return str(key)
+		}
+		return ""
+	}
+	c.Security = Security{
+		Protocol:         strings.ToUpper(str("security.protocol")),
+		SASLMechanism:    strings.ToUpper(str("sasl.mechanism")),
+		SASLUsername:     opt("sasl.username"),
+		SASLPassword:     opt("sasl.password"),
+		SASLPasswordFile: opt("sasl.password.file"),
+		CAFile:           opt("ssl.ca.file"),
+		CertFile:         opt("ssl.cert.file"),
+		KeyFile:          opt("ssl.key.file"),
+	}
+	if c.Security.SASLPasswordFile != "" {
+		b, err := os.ReadFile(c.Security.SASLPasswordFile)
+		if err != nil {
+			problems = append(problems, fmt.Errorf("config: sasl.password.file = %q: %v", c.Security.SASLPasswordFile, err))
+		}
+		c.Security.SASLPassword = strings.TrimRight(string(b), "\r\n")
+	}
+	if v.IsSet("dlq.topic") {
+		c.DLQTopic = str("dlq.topic")
+	}
 	if v.IsSet("group.instance.id") {
 		c.GroupInstanceID = str("group.instance.id")
 	}
@@ -347,6 +419,39 @@ func (c Config) Validate() error {
 	}
 	if c.StateDir == "" {
 		bad("state.dir", c.StateDir, "must name a directory")
+	}
+	sec := c.Security
+	switch sec.Protocol {
+	case ProtocolPlaintext, ProtocolSSL, ProtocolSASLPlaintext, ProtocolSASLSSL:
+	default:
+		bad("security.protocol", sec.Protocol, "allowed: PLAINTEXT, SSL, SASL_PLAINTEXT, SASL_SSL")
+	}
+	if sec.SASL() {
+		if !slices.Contains([]string{"PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"}, sec.SASLMechanism) {
+			bad("sasl.mechanism", sec.SASLMechanism, "allowed: PLAIN, SCRAM-SHA-256, SCRAM-SHA-512")
+		}
+		if sec.SASLUsername == "" {
+			bad("sasl.username", "", "required with security.protocol "+sec.Protocol)
+		}
+		if sec.SASLPassword == "" && sec.SASLPasswordFile == "" {
+			problems = append(problems, fmt.Errorf("config: sasl.password or sasl.password.file is required with security.protocol %s", sec.Protocol))
+		}
+	}
+	if (sec.CertFile == "") != (sec.KeyFile == "") {
+		problems = append(problems, fmt.Errorf("config: ssl.cert.file and ssl.key.file go together (got cert %q, key %q)", sec.CertFile, sec.KeyFile))
+	}
+	for key, f := range map[string]string{"ssl.ca.file": sec.CAFile, "ssl.cert.file": sec.CertFile, "ssl.key.file": sec.KeyFile} {
+		if f == "" {
+			continue
+		}
+		if !sec.TLS() {
+			bad(key, f, "only used with security.protocol SSL or SASL_SSL")
+		} else if _, err := os.Stat(f); err != nil {
+			bad(key, f, "must be a readable file: "+err.Error())
+		}
+	}
+	if c.DLQTopic != "" && (!legalName.MatchString(c.DLQTopic) || c.DLQTopic == c.InputTopic || c.DLQTopic == c.NotificationTopic) {
+		bad("dlq.topic", c.DLQTopic, "must be a topic name of a-z, A-Z, 0-9, '.', '_' and '-', other than input.topic and notification.topic")
 	}
 	if c.InputTopic != "" && c.InputTopic == c.NotificationTopic {
 		bad("notification.topic", c.NotificationTopic, "must differ from input.topic")
@@ -400,11 +505,27 @@ func (c Config) Fields() map[string]any {
 		"topics.partitions":      c.TopicsPartitions,
 		"replication.factor":     c.ReplicationFactor,
 		"http.addr":              c.HTTPAddr,
+		"dlq.topic":              c.DLQTopic,
+		"security.protocol":      c.Security.Protocol,
+		"sasl.mechanism":         c.Security.SASLMechanism,
+		"sasl.username":          c.Security.SASLUsername,
+		"sasl.password":          redact(c.Security.SASLPassword),
+		"sasl.password.file":     c.Security.SASLPasswordFile,
+		"ssl.ca.file":            c.Security.CAFile,
+		"ssl.cert.file":          c.Security.CertFile,
+		"ssl.key.file":           c.Security.KeyFile,
 		"group.instance.id":      c.GroupInstanceID,
 		"session.timeout.ms":     c.SessionTimeout.Milliseconds(),
 		"log.level":              c.LogLevel,
 		"log.format":             c.LogFormat,
 	}
+}
+
+func redact(secret string) string {
+	if secret == "" {
+		return ""
+	}
+	return "[redacted]"
 }
 
 // StateDirUnderTemp reports whether the state dir lies under the OS temp dir,

@@ -1,6 +1,7 @@
 package config
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -126,5 +127,55 @@ func TestStateDirUnderTemp(t *testing.T) {
 	c.StateDir = "/shared-volume/state_store"
 	if c.StateDirUnderTemp() {
 		t.Error("volume state dir flagged")
+	}
+}
+
+func TestSecurityConfig(t *testing.T) {
+	// Scenario: SASL and TLS settings are validated at start, the password can come from a file,
+	// and the effective configuration that is logged never shows it.
+	pw := filepath.Join(t.TempDir(), "pw")
+	if err := os.WriteFile(pw, []byte("from-file-secret\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	c, err := load(t, "", []string{"SALESAGG_SECURITY_PROTOCOL=SASL_PLAINTEXT", "SALESAGG_SASL_MECHANISM=SCRAM-SHA-512",
+		"SALESAGG_SASL_USERNAME=sales", "SALESAGG_SASL_PASSWORD_FILE=" + pw})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Security.SASLPassword != "from-file-secret" || !c.Security.SASL() || c.Security.TLS() {
+		t.Fatalf("security %+v", c.Security)
+	}
+	if got := fmt.Sprint(c.Fields()); strings.Contains(got, "from-file-secret") || !strings.Contains(got, "[redacted]") {
+		t.Fatalf("logged config shows the secret or no redaction: %s", got)
+	}
+	c, err = load(t, "", nil, "--security.protocol", "SASL_SSL", "--sasl.username", "u", "--sasl.password", "inline-secret")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(fmt.Sprint(c.Fields()), "inline-secret") {
+		t.Fatal("inline password logged")
+	}
+
+	_, err = load(t, "", nil, "--security.protocol", "SASL_SSL", "--sasl.mechanism", "GSSAPI", "--ssl.ca.file", "/nonexistent/ca.pem",
+		"--ssl.cert.file", "/x.pem", "--sasl.password", "hunter2")
+	if err == nil {
+		t.Fatal("bad security config accepted")
+	}
+	for _, want := range []string{
+		`sasl.mechanism = "GSSAPI": allowed: PLAIN, SCRAM-SHA-256, SCRAM-SHA-512`,
+		`sasl.username = "": required with security.protocol SASL_SSL`,
+		`ssl.ca.file = "/nonexistent/ca.pem": must be a readable file`,
+		"ssl.cert.file and ssl.key.file go together",
+	} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("error lacks %q:\n%v", want, err)
+		}
+	}
+	if strings.Contains(err.Error(), "hunter2") {
+		t.Fatalf("error shows the password: %v", err)
+	}
+	_, err = load(t, "", nil, "--security.protocol", "TLS")
+	if err == nil || !strings.Contains(err.Error(), `security.protocol = "TLS": allowed: PLAINTEXT, SSL, SASL_PLAINTEXT, SASL_SSL`) {
+		t.Fatalf("security.protocol TLS: %v", err)
 	}
 }

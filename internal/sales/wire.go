@@ -31,6 +31,15 @@ const (
 	SourceOffsetHeader    = "salesagg.source.offset"
 )
 
+// Headers added to a dead-lettered event, beside its own headers.
+const (
+	DLQTopicHeader     = "salesagg.dlq.topic"
+	DLQPartitionHeader = "salesagg.dlq.partition"
+	DLQOffsetHeader    = "salesagg.dlq.offset"
+	DLQReasonHeader    = "salesagg.dlq.reason"
+	DLQErrorHeader     = "salesagg.dlq.error"
+)
+
 // EncodeTotal encodes a total as Kafka's LongSerializer does.
 func EncodeTotal(total int64) []byte {
 	return binary.BigEndian.AppendUint64(make([]byte, 0, 8), uint64(total))

@@ -56,6 +56,8 @@ type Runtime struct {
 
 	committer committer
 	badEvents atomic.Int64
+	// secOpts are the TLS and SASL client options, built by Run.
+	secOpts []kgo.Opt
 	// work is the context tasks run under: canceled when the shutdown
 	// grace period runs out, not when shutdown begins.
 	work context.Context
@@ -93,7 +95,7 @@ func New(cfg config.Config, log *zap.Logger, dir *state.Dir, knobs Knobs) *Runti
 const GracePeriod = 30 * time.Second
 
 func (rt *Runtime) kafkaOpts() []kgo.Opt {
-	return []kgo.Opt{
+	return append([]kgo.Opt{
 		kgo.SeedBrokers(rt.cfg.BootstrapServers...),
 		kgo.ClientID(rt.cfg.ApplicationID + "-" + rt.dir.ProcessID()),
 		kgo.WithLogger(kzap.New(rt.log.Named("kafka"), kzap.LevelFn(func() kgo.LogLevel {
@@ -103,7 +105,7 @@ func (rt *Runtime) kafkaOpts() []kgo.Opt {
 			}
 			return kgo.LogLevelWarn
 		}))),
-	}
+	}, rt.secOpts...)
 }
 
 // Run connects to Kafka, prepares the topics, joins the group and processes
@@ -114,6 +116,10 @@ func (rt *Runtime) Run(ctx context.Context) error {
 	defer cancelWork()
 	rt.work = work
 
+	var err error
+	if rt.secOpts, err = securityOpts(rt.cfg.Security); err != nil {
+		return err
+	}
 	adminClient, err := kgo.NewClient(rt.kafkaOpts()...)
 	if err != nil {
 		return fmt.Errorf("creating Kafka client: %w", err)

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -282,4 +283,69 @@ func TestLongRestoreLogsProgress(t *testing.T) {
 	}
 	in.waitReady()
 	in.waitTotals(map[string]int64{"product0": 199_000, "product999": 199_999})
+}
+
+func TestBadEventsGoToTheDeadLetterTopic(t *testing.T) {
+	// Scenario: with dlq.topic set, every class of bad event reaches the dead-letter topic as read,
+	// with headers naming its source and reason; good events around them are all counted.
+	h := newHarness(t)
+	h.createInput(3)
+	cfg := h.cfg
+	cfg.DLQTopic = "sales-dead-letters"
+	in := h.start(cfg)
+	in.waitReady()
+	bad := []*kgo.Record{
+		{Key: []byte("a"), Value: []byte("not json")},
+		{Key: []byte("a"), Value: nil},
+		{Key: []byte("a"), Value: []byte(`[1]`)},
+		{Key: []byte("a"), Value: []byte(`{"product":"a"}`)},
+		{Key: []byte("a"), Value: []byte(`{"product":"a","value":"1"}`)},
+		{Key: []byte("a"), Value: []byte(`{"product":"a","value":null}`)},
+		{Key: []byte("a"), Value: []byte(`{"product":"a","value":1e400}`)},
+		{Key: []byte("a"), Value: []byte(`{"product":"a","value":99999999999999999999}`)},
+		{Key: nil, Value: []byte(`{"product":"","value":1}`)},
+		{Key: []byte{0xff, 0xfe}, Value: []byte(`{"value":1}`)},
+		{Key: []byte("a"), Value: []byte(`{"value":1,"pad":"` + strings.Repeat("x", sales.MaxEventSize) + `"}`)},
+		{Key: []byte("a"), Value: []byte(`"a string"`)},
+	}
+	var recs []*kgo.Record
+	for i, b := range bad {
+		recs = append(recs, event("a", "a", 1), b)
+		b.Headers = []kgo.RecordHeader{{Key: "trace", Value: []byte(fmt.Sprint(i))}}
+	}
+	h.produce(recs...)
+	in.waitTotals(map[string]int64{"a": int64(len(bad))})
+
+	var got []*kgo.Record
+	cl := h.client(kgo.ConsumeTopics(cfg.DLQTopic), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.FetchIsolationLevel(kgo.ReadCommitted()))
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	for len(got) < len(bad) && ctx.Err() == nil {
+		cl.PollFetches(ctx).EachRecord(func(r *kgo.Record) { got = append(got, r) })
+	}
+	if len(got) != len(bad) {
+		t.Fatalf("dead-letter topic holds %d records, want %d", len(got), len(bad))
+	}
+	seen := map[string]bool{}
+	for _, r := range got {
+		hd := map[string]string{}
+		for _, x := range r.Headers {
+			hd[x.Key] = string(x.Value)
+		}
+		if hd[sales.DLQTopicHeader] != h.cfg.InputTopic || hd[sales.DLQOffsetHeader] == "" || hd[sales.DLQPartitionHeader] == "" ||
+			hd[sales.DLQReasonHeader] == "" || hd[sales.DLQErrorHeader] == "" || hd["trace"] == "" {
+			t.Fatalf("dead letter lacks headers: %v", hd)
+		}
+		i, _ := strconv.Atoi(hd["trace"])
+		if string(r.Value) != string(bad[i].Value) || string(r.Key) != string(bad[i].Key) {
+			t.Fatalf("dead letter %d is not the record as read: %q", i, r.Value)
+		}
+		seen[hd[sales.DLQReasonHeader]] = true
+	}
+	if len(seen) < 8 {
+		t.Fatalf("only %d distinct reasons: %v", len(seen), seen)
+	}
+	if n := in.rt.BadEvents(); n != int64(len(bad)) {
+		t.Fatalf("bad events counted %d, want %d", n, len(bad))
+	}
 }

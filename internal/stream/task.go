@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -250,13 +251,13 @@ func (t *task) process(ctx context.Context, topic string, r *kgo.Record) error {
 		t.repartNext = r.Offset + 1
 		var ok bool
 		if srcPart, srcOff, ok = sourceOf(r); !ok {
-			t.badEvent(topic, r, errors.New("forwarded record without source headers"), "bad_forward")
+			t.badEvent(ctx, topic, r, errors.New("forwarded record without source headers"), "bad_forward")
 			return nil
 		}
 	}
 	ev, err := sales.Decode(r.Key, r.Value)
 	if err != nil {
-		t.badEvent(topic, r, err, sales.Reason(err))
+		t.badEvent(ctx, topic, r, err, sales.Reason(err))
 		return nil
 	}
 	if topic == t.rt.cfg.InputTopic {
@@ -279,7 +280,7 @@ func (t *task) process(ctx context.Context, topic string, r *kgo.Record) error {
 	}
 	total, err := sales.Add(e.Total, ev.Value)
 	if err != nil {
-		t.badEvent(topic, r, err, sales.Reason(err))
+		t.badEvent(ctx, topic, r, err, sales.Reason(err))
 		return nil
 	}
 	e.Total = total
@@ -430,9 +431,30 @@ func (t *task) flush(ctx context.Context) error {
 	return nil
 }
 
-func (t *task) badEvent(topic string, r *kgo.Record, err error, reason string) {
+// badEvent counts, logs (rate limited) and, when a dead-letter topic is
+// configured, forwards a bad event: the record as read, with headers naming
+// where it came from and why it was rejected. The forward is acknowledged
+// before the input offset is committed (or is in the same transaction), so
+// no bad event is lost.
+func (t *task) badEvent(ctx context.Context, topic string, r *kgo.Record, err error, reason string) {
 	t.stats.bad.Add(1)
 	t.rt.badEvents.Add(1)
+	if dlq := t.rt.cfg.DLQTopic; dlq != "" {
+		headers := append(append([]kgo.RecordHeader(nil), r.Headers...),
+			kgo.RecordHeader{Key: sales.DLQTopicHeader, Value: []byte(topic)},
+			kgo.RecordHeader{Key: sales.DLQPartitionHeader, Value: []byte(strconv.Itoa(int(r.Partition)))},
+			kgo.RecordHeader{Key: sales.DLQOffsetHeader, Value: []byte(strconv.FormatInt(r.Offset, 10))},
+			kgo.RecordHeader{Key: sales.DLQReasonHeader, Value: []byte(reason)},
+			kgo.RecordHeader{Key: sales.DLQErrorHeader, Value: []byte(err.Error())},
+		)
+		t.produce(ctx, &kgo.Record{
+			Topic:     dlq,
+			Partition: r.Partition % t.rt.topo.dlqPartitions,
+			Key:       r.Key,
+			Value:     r.Value,
+			Headers:   headers,
+		}, nil)
+	}
 	if ok, suppressed := t.badLog.allow(time.Now()); ok {
 		t.log.Warn("Skipping bad event",
 			zap.String("topic", topic),

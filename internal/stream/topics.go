@@ -16,6 +16,7 @@ import (
 type topology struct {
 	partitions             int32    // of the input, changelog and repartition topics
 	notificationPartitions int32    // of the notification topic
+	dlqPartitions          int32    // of the dead-letter topic, 0 when off
 	changelogID            [16]byte // the changelog topic's id
 }
 
@@ -64,6 +65,13 @@ func ensureTopics(ctx context.Context, adm *kadm.Client, cfg config.Config, log 
 		return topo, err
 	}
 	topo.notificationPartitions = notif.partitions
+	if cfg.DLQTopic != "" {
+		dlq, err := ensure(ctx, adm, cfg, log, cfg.DLQTopic, topo.partitions, nil)
+		if err != nil {
+			return topo, err
+		}
+		topo.dlqPartitions = dlq.partitions
+	}
 	return topo, nil
 }
 
