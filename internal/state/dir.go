@@ -12,6 +12,7 @@ import (
 	"strconv"
 	"strings"
 	"syscall"
+	"time"
 )
 
 const (
@@ -158,6 +159,21 @@ func (d *Dir) Wipe(partition int32) error {
 		return fmt.Errorf("wiping task %s: %w", TaskName(partition), err)
 	}
 	return nil
+}
+
+// Quarantine moves the task directory of partition aside, to
+// <app>/quarantine/0_<partition>-<time>, for an operator to inspect, and
+// returns where it went. The task's store must be closed.
+func (d *Dir) Quarantine(partition int32) (string, error) {
+	qdir := filepath.Join(d.path, "quarantine")
+	if err := os.MkdirAll(qdir, 0o755); err != nil {
+		return "", fmt.Errorf("quarantining task %s: %w", TaskName(partition), err)
+	}
+	to := filepath.Join(qdir, TaskName(partition)+"-"+time.Now().UTC().Format("20060102T150405.000000000"))
+	if err := os.Rename(d.TaskPath(partition), to); err != nil {
+		return "", fmt.Errorf("quarantining task %s: %w", TaskName(partition), err)
+	}
+	return to, nil
 }
 
 // Close releases the lock. The lock file stays; its content names the last

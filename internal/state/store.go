@@ -4,6 +4,9 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
 
 	"github.com/cockroachdb/pebble/v2"
 	"go.uber.org/zap"
@@ -101,6 +104,21 @@ func dataKey(product string) []byte {
 	return append(append(k, dataPrefix), product...)
 }
 
+// cleanMarker is a file in a store's directory that exists only between a
+// clean Close and the next Open: without it, the last run ended in a crash
+// and Open verifies the whole store.
+const cleanMarker = "CLEAN_SHUTDOWN"
+
+// ErrCorrupt marks a store that cannot be trusted: Pebble reported
+// corruption, or it cannot be opened. The owner quarantines it and
+// restores from the changelog.
+var ErrCorrupt = errors.New("state: store corrupted")
+
+// IsCorrupt reports whether err means the store is corrupted.
+func IsCorrupt(err error) bool {
+	return err != nil && (errors.Is(err, ErrCorrupt) || pebble.IsCorruptionError(err))
+}
+
 // Store is one task's Pebble database. Reads are safe from any goroutine;
 // writes come from the task that owns the store.
 type Store struct {
@@ -130,12 +148,51 @@ func Open(path string, log *zap.Logger, o OpenOptions) (*Store, error) {
 		ErrorIfNotExists:   o.ReadOnly,
 		FormatMajorVersion: pebble.FormatNewest,
 		Logger:             pebbleLogger{log.Sugar()},
+		// Pebble's default treats corruption as fatal to the process; here
+		// it is an error of this store's reads, which its task handles by
+		// quarantining the store and restoring it from the changelog.
+		EventListener: &pebble.EventListener{
+			DataCorruption: func(info pebble.DataCorruptionInfo) {
+				log.Error("Store corruption detected", zap.String("path", info.Path), zap.Error(info.Details))
+			},
+		},
 	}
-	db, err := pebble.Open(path, opts)
+	if fi, err := os.Stat(path); err == nil && !fi.IsDir() {
+		return nil, fmt.Errorf("opening store %s: not a directory: %w", path, ErrCorrupt)
+	}
+	_, markerErr := os.Stat(filepath.Join(path, cleanMarker))
+	crashed := markerErr != nil
+	db, err := openPebble(path, opts)
 	if err != nil {
-		return nil, fmt.Errorf("opening store %s: %w", path, err)
+		if o.ReadOnly || errors.Is(err, fs.ErrPermission) {
+			return nil, fmt.Errorf("opening store %s: %w", path, err)
+		}
+		return nil, fmt.Errorf("opening store %s: %w: %w", path, ErrCorrupt, err)
 	}
-	return &Store{db: db, path: path, readOnly: o.ReadOnly}, nil
+	s := &Store{db: db, path: path, readOnly: o.ReadOnly}
+	if !o.ReadOnly {
+		_ = os.Remove(filepath.Join(path, cleanMarker))
+	}
+	if crashed && !o.ReadOnly {
+		// After a crash, read every block once: a checksum failure found
+		// now costs a restore, found later it would stop the task.
+		if _, _, err := s.Count(); err != nil {
+			_ = db.Close()
+			return nil, fmt.Errorf("verifying store %s: %w: %w", path, ErrCorrupt, err)
+		}
+	}
+	return s, nil
+}
+
+// openPebble opens the database, turning a panic inside Pebble (it panics
+// on some corrupt files) into an error.
+func openPebble(path string, opts *pebble.Options) (db *pebble.DB, err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("pebble panicked: %v", r)
+		}
+	}()
+	return pebble.Open(path, opts)
 }
 
 // Path returns the store's directory.
@@ -222,7 +279,8 @@ func (s *Store) Scan(after string, limit int) ([]Total, error) {
 	for ok := it.First(); ok && len(out) < limit; ok = it.Next() {
 		v, err := it.ValueAndErr()
 		if err != nil {
-			break
+			_ = it.Close()
+			return nil, fmt.Errorf("scanning %s: %w", s.path, err)
 		}
 		e, err := decodeEntry(v)
 		if err != nil {
@@ -246,7 +304,8 @@ func (s *Store) Count() (products int64, sum int64, err error) {
 	for ok := it.First(); ok; ok = it.Next() {
 		v, err := it.ValueAndErr()
 		if err != nil {
-			break
+			_ = it.Close()
+			return 0, 0, fmt.Errorf("counting %s: %w", s.path, err)
 		}
 		if len(v) >= 8 {
 			sum += int64(binary.BigEndian.Uint64(v))
@@ -271,6 +330,11 @@ func (s *Store) Close() error {
 	}
 	errs = append(errs, s.db.Close())
 	s.db = nil
+	if !s.readOnly && errors.Join(errs...) == nil {
+		if f, err := os.Create(filepath.Join(s.path, cleanMarker)); err == nil {
+			_ = f.Close()
+		}
+	}
 	if err := errors.Join(errs...); err != nil {
 		return fmt.Errorf("closing store %s: %w", s.path, err)
 	}

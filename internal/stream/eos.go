@@ -7,6 +7,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"go.uber.org/zap"
 
@@ -192,9 +193,50 @@ func (rt *Runtime) transact(ctx context.Context) error {
 		}
 	}
 	if endErr != nil {
-		errs = append(errs, fmt.Errorf("ending transaction: %w", endErr))
+		if fatalTxnError(endErr) {
+			errs = append(errs, fmt.Errorf("ending transaction: %w", endErr))
+		} else if err := rt.abortUntilKafkaAnswers(ctx, endErr); err != nil {
+			errs = append(errs, err)
+		}
 	}
 	return errors.Join(errs...)
+}
+
+// fatalTxnError reports whether a transaction error ends this process:
+// another process took over its transactional id, or it is not allowed one.
+func fatalTxnError(err error) bool {
+	return errors.Is(err, kerr.ProducerFenced) || errors.Is(err, kerr.InvalidProducerEpoch) ||
+		errors.Is(err, kerr.TransactionalIDAuthorizationFailed) || errors.Is(err, kgo.ErrClientClosed)
+}
+
+// abortUntilKafkaAnswers handles an End that failed (Kafka unreachable, a
+// coordinator moving): the tasks dropped the cycle's totals, and the
+// transaction is aborted, retried with backoff until Kafka answers; the
+// session then rewinds the input to the committed offsets.
+func (rt *Runtime) abortUntilKafkaAnswers(ctx context.Context, cause error) error {
+	rt.kafkaDown.Store(true)
+	defer rt.kafkaDown.Store(false)
+	rt.log.Warn("Ending the transaction failed; aborting it, and folding the input again once Kafka answers", zap.Error(cause))
+	wait := 100 * time.Millisecond
+	for attempt := 1; ; attempt++ {
+		_, err := rt.session.End(ctx, kgo.TryAbort)
+		if err == nil {
+			rt.log.Info("Transaction aborted; processing resumes from the committed offsets", zap.Int("attempts", attempt))
+			return nil
+		}
+		if fatalTxnError(err) {
+			return fmt.Errorf("aborting transaction: %w", err)
+		}
+		if attempt%10 == 0 {
+			rt.log.Warn("Still waiting for Kafka to abort the transaction", zap.Int("attempts", attempt), zap.Error(err))
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("aborting transaction: %w", ctx.Err())
+		case <-time.After(wait):
+		}
+		wait = min(2*wait, 5*time.Second)
+	}
 }
 
 // errTaskStopped: the task was stopped (revoked) before it answered.

@@ -28,6 +28,9 @@ func (t *task) restore(ctx context.Context) error {
 	}
 	start := time.Now()
 	store, err := state.Open(t.rt.dir.TaskPath(t.partition), t.log, state.OpenOptions{})
+	if state.IsCorrupt(err) {
+		store, err = t.quarantine(err)
+	}
 	if err != nil {
 		return err
 	}
@@ -37,6 +40,18 @@ func (t *task) restore(ctx context.Context) error {
 	tp := fmt.Sprintf("%s-%d", cl, t.partition)
 	for attempt := 0; ; attempt++ {
 		from, to, err := t.restoreRange(ctx, tp)
+		if state.IsCorrupt(err) && attempt < 3 {
+			// Reading the checkpoint found a damaged file.
+			if s := t.store.Swap(nil); s != nil {
+				_ = s.Close()
+			}
+			s, qerr := t.quarantine(err)
+			if qerr != nil {
+				return qerr
+			}
+			t.store.Store(s)
+			continue
+		}
 		if err != nil {
 			return err
 		}
@@ -106,6 +121,18 @@ func (t *task) changelogBounds(ctx context.Context, tp string) (logStart, end in
 		}
 		wait = min(2*wait, 2*time.Second)
 	}
+}
+
+// quarantine moves the task's corrupted store aside, with a warning naming
+// where, and opens an empty one in its place. The store must be closed.
+func (t *task) quarantine(cause error) (*state.Store, error) {
+	to, err := t.rt.dir.Quarantine(t.partition)
+	if err != nil {
+		return nil, errors.Join(cause, err)
+	}
+	t.log.Warn(fmt.Sprintf("task [%s] Store is corrupted; moved it to %s and restoring it from the changelog", t.name, to),
+		zap.String("quarantined_to", to), zap.Error(cause))
+	return state.Open(t.rt.dir.TaskPath(t.partition), t.log, state.OpenOptions{})
 }
 
 // restoreRange validates the checkpoint against the changelog and returns

@@ -56,6 +56,9 @@ type Runtime struct {
 
 	committer committer
 	badEvents atomic.Int64
+	// kafkaDown is set while a transaction cannot be ended for want of
+	// Kafka; the process is then not ready.
+	kafkaDown atomic.Bool
 	// secOpts are the TLS and SASL client options, built by Run.
 	secOpts []kgo.Opt
 	// work is the context tasks run under: canceled when the shutdown

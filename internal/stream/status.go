@@ -152,6 +152,8 @@ func (rt *Runtime) Ready() (bool, string) {
 		return false, "shutting down"
 	case !assigned:
 		return false, "no partitions assigned yet"
+	case rt.kafkaDown.Load():
+		return false, "Kafka unreachable: the open transaction is being aborted"
 	}
 	for _, t := range rt.tasks() {
 		if st := t.State(); st != TaskRunning {

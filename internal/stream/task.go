@@ -140,6 +140,14 @@ func (t *task) setState(s TaskState) { t.state.Store(int32(s)) }
 func (t *task) run(ctx context.Context) (err error) {
 	defer close(t.done)
 	defer func() {
+		if err != nil && state.IsCorrupt(err) {
+			// The store is closed by now: move it aside so that the next
+			// start restores the task from the changelog instead of failing
+			// again on the same corruption.
+			if to, qerr := t.rt.dir.Quarantine(t.partition); qerr == nil {
+				err = fmt.Errorf("%w; the store was moved to %s and is restored from the changelog at the next start", err, to)
+			}
+		}
 		if err != nil {
 			t.setState(TaskFailed)
 			t.log.Error("Task failed", zap.Error(err))

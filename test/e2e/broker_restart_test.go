@@ -19,7 +19,7 @@ func TestBrokerRestartWhileEventsFlow(t *testing.T) {
 	events := genEvents(rng, "bp", 30, 6000)
 	want := totalsOf(events)
 
-	svc := startService(t, serviceConfig{appID: appID, stateDir: filepath.Join(t.TempDir(), "state"), input: input, notif: notif, commitMs: 500, extra: []string{"--log.level", "debug"}})
+	svc := startService(t, serviceConfig{appID: appID, stateDir: filepath.Join(t.TempDir(), "state"), input: input, notif: notif, commitMs: 500})
 	svc.waitReady(t, 90*time.Second)
 	// Whatever happens here, the next tests need the broker.
 	t.Cleanup(func() {
