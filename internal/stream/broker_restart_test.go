@@ -3,6 +3,7 @@ package stream_test
 import (
 	"net"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -64,4 +65,43 @@ func TestBrokerRestartWhileRunning(t *testing.T) {
 			}
 		})
 	}
+}
+
+func TestBrokerDownAtStart(t *testing.T) {
+	// Scenario: the service starts before Kafka: it logs that it waits, retries with backoff, is
+	// alive but not ready, and serves once the broker comes up.
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	port := l.Addr().(*net.TCPAddr).Port
+	l.Close()
+	h := &harness{t: t, addr: "127.0.0.1:" + strconv.Itoa(port), stateDir: t.TempDir()}
+	h.cfg = config.Default()
+	h.cfg.BootstrapServers = []string{h.addr}
+	h.cfg.StateDir = h.stateDir
+	h.cfg.CommitInterval = 100 * time.Millisecond
+	in := h.start(h.cfg)
+	waitFor(t, 20*time.Second, "a 'Waiting for Kafka' line", func() bool {
+		return in.logs.FilterMessage("Waiting for Kafka").Len() >= 2
+	})
+	if code, body := get(t, in.http.URL+"/readyz"); code != 503 || !strings.Contains(body, "no partitions assigned yet") {
+		t.Fatalf("/readyz without Kafka = %d %s", code, body)
+	}
+	if code, _ := get(t, in.http.URL+"/healthz"); code != 200 {
+		t.Fatalf("/healthz without Kafka = %d", code)
+	}
+	select {
+	case err := <-in.done:
+		t.Fatalf("runtime gave up without Kafka: %v", err)
+	default:
+	}
+	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.Ports(port))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Close)
+	in.waitReady()
+	h.produce(event("late", "late", 5))
+	in.waitTotals(map[string]int64{"late": 5})
 }

@@ -349,3 +349,40 @@ func TestBadEventsGoToTheDeadLetterTopic(t *testing.T) {
 		t.Fatalf("bad events counted %d, want %d", n, len(bad))
 	}
 }
+
+func TestChangelogRecreatedWipesTheStores(t *testing.T) {
+	// Scenario: while the service is stopped the changelog topic is deleted and created anew; the
+	// checkpoints refer to a topic that is gone, so each task warns, wipes its store and restores
+	// from the new changelog: it serves what the changelog holds, never the stale totals.
+	h := newHarness(t)
+	in := h.start(h.cfg)
+	in.waitReady()
+	h.produce(sampleEvents(t)...)
+	in.waitTotals(sampleTotals)
+	if err := in.stop(); err != nil {
+		t.Fatal(err)
+	}
+	adm := kadm.NewClient(h.client())
+	if _, err := adm.DeleteTopics(context.Background(), h.cfg.ChangelogTopic()); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 10*time.Second, "the changelog to be gone", func() bool {
+		td, err := adm.ListTopics(context.Background(), h.cfg.ChangelogTopic())
+		return err == nil && !td.Has(h.cfg.ChangelogTopic())
+	})
+
+	in = h.start(h.cfg) // creates the changelog again, with a new topic id
+	in.waitReady()
+	if n := in.logs.FilterMessageSnippet("was recreated since the checkpoint was written; wiping the store").Len(); n != 3 {
+		t.Fatalf("%d 'recreated' warnings, want one per task (3)", n)
+	}
+	if total, code := in.total("product1"); code != 404 {
+		t.Fatalf("stale total served after the changelog was recreated: %d (http %d)", total, code)
+	}
+	h.produce(event("product1", "product1", 11))
+	in.waitTotals(map[string]int64{"product1": 11})
+	waitFor(t, 10*time.Second, "the new changelog to hold the new total", func() bool {
+		got, _, _ := h.changelog(h.cfg)
+		return got["product1"] == 11 && len(got) == 1
+	})
+}
