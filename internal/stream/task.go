@@ -50,7 +50,7 @@ func (s TaskState) String() string {
 
 // maxDirty bounds the products a task keeps changed in memory between
 // commits; past it the task flushes early.
-const maxDirty = 20_000
+const maxDirty = 100_000
 
 // batch is records of one partition handed from the poll loop to a task.
 type batch struct {
@@ -114,7 +114,7 @@ func newTask(rt *Runtime, partition int32) *task {
 		rt:         rt,
 		partition:  partition,
 		name:       state.TaskName(partition),
-		inbox:      make(chan batch, 256),
+		inbox:      make(chan batch, 16),
 		stop:       make(chan bool, 1),
 		done:       make(chan struct{}),
 		cycle:      make(chan cycleReq),
