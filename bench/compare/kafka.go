@@ -18,6 +18,8 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/salesagg/salesagg/internal/sales"
 )
 
 // broker is the Kafka broker of the run: one started by test/kafka/kafka.sh
@@ -355,7 +357,7 @@ func verifyChangelog(ctx context.Context, addr, topic string, expected map[strin
 			example(fmt.Sprintf("%s: changelog %d, want %d (diff %+d)", k, g.total, expected[k], g.total-expected[k]))
 		}
 		if ok {
-			if p := kafkaPartition([]byte(k), partitions); g.part != p {
+			if p := sales.Partition([]byte(k), int32(partitions)); g.part != p {
 				vr.WrongPartition++
 				example(fmt.Sprintf("%s in changelog partition %d, want %d", k, g.part, p))
 			}
@@ -376,45 +378,6 @@ func verifyChangelog(ctx context.Context, addr, topic string, expected map[strin
 	vr.OK = vr.Error == "" && vr.Mismatches == 0 && vr.Missing == 0 && vr.Extra == 0 &&
 		vr.BadValues == 0 && vr.WrongPartition == 0 && vr.MultiPartition == 0
 	return vr
-}
-
-// kafkaPartition is the Java client's partition of a key:
-// toPositive(murmur2(key)) mod n.
-func kafkaPartition(key []byte, n int) int32 {
-	return int32((murmur2(key) & 0x7fffffff) % uint32(n))
-}
-
-// murmur2 is Kafka's murmur2 hash (seed 0x9747b28c).
-func murmur2(b []byte) uint32 {
-	const (
-		seed uint32 = 0x9747b28c
-		m    uint32 = 0x5bd1e995
-		r           = 24
-	)
-	h := seed ^ uint32(len(b))
-	for ; len(b) >= 4; b = b[4:] {
-		k := uint32(b[0]) | uint32(b[1])<<8 | uint32(b[2])<<16 | uint32(b[3])<<24
-		k *= m
-		k ^= k >> r
-		k *= m
-		h *= m
-		h ^= k
-	}
-	switch len(b) {
-	case 3:
-		h ^= uint32(b[2]) << 16
-		fallthrough
-	case 2:
-		h ^= uint32(b[1]) << 8
-		fallthrough
-	case 1:
-		h ^= uint32(b[0])
-		h *= m
-	}
-	h ^= h >> 13
-	h *= m
-	h ^= h >> 15
-	return h
 }
 
 // deleteRunTopics deletes the topics and groups of this run (with --bootstrap).

@@ -33,12 +33,8 @@ func TestBrokerRestartWhileRunning(t *testing.T) {
 				return c
 			}
 			c := startBroker()
-			h := &harness{t: t, cluster: c, addr: "127.0.0.1:" + strconv.Itoa(port), stateDir: t.TempDir()}
-			h.cfg = config.Default()
-			h.cfg.BootstrapServers = []string{h.addr}
-			h.cfg.StateDir = h.stateDir
+			h := harnessOn(t, c, "127.0.0.1:"+strconv.Itoa(port))
 			h.cfg.ProcessingGuarantee = g
-			h.cfg.CommitInterval = 100 * time.Millisecond
 			h.createInput(3)
 			in := h.start(h.cfg)
 			in.waitReady()
@@ -76,11 +72,7 @@ func TestBrokerDownAtStart(t *testing.T) {
 	}
 	port := l.Addr().(*net.TCPAddr).Port
 	l.Close()
-	h := &harness{t: t, addr: "127.0.0.1:" + strconv.Itoa(port), stateDir: t.TempDir()}
-	h.cfg = config.Default()
-	h.cfg.BootstrapServers = []string{h.addr}
-	h.cfg.StateDir = h.stateDir
-	h.cfg.CommitInterval = 100 * time.Millisecond
+	h := harnessOn(t, nil, "127.0.0.1:"+strconv.Itoa(port))
 	in := h.start(h.cfg)
 	waitFor(t, 20*time.Second, "a 'Waiting for Kafka' line", func() bool {
 		return in.logs.FilterMessage("Waiting for Kafka").Len() >= 2

@@ -108,15 +108,8 @@ func (t *task) handleCycle(ctx context.Context, req cycleReq) error {
 // them. It returns when ctx is done (the caller then runs the last cycle) or
 // a task fails.
 func (rt *Runtime) pollEOS(ctx context.Context) error {
-	ctx, cancel := context.WithCancel(ctx)
+	ctx, cancel := rt.untilFailure(ctx)
 	defer cancel()
-	go func() {
-		select {
-		case <-rt.failed:
-			cancel()
-		case <-ctx.Done():
-		}
-	}()
 	if err := rt.session.Begin(); err != nil {
 		return fmt.Errorf("beginning transaction: %w", err)
 	}

@@ -56,7 +56,13 @@ func newHarness(t testing.TB) *harness {
 		t.Fatal(err)
 	}
 	t.Cleanup(c.Close)
-	h := &harness{t: t, cluster: c, addr: c.ListenAddrs()[0], stateDir: t.TempDir()}
+	return harnessOn(t, c, c.ListenAddrs()[0])
+}
+
+// harnessOn is a harness on a broker the test started (c may be nil: not
+// started yet) at addr.
+func harnessOn(t testing.TB, c *kfake.Cluster, addr string) *harness {
+	h := &harness{t: t, cluster: c, addr: addr, stateDir: t.TempDir()}
 	h.cfg = config.Default()
 	h.cfg.BootstrapServers = []string{h.addr}
 	h.cfg.StateDir = h.stateDir

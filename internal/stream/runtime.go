@@ -294,15 +294,8 @@ func retriable(err error) bool {
 // poll is the loop that owns the group client: it fetches and hands each
 // partition's records to its task, until ctx is done or a task fails.
 func (rt *Runtime) poll(ctx context.Context) error {
-	ctx, cancel := context.WithCancel(ctx)
+	ctx, cancel := rt.untilFailure(ctx)
 	defer cancel()
-	go func() {
-		select {
-		case <-rt.failed:
-			cancel()
-		case <-ctx.Done():
-		}
-	}()
 	for {
 		fetches := rt.client.PollRecords(ctx, 10_000)
 		if ctx.Err() != nil || fetches.IsClientClosed() {
@@ -317,6 +310,20 @@ func (rt *Runtime) poll(ctx context.Context) error {
 		rt.dispatch(ctx, fetches)
 		rt.client.AllowRebalance()
 	}
+}
+
+// untilFailure returns a context that is also done when a task fails, so
+// that the poll loop stops polling.
+func (rt *Runtime) untilFailure(ctx context.Context) (context.Context, context.CancelFunc) {
+	ctx, cancel := context.WithCancel(ctx)
+	go func() {
+		select {
+		case <-rt.failed:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	return ctx, cancel
 }
 
 // dispatch hands each partition's records to its task.

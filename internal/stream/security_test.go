@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kfake"
@@ -24,11 +23,7 @@ func TestSASLSCRAM(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(c.Close)
-	h := &harness{t: t, cluster: c, addr: c.ListenAddrs()[0], stateDir: t.TempDir()}
-	h.cfg = config.Default()
-	h.cfg.BootstrapServers = []string{h.addr}
-	h.cfg.StateDir = h.stateDir
-	h.cfg.CommitInterval = 100 * time.Millisecond
+	h := harnessOn(t, c, c.ListenAddrs()[0])
 	h.cfg.Security = config.Security{Protocol: config.ProtocolSASLPlaintext, SASLMechanism: "SCRAM-SHA-256", SASLUsername: "sales", SASLPassword: password}
 
 	auth := kgo.SASL(scram.Auth{User: "sales", Pass: password}.AsSha256Mechanism())

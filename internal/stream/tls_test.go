@@ -74,11 +74,7 @@ func TestTLS(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(c.Close)
-	h := &harness{t: t, cluster: c, addr: c.ListenAddrs()[0], stateDir: t.TempDir()}
-	h.cfg = config.Default()
-	h.cfg.BootstrapServers = []string{h.addr}
-	h.cfg.StateDir = h.stateDir
-	h.cfg.CommitInterval = 100 * time.Millisecond
+	h := harnessOn(t, c, c.ListenAddrs()[0])
 	h.cfg.Security = config.Security{Protocol: config.ProtocolSSL, CAFile: caFile}
 
 	cl := h.client(kgo.DialTLSConfig(&tls.Config{RootCAs: pool}))
