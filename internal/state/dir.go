@@ -161,6 +161,37 @@ func (d *Dir) Wipe(partition int32) error {
 	return nil
 }
 
+// ErrUnwritable is returned by CheckWritable when a task's store cannot take
+// writes: the disk is (nearly) full, read-only, or failing.
+var ErrUnwritable = errors.New("state: store cannot be written")
+
+// MinFreeBytes is the free space below which a store counts as unwritable.
+// Pebble treats a failed write to its log as fatal to the process, so the
+// check is made before each write, with this margin.
+const MinFreeBytes = 32 << 20
+
+// CheckWritable tells whether the task directory of partition can take a
+// write: it has MinFreeBytes free and a small probe file can be written and
+// removed. It does not touch the store.
+func (d *Dir) CheckWritable(partition int32) error {
+	dir := d.TaskPath(partition)
+	var st syscall.Statfs_t
+	if err := syscall.Statfs(dir, &st); err != nil {
+		return fmt.Errorf("%w: %s: %v", ErrUnwritable, dir, err)
+	}
+	if free := st.Bavail * uint64(st.Bsize); free < MinFreeBytes {
+		return fmt.Errorf("%w: %s: %d bytes free, %d needed", ErrUnwritable, dir, free, MinFreeBytes)
+	}
+	probe := filepath.Join(dir, ".write-probe")
+	if err := os.WriteFile(probe, []byte("ok"), 0o644); err != nil {
+		return fmt.Errorf("%w: %s: %v", ErrUnwritable, dir, err)
+	}
+	if err := os.Remove(probe); err != nil {
+		return fmt.Errorf("%w: %s: %v", ErrUnwritable, dir, err)
+	}
+	return nil
+}
+
 // Quarantine moves the task directory of partition aside, to
 // <app>/quarantine/0_<partition>-<time>, for an operator to inspect, and
 // returns where it went. The task's store must be closed.

@@ -96,9 +96,14 @@ func (t *task) handleCycle(ctx context.Context, req cycleReq) error {
 		if p == nil {
 			return nil
 		}
-		err := t.apply(p.updates, p.maxOffset.Load(), p.inputNext)
+		if err := t.apply(p.updates, p.maxOffset.Load(), p.inputNext); err != nil {
+			// Committed in Kafka, not yet in the store: the task stalls and
+			// writes it once it can (a restart would restore it from the
+			// changelog).
+			return t.stall(stalledBatch{updates: p.updates, maxOffset: p.maxOffset.Load(), inputNext: p.inputNext}, err)
+		}
 		t.rt.crashPoint("store-written")
-		return err
+		return nil
 	}
 	return fmt.Errorf("unknown cycle phase %d", req.phase)
 }

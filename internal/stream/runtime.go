@@ -31,6 +31,9 @@ type Knobs struct {
 	// BeforeRestore, if set, is called by each task before it restores;
 	// a test holds a task in the restoring state by blocking in it.
 	BeforeRestore func(partition int32)
+	// StoreWritable, if set, replaces the check made before each store
+	// write (state.Dir.CheckWritable); tests make it fail.
+	StoreWritable func(partition int32) error
 	// RestoreProgressEvery overrides how often a restore logs its
 	// progress (default 5 s).
 	RestoreProgressEvery time.Duration
@@ -497,6 +500,14 @@ func (rt *Runtime) stopTasks(ps []int32, flush bool) error {
 		t.log.Info(fmt.Sprintf("task [%s] Closed", t.name), zap.Bool("flushed", flush))
 	}
 	return errors.Join(errs...)
+}
+
+// checkWritable tells whether partition's store can take a write.
+func (rt *Runtime) checkWritable(partition int32) error {
+	if rt.knobs.StoreWritable != nil {
+		return rt.knobs.StoreWritable(partition)
+	}
+	return rt.dir.CheckWritable(partition)
 }
 
 func (rt *Runtime) crashPoint(name string) {

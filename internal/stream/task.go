@@ -28,6 +28,9 @@ const (
 	TaskStopping
 	TaskClosed
 	TaskFailed
+	// TaskStalled: the store cannot take writes (disk full, read-only);
+	// the task stopped processing and checks again every second.
+	TaskStalled
 )
 
 func (s TaskState) String() string {
@@ -44,6 +47,8 @@ func (s TaskState) String() string {
 		return "closed"
 	case TaskFailed:
 		return "failed"
+	case TaskStalled:
+		return "stalled"
 	}
 	return fmt.Sprintf("TaskState(%d)", int32(s))
 }
@@ -90,6 +95,10 @@ type task struct {
 	// prepared is the exactly-once cycle's batch, produced in the open
 	// transaction and written to the store only once it commits.
 	prepared *preparedBatch
+	// stalled is the batch the store could not take (see stall), nil
+	// while it can be written.
+	stalled  *stalledBatch
+	retryLog rateLimiter
 
 	stats taskStats
 }
@@ -122,6 +131,7 @@ func newTask(rt *Runtime, partition int32) *task {
 		inputNext:  -1,
 		repartNext: -1,
 		badLog:     rateLimiter{every: 10 * time.Second, burst: 5},
+		retryLog:   rateLimiter{every: 30 * time.Second, burst: 1},
 	}
 	t.log = rt.log.With(zap.String("task", t.name), zap.Int32("partition", partition))
 	t.stats.inputPos.Store(-1)
@@ -176,10 +186,21 @@ func (t *task) run(ctx context.Context) (err error) {
 		defer ticker.Stop()
 		tick = ticker.C
 	}
+	retry := time.NewTicker(time.Second)
+	defer retry.Stop()
 	for {
+		// A stalled task reads nothing until its store takes writes again.
+		inbox, retryC := t.inbox, (<-chan time.Time)(nil)
+		if t.stalled != nil {
+			inbox, retryC = nil, retry.C
+		}
 		select {
-		case b := <-t.inbox:
+		case b := <-inbox:
 			if err := t.processBatch(ctx, b); err != nil {
+				return t.close(ctx, false, err)
+			}
+		case <-retryC:
+			if err := t.retryStalled(); err != nil {
 				return t.close(ctx, false, err)
 			}
 		case req := <-t.cycle:
@@ -189,6 +210,9 @@ func (t *task) run(ctx context.Context) (err error) {
 				return t.close(ctx, false, err)
 			}
 		case <-tick:
+			if t.stalled != nil {
+				continue
+			}
 			if err := t.flush(ctx); err != nil {
 				return t.close(ctx, false, err)
 			}
@@ -208,7 +232,7 @@ func (t *task) close(ctx context.Context, flush bool, cause error) error {
 	if cause != nil {
 		errs = append(errs, cause)
 	}
-	if flush && cause == nil && !t.rt.eos {
+	if flush && cause == nil && !t.rt.eos && t.stalled == nil {
 	drain:
 		for {
 			select {
@@ -389,10 +413,15 @@ func (t *task) produceDirty(ctx context.Context) ([]state.Update, *atomic.Int64)
 }
 
 // apply writes updates with the checkpoint that follows them: the changelog
-// offset after maxOffset, and the input position.
+// offset after maxOffset, and the input position. It first checks that the
+// store can take the write (see state.Dir.CheckWritable): Pebble treats a
+// failed log write as fatal to the process.
 func (t *task) apply(updates []state.Update, maxOffset, inputNext int64) error {
 	if len(updates) == 0 && (inputNext < 0 || inputNext == t.cp.InputOffset) {
 		return nil
+	}
+	if err := t.rt.checkWritable(t.partition); err != nil {
+		return err
 	}
 	cp := t.cp
 	if maxOffset >= 0 {
@@ -426,16 +455,69 @@ func (t *task) flush(ctx context.Context) error {
 		return *errp
 	}
 	t.rt.crashPoint("changelog-flushed")
-	if err := t.apply(updates, maxOffset.Load(), t.inputNext); err != nil {
-		return err
+	b := stalledBatch{updates: updates, maxOffset: maxOffset.Load(), inputNext: t.inputNext, repartNext: t.repartNext, report: true}
+	if err := t.apply(updates, b.maxOffset, b.inputNext); err != nil {
+		// The input offsets are not reported: nothing is committed past
+		// what the store holds.
+		return t.stall(b, err)
 	}
 	t.rt.crashPoint("store-written")
-	if t.inputNext >= 0 {
-		t.rt.committer.report(t.rt.cfg.InputTopic, t.partition, t.inputNext)
+	t.reportOffsets(b)
+	return nil
+}
+
+func (t *task) reportOffsets(b stalledBatch) {
+	if !b.report {
+		return
 	}
-	if t.repartNext >= 0 {
-		t.rt.committer.report(t.rt.cfg.RepartitionTopic(), t.partition, t.repartNext)
+	if b.inputNext >= 0 {
+		t.rt.committer.report(t.rt.cfg.InputTopic, t.partition, b.inputNext)
 	}
+	if b.repartNext >= 0 {
+		t.rt.committer.report(t.rt.cfg.RepartitionTopic(), t.partition, b.repartNext)
+	}
+}
+
+// stalledBatch is a batch the store could not take, kept to write later.
+type stalledBatch struct {
+	updates               []state.Update
+	maxOffset             int64
+	inputNext, repartNext int64
+	report                bool // at-least-once: report the offsets once written
+}
+
+// stall handles a store that cannot take a write (disk full, read-only):
+// the task pauses its partitions, reads nothing, is not ready, and checks
+// every second; the batch is written once the store can take it. Other
+// errors are returned.
+func (t *task) stall(b stalledBatch, err error) error {
+	if !errors.Is(err, state.ErrUnwritable) {
+		return err
+	}
+	t.stalled = &b
+	t.setState(TaskStalled)
+	t.rt.client.PauseFetchPartitions(t.rt.topicsOf([]int32{t.partition}))
+	t.log.Error(fmt.Sprintf("task [%s] Cannot write its store; stopped processing until it can", t.name), zap.Error(err))
+	return nil
+}
+
+// retryStalled writes the stalled batch if the store can take it now.
+func (t *task) retryStalled() error {
+	b := *t.stalled
+	if err := t.apply(b.updates, b.maxOffset, b.inputNext); err != nil {
+		if !errors.Is(err, state.ErrUnwritable) {
+			return err
+		}
+		if ok, suppressed := t.retryLog.allow(time.Now()); ok {
+			t.log.Warn(fmt.Sprintf("task [%s] Store still cannot be written", t.name), zap.Int64("suppressed", suppressed), zap.Error(err))
+		}
+		return nil
+	}
+	t.stalled = nil
+	t.setState(TaskRunning)
+	t.reportOffsets(b)
+	t.rt.client.ResumeFetchPartitions(t.rt.topicsOf([]int32{t.partition}))
+	t.log.Info(fmt.Sprintf("task [%s] Store writable again; processing resumes", t.name))
 	return nil
 }
 
