@@ -35,17 +35,11 @@ func TestCorruptedStoreIsQuarantinedAndRebuilt(t *testing.T) {
 	for name, damageIt := range damage {
 		t.Run(name, func(t *testing.T) {
 			h := newHarness(t)
-			in := h.start(h.cfg)
-			in.waitReady()
-			h.produce(sampleEvents(t)...)
-			in.waitTotals(sampleTotals)
-			if err := in.stop(); err != nil {
-				t.Fatal(err)
-			}
+			h.seedAndStop(t)
 			for p := int32(0); p < 3; p++ {
 				damageIt(t, filepath.Join(h.stateDir, h.cfg.ApplicationID, state.TaskName(p)))
 			}
-			in = h.start(h.cfg)
+			in := h.start(h.cfg)
 			in.waitReady()
 			in.waitTotals(sampleTotals)
 			restored, _ := in.restored()

@@ -165,6 +165,19 @@ var sampleTotals = map[string]int64{
 	"product6": 8750, "product7": 9150, "product8": 12150, "product9": 7550, "product10": 3450,
 }
 
+// seedAndStop runs an instance over the sample events until their totals
+// are served, and stops it cleanly.
+func (h *harness) seedAndStop(t *testing.T) {
+	t.Helper()
+	in := h.start(h.cfg)
+	in.waitReady()
+	h.produce(sampleEvents(t)...)
+	in.waitTotals(sampleTotals)
+	if err := in.stop(); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // instance is one running Runtime with its HTTP handler and captured logs.
 type instance struct {
 	h      *harness

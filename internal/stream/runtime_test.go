@@ -186,13 +186,7 @@ func TestCheckpointBeyondChangelogEndWipesAndRestores(t *testing.T) {
 	// Scenario: a checkpoint the changelog cannot honour (beyond its end) is not trusted:
 	// warn, wipe the task, restore from the start, same totals.
 	h := newHarness(t)
-	in := h.start(h.cfg)
-	in.waitReady()
-	h.produce(sampleEvents(t)...)
-	in.waitTotals(sampleTotals)
-	if err := in.stop(); err != nil {
-		t.Fatal(err)
-	}
+	h.seedAndStop(t)
 	_, clRecords, parts := h.changelog(h.cfg)
 	p := int32(-1)
 	for _, ps := range parts {
@@ -213,7 +207,7 @@ func TestCheckpointBeyondChangelogEndWipesAndRestores(t *testing.T) {
 	}
 	_ = s.Close()
 
-	in = h.start(h.cfg)
+	in := h.start(h.cfg)
 	in.waitReady()
 	in.waitRestored(3)
 	if in.logs.FilterMessageSnippet("is beyond the end offset").Len() != 1 {
@@ -355,13 +349,7 @@ func TestChangelogRecreatedWipesTheStores(t *testing.T) {
 	// checkpoints refer to a topic that is gone, so each task warns, wipes its store and restores
 	// from the new changelog: it serves what the changelog holds, never the stale totals.
 	h := newHarness(t)
-	in := h.start(h.cfg)
-	in.waitReady()
-	h.produce(sampleEvents(t)...)
-	in.waitTotals(sampleTotals)
-	if err := in.stop(); err != nil {
-		t.Fatal(err)
-	}
+	h.seedAndStop(t)
 	adm := kadm.NewClient(h.client())
 	if _, err := adm.DeleteTopics(context.Background(), h.cfg.ChangelogTopic()); err != nil {
 		t.Fatal(err)
@@ -371,7 +359,7 @@ func TestChangelogRecreatedWipesTheStores(t *testing.T) {
 		return err == nil && !td.Has(h.cfg.ChangelogTopic())
 	})
 
-	in = h.start(h.cfg) // creates the changelog again, with a new topic id
+	in := h.start(h.cfg) // creates the changelog again, with a new topic id
 	in.waitReady()
 	if n := in.logs.FilterMessageSnippet("was recreated since the checkpoint was written; wiping the store").Len(); n != 3 {
 		t.Fatalf("%d 'recreated' warnings, want one per task (3)", n)
