@@ -1,0 +1,74 @@
+package httpapi
+
+import (
+	"bufio"
+	"net"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/salesagg/salesagg/internal/state"
+	"github.com/salesagg/salesagg/internal/stream"
+)
+
+// idle is a Backend with nothing assigned, for testing the server itself.
+type idle struct{}
+
+func (idle) Total(string) (int64, bool, error)                     { return 0, false, stream.ErrNotReady }
+func (idle) Products(string, int) ([]state.Total, []string, error) { return nil, nil, nil }
+func (idle) Tasks() []stream.TaskStatus                            { return nil }
+func (idle) Ready() (bool, string)                                 { return false, "no partitions assigned yet" }
+func (idle) BadEvents() int64                                      { return 0 }
+
+func TestServerLimits(t *testing.T) {
+	// Scenario: the HTTP server drops a client that sends its headers too slowly, refuses oversized
+	// headers, and answers 503 with Retry-After for a product while nothing is assigned.
+	s, err := Listen("127.0.0.1:0", idle{}, zap.NewNop())
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() { _ = s.Serve() }()
+	t.Cleanup(func() { _ = s.Shutdown(t.Context()) })
+
+	resp, err := http.Get("http://" + s.Addr() + "/v1/products/p1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusServiceUnavailable || resp.Header.Get("Retry-After") == "" {
+		t.Fatalf("product while not ready: %d, Retry-After %q", resp.StatusCode, resp.Header.Get("Retry-After"))
+	}
+
+	req, _ := http.NewRequest("GET", "http://"+s.Addr()+"/healthz", nil)
+	req.Header.Set("X-Big", strings.Repeat("x", 64<<10))
+	resp, err = http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusRequestHeaderFieldsTooLarge {
+		t.Fatalf("64 KiB header: %d, want 431", resp.StatusCode)
+	}
+
+	// A client that never finishes its headers is cut off after the read-header timeout.
+	c, err := net.Dial("tcp", s.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if _, err := c.Write([]byte("GET /healthz HTTP/1.1\r\nHost: x\r\n")); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	_ = c.SetReadDeadline(time.Now().Add(15 * time.Second))
+	_, err = bufio.NewReader(c).ReadString('\n')
+	if err == nil {
+		t.Fatal("server answered a request whose headers never ended")
+	}
+	if d := time.Since(start); d > 12*time.Second {
+		t.Fatalf("slow client held the connection %s", d)
+	}
+}
