@@ -213,11 +213,7 @@ func (rt *Runtime) Run(ctx context.Context) error {
 	<-commitDone
 	commitErr := rt.committer.commit(work, rt.client)
 	rt.client.Close() // leaves the group
-	rt.wg.Wait()
-	if work.Err() != nil {
-		rt.log.Warn("Shutdown grace period ran out; the next start restores the changelog tail", zap.Duration("grace", GracePeriod))
-	}
-	rt.log.Info("Stopped")
+	rt.stopped(work)
 	return errors.Join(pollErr, stopErr, commitErr)
 }
 
@@ -234,12 +230,18 @@ func (rt *Runtime) runEOS(ctx, work context.Context, cancelWork context.CancelFu
 	rt.beginStopping()
 	stopErr := rt.stopTasks(rt.allPartitions(), false)
 	rt.session.Close() // leaves the group
+	rt.stopped(work)
+	return errors.Join(pollErr, lastErr, stopErr)
+}
+
+// stopped waits for the task goroutines after the group was left, and
+// logs how the shutdown went.
+func (rt *Runtime) stopped(work context.Context) {
 	rt.wg.Wait()
 	if work.Err() != nil {
 		rt.log.Warn("Shutdown grace period ran out; the next start restores the changelog tail", zap.Duration("grace", GracePeriod))
 	}
 	rt.log.Info("Stopped")
-	return errors.Join(pollErr, lastErr, stopErr)
 }
 
 func (rt *Runtime) beginStopping() {
