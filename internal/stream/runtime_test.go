@@ -31,9 +31,10 @@ func TestSeedWalkthrough(t *testing.T) {
 	if got := in.logs.FilterMessageSnippet("did not find checkpoint offset, hence would default to the starting offset at changelog").Len(); got != 3 {
 		t.Fatalf("%d 'did not find checkpoint offset' lines, want 3", got)
 	}
-	if in.logs.FilterMessageSnippet("Restoration took").Len() != 1 {
-		t.Fatal("no 'Restoration took ... for all tasks' line")
-	}
+	// Logged just after the last task's "Finished restoring" line.
+	waitFor(t, 10*time.Second, "one 'Restoration took ... for all tasks' line", func() bool {
+		return in.logs.FilterMessageSnippet("Restoration took").Len() == 1
+	})
 	h.produce(sampleEvents(t)...)
 	in.waitTotals(sampleTotals)
 
