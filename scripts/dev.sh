@@ -32,11 +32,11 @@ done
 
 echo "salesagg: broker on $BROKER, HTTP on http://$HTTP, state in $DATA/state" >&2
 echo "salesagg: in another shell: $BIN produce --file sample_events.txt --bootstrap.servers $BROKER" >&2
-# A fixed group.instance.id (static membership): after a kill -9 the next
-# start gets its partitions back at once instead of waiting for the old
-# session to time out.
+# Static membership is the default (group.instance.id derived from the state
+# dir): after a kill -9 the next start gets its tasks back at once instead of
+# waiting for the old session to time out. INSTANCE_ID overrides the id.
 "$BIN" run --bootstrap.servers "$BROKER" --state.dir "$DATA/state" --http.addr "$HTTP" \
-  --group.instance.id "${INSTANCE_ID:-salesagg-dev-0}" "$@" &
+  ${INSTANCE_ID:+--group.instance.id "$INSTANCE_ID"} "$@" &
 svc_pid=$!
 trap 'kill -TERM "$svc_pid" 2>/dev/null || true' INT TERM
 status=0

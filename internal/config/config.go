@@ -51,12 +51,19 @@ type Config struct {
 	// Security of the Kafka connections.
 	Security Security
 
-	// GroupInstanceID, when set, makes this process a static group member
+	// GroupInstanceID is this process's static group membership id
 	// (KIP-345): a restart within the session timeout gets its partitions
-	// back without a rebalance. Empty means dynamic membership.
+	// back without a rebalance. Empty means derive it: the runtime uses the
+	// process id kept in the state dir, so it follows the volume and no two
+	// processes share it.
 	GroupInstanceID string
 	SessionTimeout  time.Duration
-	LogLevel        string
+	// LeaveGroupOnClose makes a clean shutdown leave the group at once
+	// (LeaveGroup with the group instance id), so the member's tasks move
+	// without waiting for the session timeout. False keeps its tasks
+	// assigned until it returns, for a rolling restart.
+	LeaveGroupOnClose bool
+	LogLevel          string
 	// LogFormat is json or console; empty chooses console when standard
 	// error is a terminal, json otherwise.
 	LogFormat string
@@ -90,6 +97,17 @@ func (s Security) TLS() bool { return s.Protocol == ProtocolSSL || s.Protocol ==
 // SASL reports whether connections authenticate with SASL.
 func (s Security) SASL() bool {
 	return s.Protocol == ProtocolSASLPlaintext || s.Protocol == ProtocolSASLSSL
+}
+
+// MaxTransactionTimeout is the broker's default transaction.max.timeout.ms
+// (15 min): a producer asking for a longer transaction timeout is refused.
+const MaxTransactionTimeout = 15 * time.Minute
+
+// TransactionTimeout returns the timeout of the transactions under
+// exactly_once_v2: 10 × commit.interval.ms, and at least 60 s, so that a
+// slow commit cycle is not aborted by the broker.
+func (c Config) TransactionTimeout() time.Duration {
+	return max(60*time.Second, 10*c.CommitInterval)
 }
 
 // ChangelogTopic returns <application.id>-<store.name>-changelog.
@@ -146,8 +164,9 @@ var keys = []keyDef{
 	{"ssl.cert.file", kindString, "", "PEM client certificate for mutual TLS"},
 	{"ssl.key.file", kindString, "", "PEM key of the client certificate"},
 	{"dlq.topic", kindString, "", "dead-letter topic for bad events (default: none, bad events are skipped and counted)"},
-	{"group.instance.id", kindString, "", "static group membership id, e.g. the pod name (default: dynamic membership)"},
+	{"group.instance.id", kindString, "", "static group membership id, e.g. the pod name (default: derived from the process id in the state dir, so a restart on the same volume rejoins at once)"},
 	{"session.timeout.ms", kindInt, "45000", "consumer group session timeout"},
+	{"leave.group.on.close", kindBool, "true", "on a clean shutdown the member leaves the group at once (LeaveGroup with its group.instance.id), so its tasks move without waiting for the session timeout; false keeps its tasks for a rolling restart"},
 	{"log.level", kindString, "info", "debug, info, warn or error"},
 	{"log.format", kindString, "", "json or console (default: console on a terminal, json otherwise)"},
 }
@@ -235,15 +254,18 @@ func Load(fs *pflag.FlagSet, environ []string) (Config, error) {
 		}
 	}
 
-	c, errs := decode(v)
+	// Decode and validation problems are reported together. A key that did
+	// not decode holds its zero value, so validation skips it rather than
+	// report it twice.
+	c, failed, errs := decode(v)
 	problems = append(problems, errs...)
-	if len(problems) == 0 {
-		if err := c.Validate(); err != nil {
-			return Config{}, err
-		}
-		return c, nil
+	if err := c.validate(failed); err != nil {
+		problems = append(problems, err)
 	}
-	return Config{}, errors.Join(problems...)
+	if len(problems) > 0 {
+		return Config{}, errors.Join(problems...)
+	}
+	return c, nil
 }
 
 // Default returns the configuration with every key at its default.
@@ -263,9 +285,16 @@ func knownEnv(name string) bool {
 	return slices.ContainsFunc(keys, func(k keyDef) bool { return EnvName(k.name) == name })
 }
 
-func decode(v *viper.Viper) (Config, []error) {
+// decode reads every key of v into a Config. It returns the problems found
+// and the keys they are of.
+func decode(v *viper.Viper) (Config, map[string]bool, []error) {
 	var c Config
 	var problems []error
+	failed := map[string]bool{}
+	fail := func(key string, err error) {
+		problems = append(problems, err)
+		failed[key] = true
+	}
 	str := func(key string) string { return strings.TrimSpace(fmt.Sprint(v.Get(key))) }
 	integer := func(key string, min, max int64) int64 {
 		raw := v.Get(key)
@@ -277,13 +306,13 @@ func decode(v *viper.Viper) (Config, []error) {
 			n = x
 		case uint64:
 			if x > math.MaxInt64 {
-				problems = append(problems, fmt.Errorf("config: %s = %v: must be an integer from %d to %d", key, raw, min, max))
+				fail(key, fmt.Errorf("config: %s = %v: must be an integer from %d to %d", key, raw, min, max))
 				return 0
 			}
 			n = int64(x)
 		case float64:
 			if x != math.Trunc(x) || x < math.MinInt64 || x > math.MaxInt64 {
-				problems = append(problems, fmt.Errorf("config: %s = %v: must be an integer from %d to %d", key, raw, min, max))
+				fail(key, fmt.Errorf("config: %s = %v: must be an integer from %d to %d", key, raw, min, max))
 				return 0
 			}
 			n = int64(x)
@@ -291,12 +320,12 @@ func decode(v *viper.Viper) (Config, []error) {
 			var err error
 			n, err = strconv.ParseInt(strings.TrimSpace(fmt.Sprint(raw)), 10, 64)
 			if err != nil {
-				problems = append(problems, fmt.Errorf("config: %s = %q: must be an integer from %d to %d", key, fmt.Sprint(raw), min, max))
+				fail(key, fmt.Errorf("config: %s = %q: must be an integer from %d to %d", key, fmt.Sprint(raw), min, max))
 				return 0
 			}
 		}
 		if n < min || n > max {
-			problems = append(problems, fmt.Errorf("config: %s = %d: must be from %d to %d", key, n, min, max))
+			fail(key, fmt.Errorf("config: %s = %d: must be from %d to %d", key, n, min, max))
 			return 0
 		}
 		return n
@@ -308,7 +337,7 @@ func decode(v *viper.Viper) (Config, []error) {
 		default:
 			b, err := strconv.ParseBool(strings.TrimSpace(fmt.Sprint(x)))
 			if err != nil {
-				problems = append(problems, fmt.Errorf("config: %s = %q: must be true or false", key, fmt.Sprint(x)))
+				fail(key, fmt.Errorf("config: %s = %q: must be true or false", key, fmt.Sprint(x)))
 			}
 			return b
 		}
@@ -371,7 +400,7 @@ func decode(v *viper.Viper) (Config, []error) {
 	if c.Security.SASLPasswordFile != "" {
 		b, err := os.ReadFile(c.Security.SASLPasswordFile)
 		if err != nil {
-			problems = append(problems, fmt.Errorf("config: sasl.password.file = %q: %v", c.Security.SASLPasswordFile, err))
+			fail("sasl.password.file", fmt.Errorf("config: sasl.password.file = %q: %v", c.Security.SASLPasswordFile, err))
 		}
 		c.Security.SASLPassword = strings.TrimRight(string(b), "\r\n")
 	}
@@ -382,21 +411,29 @@ func decode(v *viper.Viper) (Config, []error) {
 		c.GroupInstanceID = str("group.instance.id")
 	}
 	c.SessionTimeout = time.Duration(integer("session.timeout.ms", 1000, 3_600_000)) * time.Millisecond
+	c.LeaveGroupOnClose = boolean("leave.group.on.close")
 	c.LogLevel = strings.ToLower(str("log.level"))
 	c.LogFormat = strings.ToLower(str("log.format"))
 	if !v.IsSet("log.format") {
 		c.LogFormat = ""
 	}
-	return c, problems
+	return c, failed, problems
 }
 
 var legalName = regexp.MustCompile(`^[a-zA-Z0-9._-]+$`)
 
 // Validate reports every problem of c at once, each naming the key, the value
 // and what is allowed.
-func (c Config) Validate() error {
+func (c Config) Validate() error { return c.validate(nil) }
+
+// validate is Validate, skipping the checks of the keys in skip (those that
+// did not decode).
+func (c Config) validate(skip map[string]bool) error {
 	var problems []error
 	bad := func(key string, val any, allowed string) {
+		if skip[key] {
+			return
+		}
 		problems = append(problems, fmt.Errorf("config: %s = %q: %s", key, fmt.Sprint(val), allowed))
 	}
 	for key, val := range map[string]string{
@@ -464,6 +501,10 @@ func (c Config) Validate() error {
 	}
 	if c.CommitInterval <= 0 {
 		bad("commit.interval.ms", c.CommitInterval.Milliseconds(), "must be from 1 to 3600000")
+	} else if c.ProcessingGuarantee == ExactlyOnceV2 && c.TransactionTimeout() > MaxTransactionTimeout {
+		bad("commit.interval.ms", c.CommitInterval.Milliseconds(), fmt.Sprintf(
+			"at most %d with processing.guarantee %s (the transaction timeout, 10 × commit.interval.ms, must stay within the broker's transaction.max.timeout.ms of %s)",
+			(MaxTransactionTimeout/10).Milliseconds(), ExactlyOnceV2, fmt.Sprintf("%g min", MaxTransactionTimeout.Minutes())))
 	}
 	if c.TopicsPartitions < 1 {
 		bad("topics.partitions", c.TopicsPartitions, "must be from 1 to 10000")
@@ -516,6 +557,7 @@ func (c Config) Fields() map[string]any {
 		"ssl.key.file":           c.Security.KeyFile,
 		"group.instance.id":      c.GroupInstanceID,
 		"session.timeout.ms":     c.SessionTimeout.Milliseconds(),
+		"leave.group.on.close":   c.LeaveGroupOnClose,
 		"log.level":              c.LogLevel,
 		"log.format":             c.LogFormat,
 	}

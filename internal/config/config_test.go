@@ -35,7 +35,8 @@ func TestDefaults(t *testing.T) {
 		c.InputTopic != "sales-events-v1" || c.NotificationTopic != "notifications-events-v1" || c.StoreName != "PRODUCT_AGGREGATED_SALES" ||
 		c.NotificationThreshold != 2000 || c.ProcessingGuarantee != ExactlyOnceV2 || c.AutoOffsetReset != "earliest" ||
 		c.CommitInterval != 100*time.Millisecond || !c.TopicsCreate || c.TopicsPartitions != 3 || c.ReplicationFactor != 1 ||
-		c.HTTPAddr != ":8080" || c.LogLevel != "info" || c.LogFormat != "" {
+		c.HTTPAddr != ":8080" || c.LogLevel != "info" || c.LogFormat != "" || !c.LeaveGroupOnClose || c.GroupInstanceID != "" ||
+		c.TransactionTimeout() != 60*time.Second {
 		t.Fatalf("defaults: %+v", c)
 	}
 	if got := c.ChangelogTopic(); got != "sales-aggregator-PRODUCT_AGGREGATED_SALES-changelog" {
@@ -91,7 +92,7 @@ func TestBadConfigNamesKeyValueAndAllowed(t *testing.T) {
 			t.Errorf("error lacks %q:\n%s", want, msg)
 		}
 	}
-	// Type errors stop before validation; validation errors list together.
+	// Validation errors list together.
 	_, err = load(t, "", []string{"SALESAGG_PROCESSING_GUARANTEE=exactly_twice"}, "--commit.interval.ms", "5", "--log.level", "loud",
 		"--application.id", "bad id", "--bootstrap.servers", "nohostport", "--http.addr", "8080", "--auto.offset.reset", "middle")
 	msg = err.Error()
@@ -177,5 +178,204 @@ func TestSecurityConfig(t *testing.T) {
 	_, err = load(t, "", nil, "--security.protocol", "TLS")
 	if err == nil || !strings.Contains(err.Error(), `security.protocol = "TLS": allowed: PLAINTEXT, SSL, SASL_PLAINTEXT, SASL_SSL`) {
 		t.Fatalf("security.protocol TLS: %v", err)
+	}
+}
+
+func TestEveryKeyIsLogged(t *testing.T) {
+	// Scenario: the start-up log line shows every key, so a new key cannot be left out of it.
+	fields := Default().Fields()
+	for _, k := range Keys() {
+		if _, ok := fields[k]; !ok {
+			t.Errorf("Fields() lacks %s", k)
+		}
+	}
+	if len(fields) != len(Keys()) {
+		t.Errorf("Fields() has %d entries for %d keys", len(fields), len(Keys()))
+	}
+}
+
+func TestLeaveGroupOnClose(t *testing.T) {
+	// Scenario: a clean stop leaves the group unless leave.group.on.close=false, set by file, environment or flag.
+	for _, tc := range []struct {
+		name    string
+		file    string
+		env     []string
+		args    []string
+		want    bool
+		wantErr string
+	}{
+		{name: "default", want: true},
+		{name: "file", file: "leave.group.on.close: false\n", want: false},
+		{name: "nested file", file: "leave:\n  group:\n    on:\n      close: false\n", want: false},
+		{name: "environment", env: []string{"SALESAGG_LEAVE_GROUP_ON_CLOSE=false"}, want: false},
+		{name: "flag over environment", env: []string{"SALESAGG_LEAVE_GROUP_ON_CLOSE=false"}, args: []string{"--leave.group.on.close", "true"}, want: true},
+		{name: "not a bool", args: []string{"--leave.group.on.close", "maybe"}, wantErr: `leave.group.on.close = "maybe": must be true or false`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c, err := load(t, tc.file, tc.env, tc.args...)
+			if tc.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
+					t.Fatalf("error %v, want one with %q", err, tc.wantErr)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if c.LeaveGroupOnClose != tc.want {
+				t.Fatalf("LeaveGroupOnClose = %v, want %v", c.LeaveGroupOnClose, tc.want)
+			}
+			if got := c.Fields()["leave.group.on.close"]; got != tc.want {
+				t.Fatalf("Fields()[leave.group.on.close] = %v", got)
+			}
+		})
+	}
+}
+
+func TestGroupInstanceIDDefaultIsDerived(t *testing.T) {
+	// Scenario: group.instance.id is documented as derived from the state dir's process id; unset, it
+	// stays empty in Config (the runtime derives it), set, it is kept and checked.
+	fs := pflag.NewFlagSet("help", pflag.ContinueOnError)
+	RegisterFlags(fs)
+	if help := fs.Lookup("group.instance.id").Usage; !strings.Contains(help, "default: derived from the process id in the state dir") ||
+		strings.Contains(help, "dynamic membership") {
+		t.Fatalf("group.instance.id help: %s", help)
+	}
+	for _, tc := range []struct {
+		name    string
+		args    []string
+		want    string
+		wantErr string
+	}{
+		{name: "unset: derive", want: ""},
+		{name: "pod name", args: []string{"--group.instance.id", "salesagg-0"}, want: "salesagg-0"},
+		{name: "illegal", args: []string{"--group.instance.id", "a b"}, wantErr: `group.instance.id = "a b"`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c, err := load(t, "", nil, tc.args...)
+			if tc.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
+					t.Fatalf("error %v, want one with %q", err, tc.wantErr)
+				}
+				return
+			}
+			if err != nil || c.GroupInstanceID != tc.want {
+				t.Fatalf("GroupInstanceID = %q, %v; want %q", c.GroupInstanceID, err, tc.want)
+			}
+		})
+	}
+}
+
+func TestTransactionTimeout(t *testing.T) {
+	// Scenario: the transaction timeout is 10 commit intervals, never under 60 s.
+	for _, tc := range []struct {
+		commit time.Duration
+		want   time.Duration
+	}{
+		{100 * time.Millisecond, 60 * time.Second},
+		{6 * time.Second, 60 * time.Second},
+		{10 * time.Second, 100 * time.Second},
+		{90 * time.Second, 15 * time.Minute},
+		{2 * time.Minute, 20 * time.Minute},
+	} {
+		t.Run(tc.commit.String(), func(t *testing.T) {
+			c := Default()
+			c.CommitInterval = tc.commit
+			if got := c.TransactionTimeout(); got != tc.want {
+				t.Fatalf("TransactionTimeout() = %s, want %s", got, tc.want)
+			}
+		})
+	}
+	if MaxTransactionTimeout != 900_000*time.Millisecond {
+		t.Fatalf("MaxTransactionTimeout = %s, want the broker's default transaction.max.timeout.ms 900000", MaxTransactionTimeout)
+	}
+}
+
+func TestCommitIntervalWithinTransactionMax(t *testing.T) {
+	// Scenario: under exactly_once_v2 a commit interval whose transaction timeout the broker would refuse
+	// stops the start, naming the key, the value, the limit and why; at-least-once has no such limit.
+	for _, tc := range []struct {
+		name    string
+		args    []string
+		wantErr string
+	}{
+		{name: "default exactly-once"},
+		{name: "exactly-once at the limit", args: []string{"--commit.interval.ms", "90000"}},
+		{name: "exactly-once just above", args: []string{"--commit.interval.ms", "90001"},
+			wantErr: `config: commit.interval.ms = "90001": at most 90000 with processing.guarantee exactly_once_v2`},
+		{name: "exactly-once 2 min", args: []string{"--commit.interval.ms", "120000"},
+			wantErr: `config: commit.interval.ms = "120000": at most 90000 with processing.guarantee exactly_once_v2 (the transaction timeout, 10 × commit.interval.ms, must stay within the broker's transaction.max.timeout.ms of 15 min)`},
+		{name: "at-least-once 2 min", args: []string{"--processing.guarantee", "at_least_once", "--commit.interval.ms", "120000"}},
+		{name: "at-least-once 1 h", args: []string{"--processing.guarantee", "at_least_once", "--commit.interval.ms", "3600000"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := load(t, "", nil, tc.args...)
+			if tc.wantErr == "" {
+				if err != nil {
+					t.Fatal(err)
+				}
+				return
+			}
+			if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
+				t.Fatalf("error %v, want one with %q", err, tc.wantErr)
+			}
+		})
+	}
+}
+
+func TestDecodeAndValidationProblemsTogether(t *testing.T) {
+	// Scenario: a value that does not decode and one that decodes but is not allowed are reported in
+	// one error; the key that did not decode is reported once, not again by validation.
+	for _, tc := range []struct {
+		name  string
+		env   []string
+		args  []string
+		want  []string
+		once  []string
+		never []string
+	}{
+		{
+			name: "guarantee and negative commit interval",
+			args: []string{"--processing.guarantee", "nope", "--commit.interval.ms", "-5"},
+			want: []string{`processing.guarantee = "nope": allowed: exactly_once_v2, at_least_once`, "commit.interval.ms = -5: must be from 1 to 3600000"},
+			once: []string{"commit.interval.ms"},
+		},
+		{
+			name:  "type errors beside validation errors",
+			env:   []string{"SALESAGG_LOG_LEVEL=loud"},
+			args:  []string{"--topics.partitions", "x", "--replication.factor", "0", "--leave.group.on.close", "maybe", "--http.addr", "8080"},
+			want:  []string{`topics.partitions = "x"`, `log.level = "loud"`, `replication.factor = "0": must be -1`, `leave.group.on.close = "maybe"`, `http.addr = "8080"`},
+			once:  []string{"topics.partitions"},
+			never: []string{`topics.partitions = "0"`},
+		},
+		{
+			name:  "unreadable password file beside a bad mechanism",
+			args:  []string{"--security.protocol", "SASL_PLAINTEXT", "--sasl.username", "u", "--sasl.password.file", "/nonexistent/pw", "--sasl.mechanism", "GSSAPI"},
+			want:  []string{`sasl.password.file = "/nonexistent/pw"`, `sasl.mechanism = "GSSAPI"`},
+			never: []string{"sasl.password or sasl.password.file is required"},
+		},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := load(t, "", tc.env, tc.args...)
+			if err == nil {
+				t.Fatal("bad config accepted")
+			}
+			msg := err.Error()
+			for _, want := range tc.want {
+				if !strings.Contains(msg, want) {
+					t.Errorf("error lacks %q:\n%s", want, msg)
+				}
+			}
+			for _, key := range tc.once {
+				if n := strings.Count(msg, "config: "+key+" "); n != 1 {
+					t.Errorf("%s reported %d times:\n%s", key, n, msg)
+				}
+			}
+			for _, never := range tc.never {
+				if strings.Contains(msg, never) {
+					t.Errorf("error has %q:\n%s", never, msg)
+				}
+			}
+		})
 	}
 }

@@ -141,7 +141,23 @@ func Handler(b Backend) http.Handler {
 	return http.MaxBytesHandler(mux, 1<<20)
 }
 
+// writeError answers a failed query. A product whose task runs on another
+// member is 404 with the task and the owner (ask it instead); 503 with
+// Retry-After when no owner is known yet (a rebalance) or the task is not
+// ready here.
 func writeError(w http.ResponseWriter, err error) {
+	var nh *stream.NotHostedError
+	if errors.As(err, &nh) {
+		body := map[string]any{"error": err.Error(), "task": nh.Task, "partition": nh.Partition}
+		if nh.Owner != "" {
+			body["owner"] = nh.Owner
+			writeJSON(w, http.StatusNotFound, body)
+			return
+		}
+		w.Header().Set("Retry-After", "1")
+		writeJSON(w, http.StatusServiceUnavailable, body)
+		return
+	}
 	code := http.StatusInternalServerError
 	if errors.Is(err, stream.ErrNotReady) || errors.Is(err, stream.ErrNotHosted) {
 		code = http.StatusServiceUnavailable

@@ -156,13 +156,19 @@ func TestWireFormats(t *testing.T) {
 	if got := string(EncodeNotification("a<b>&c", 1)); got != `{"sku":"a<b>&c","value":1}` {
 		t.Fatalf("notification = %s", got)
 	}
+	// Offsets without a topic id keep the legacy encoding, byte for byte.
+	var none [16]byte
 	var offs Offsets
-	offs = offs.With(2, 10).With(0, 5).With(2, 11)
-	if !offs.Reflects(2, 11) || offs.Reflects(2, 12) || !offs.Reflects(0, 0) || offs.Reflects(1, 0) {
+	offs = offs.With(none, 2, 10).With(none, 0, 5).With(none, 2, 11)
+	if !offs.Reflects(none, 2, 11) || offs.Reflects(none, 2, 12) || !offs.Reflects(none, 0, 0) || offs.Reflects(none, 1, 0) {
 		t.Fatalf("Reflects wrong for %v", offs)
 	}
-	back, err := DecodeOffsets(offs.AppendEncode(nil))
-	if err != nil || len(back) != 2 || back[0] != (PartitionOffset{0, 5}) || back[1] != (PartitionOffset{2, 11}) {
+	enc := offs.AppendEncode(nil)
+	if want := "\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x05\x00\x00\x00\x02\x00\x00\x00\x00\x00\x00\x00\x0b"; string(enc) != want {
+		t.Fatalf("legacy encoding = %x", enc)
+	}
+	back, err := DecodeOffsets(enc)
+	if err != nil || len(back.Parts) != 2 || back.Parts[0] != (PartitionOffset{0, 5}) || back.Parts[1] != (PartitionOffset{2, 11}) || back.TopicID != none {
 		t.Fatalf("DecodeOffsets = %v, %v", back, err)
 	}
 	if _, err := DecodeOffsets([]byte{1, 2, 3}); err == nil {

@@ -2,6 +2,7 @@ package sales
 
 import (
 	"bytes"
+	"cmp"
 	"encoding/binary"
 	"encoding/json"
 	"errors"
@@ -17,18 +18,33 @@ import (
 //   - notification record: key = product, value = {"sku": product, "value": total}.
 //
 // salesagg adds one header to each changelog record it writes, OffsetsHeader,
-// carrying the input offsets the total reflects (see Offsets). Records
-// without it (written by the reference application) reflect no offsets.
+// carrying the input offsets the total reflects and the id of the input topic
+// they are of (see Offsets). Records without it (written by the reference
+// application) reflect no offsets. The same bytes follow the total in a
+// store entry (internal/state). Offsets have two encodings, told apart by
+// their length; all integers are big-endian:
+//
+//	legacy (no topic id): n × (4-byte partition, 8-byte offset)           len % 12 == 0
+//	version 2:            0x02, 16-byte input topic id, then as legacy    len % 12 == 5
+//
+// The legacy form is what salesagg wrote before offsets carried the input
+// topic's id; it decodes with a zero (unknown) TopicID. AppendEncode writes
+// version 2 when the id is known, the legacy form when it is zero. Any other
+// length, or another version byte, is ErrBadOffsets.
 
 // OffsetsHeader is the changelog record header holding the encoded Offsets of
 // the total.
 const OffsetsHeader = "salesagg.offsets"
 
 // Headers of a record forwarded to the repartition topic: the input partition
-// and offset the event was read from, which identify it for de-duplication.
+// and offset the event was read from (4- and 8-byte big-endian), which
+// identify it for de-duplication, and the 16-byte id of the input topic they
+// are of (absent from records forwarded before it was carried: the reader
+// then assumes the current input topic).
 const (
 	SourcePartitionHeader = "salesagg.source.partition"
 	SourceOffsetHeader    = "salesagg.source.offset"
+	SourceTopicIDHeader   = "salesagg.source.topic.id"
 )
 
 // Headers added to a dead-lettered event, beside its own headers.
@@ -73,15 +89,26 @@ func EncodeNotification(product string, total int64) []byte {
 func Notify(total, threshold int64) bool { return total >= threshold }
 
 // Offsets records, for one product, the last input offset folded into its
-// total from each input partition. An event read from input partition p at
-// offset o is already reflected in the total, and is skipped when redelivered,
-// when o <= Offsets[p]. Tracking this per product (rather than one offset per
-// partition) keeps totals exact when a crash falls between the changelog
-// writes of two products.
+// total from each input partition, and the id of the input topic those
+// offsets are of. An event read from input partition p at offset o is
+// already reflected in the total, and is skipped when redelivered, when
+// o <= the offset recorded for p. Tracking this per product (rather than one
+// offset per partition) keeps totals exact when a crash falls between the
+// changelog writes of two products.
 //
-// It is a short sorted list, not a map: a product is fed by one partition,
-// or a few when producers disagree on partitioning.
-type Offsets []PartitionOffset
+// The topic id ties the offsets to one incarnation of the input topic: once
+// the topic is deleted and recreated (or input.topic names another one), its
+// offsets restart at 0 and would otherwise all look like redeliveries. A zero
+// id means unknown (offsets written before ids were recorded) and matches any
+// topic, so an upgrade does not fold redelivered events twice.
+//
+// Parts is a short list sorted by partition, not a map: a product is fed by
+// one partition, or a few when producers disagree on partitioning. Offsets is
+// a small value; copies share Parts (see With).
+type Offsets struct {
+	TopicID [16]byte
+	Parts   []PartitionOffset
+}
 
 // PartitionOffset is the last input offset folded from one input partition.
 type PartitionOffset struct {
@@ -89,10 +116,20 @@ type PartitionOffset struct {
 	Offset    int64
 }
 
-// Reflects reports whether the event at input partition p, offset o, is
-// already folded in.
-func (offs Offsets) Reflects(p int32, o int64) bool {
-	for _, po := range offs {
+// sameTopic reports whether ids a and b may name the same topic: they are
+// equal, or either is unknown (zero).
+func sameTopic(a, b [16]byte) bool {
+	return a == b || a == [16]byte{} || b == [16]byte{}
+}
+
+// Reflects reports whether the event at partition p, offset o of the input
+// topic with id topicID is already folded in. Offsets of another topic
+// reflect nothing; a zero id on either side matches.
+func (offs Offsets) Reflects(topicID [16]byte, p int32, o int64) bool {
+	if !sameTopic(offs.TopicID, topicID) {
+		return false
+	}
+	for _, po := range offs.Parts {
 		if po.Partition == p {
 			return o <= po.Offset
 		}
@@ -100,27 +137,57 @@ func (offs Offsets) Reflects(p int32, o int64) bool {
 	return false
 }
 
-// With returns offs updated so that partition p reflects offset o. It may
-// modify offs in place.
-func (offs Offsets) With(p int32, o int64) Offsets {
-	for i := range offs {
-		if offs[i].Partition == p {
-			offs[i].Offset = o
+// With returns offs updated so that partition p of the input topic with id
+// topicID reflects offset o. Offsets of another topic (both ids non-zero and
+// different) are dropped first. The result carries topicID, or keeps offs'
+// id when topicID is zero (unknown). It may modify offs.Parts in place.
+func (offs Offsets) With(topicID [16]byte, p int32, o int64) Offsets {
+	if !sameTopic(offs.TopicID, topicID) {
+		offs.Parts = nil
+	}
+	if topicID != ([16]byte{}) {
+		offs.TopicID = topicID
+	}
+	for i := range offs.Parts {
+		if offs.Parts[i].Partition == p {
+			offs.Parts[i].Offset = o
 			return offs
 		}
 	}
-	offs = append(offs, PartitionOffset{p, o})
-	slices.SortFunc(offs, func(a, b PartitionOffset) int { return int(a.Partition) - int(b.Partition) })
+	offs.Parts = append(offs.Parts, PartitionOffset{p, o})
+	slices.SortFunc(offs.Parts, func(a, b PartitionOffset) int { return cmp.Compare(a.Partition, b.Partition) })
 	return offs
 }
 
-// Clone returns a copy of offs.
-func (offs Offsets) Clone() Offsets { return slices.Clone(offs) }
+// Clone returns a copy of offs that shares nothing with it.
+func (offs Offsets) Clone() Offsets {
+	return Offsets{TopicID: offs.TopicID, Parts: slices.Clone(offs.Parts)}
+}
 
-// AppendEncode appends the encoding of offs to b: per entry a 4-byte partition
-// and an 8-byte offset, big-endian.
+// Layout of the Offsets encodings (see the top of this file).
+const (
+	offsetsVersion = 2
+	offsetsEntry   = 4 + 8
+	offsetsHead    = 1 + 16 // version byte and topic id
+)
+
+// EncodedLen returns the length of offs' encoding.
+func (offs Offsets) EncodedLen() int {
+	n := offsetsEntry * len(offs.Parts)
+	if offs.TopicID != ([16]byte{}) {
+		n += offsetsHead
+	}
+	return n
+}
+
+// AppendEncode appends the encoding of offs to b: version 2 when offs has a
+// topic id, the legacy form when its id is zero.
 func (offs Offsets) AppendEncode(b []byte) []byte {
-	for _, po := range offs {
+	if offs.TopicID != ([16]byte{}) {
+		b = append(b, offsetsVersion)
+		b = append(b, offs.TopicID[:]...)
+	}
+	for _, po := range offs.Parts {
 		b = binary.BigEndian.AppendUint32(b, uint32(po.Partition))
 		b = binary.BigEndian.AppendUint64(b, uint64(po.Offset))
 	}
@@ -130,14 +197,29 @@ func (offs Offsets) AppendEncode(b []byte) []byte {
 // ErrBadOffsets is returned when an Offsets encoding is corrupt.
 var ErrBadOffsets = errors.New("sales: bad offsets encoding")
 
-// DecodeOffsets decodes what AppendEncode wrote.
+// DecodeOffsets decodes either encoding AppendEncode writes. It rejects any
+// other length, or an unknown version, with ErrBadOffsets.
 func DecodeOffsets(b []byte) (Offsets, error) {
-	if len(b)%12 != 0 {
-		return nil, ErrBadOffsets
-	}
 	var offs Offsets
-	for ; len(b) > 0; b = b[12:] {
-		offs = append(offs, PartitionOffset{
+	switch len(b) % offsetsEntry {
+	case 0: // legacy
+	case offsetsHead % offsetsEntry:
+		if len(b) < offsetsHead {
+			return Offsets{}, fmt.Errorf("%w: %d bytes", ErrBadOffsets, len(b))
+		}
+		if b[0] != offsetsVersion {
+			return Offsets{}, fmt.Errorf("%w: version %d", ErrBadOffsets, b[0])
+		}
+		copy(offs.TopicID[:], b[1:offsetsHead])
+		b = b[offsetsHead:]
+	default:
+		return Offsets{}, fmt.Errorf("%w: %d bytes", ErrBadOffsets, len(b))
+	}
+	if len(b) > 0 {
+		offs.Parts = make([]PartitionOffset, 0, len(b)/offsetsEntry)
+	}
+	for ; len(b) > 0; b = b[offsetsEntry:] {
+		offs.Parts = append(offs.Parts, PartitionOffset{
 			Partition: int32(binary.BigEndian.Uint32(b)),
 			Offset:    int64(binary.BigEndian.Uint64(b[4:])),
 		})

@@ -19,7 +19,7 @@ func BenchmarkApply(b *testing.B) {
 	defer s.Close()
 	ups := make([]Update, 1000)
 	for i := range ups {
-		ups[i] = Update{Product: fmt.Sprintf("product%06d", i), Entry: Entry{Total: int64(i), Offsets: sales.Offsets{{Partition: 0, Offset: int64(i)}}}}
+		ups[i] = Update{Product: fmt.Sprintf("product%06d", i), Entry: Entry{Total: int64(i), Offsets: sales.Offsets{TopicID: [16]byte{1}, Parts: []sales.PartitionOffset{{Partition: 0, Offset: int64(i)}}}}}
 	}
 	b.ReportAllocs()
 	n := int64(0)

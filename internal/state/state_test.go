@@ -4,13 +4,19 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"slices"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	"go.uber.org/zap"
 
 	"github.com/salesagg/salesagg/internal/sales"
 )
+
+var inputID = [16]byte{0xee, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15}
 
 func TestStoreApplyGetScanCheckpoint(t *testing.T) {
 	// Scenario: totals and their checkpoint are written together, read back, listed in pages, and survive a reopen.
@@ -24,7 +30,7 @@ func TestStoreApplyGetScanCheckpoint(t *testing.T) {
 	}
 	var ups []Update
 	for i := 0; i < 25; i++ {
-		ups = append(ups, Update{Product: fmt.Sprintf("p%02d", i), Entry: Entry{Total: int64(i * 10), Offsets: sales.Offsets{{Partition: 1, Offset: int64(i)}}}})
+		ups = append(ups, Update{Product: fmt.Sprintf("p%02d", i), Entry: Entry{Total: int64(i * 10), Offsets: sales.Offsets{TopicID: inputID, Parts: []sales.PartitionOffset{{Partition: 1, Offset: int64(i)}}}}})
 	}
 	cp := Checkpoint{ChangelogOffset: 25, InputOffset: 40, ChangelogTopicID: [16]byte{1, 2, 3}}
 	if err := s.Apply(ups, cp); err != nil {
@@ -45,7 +51,7 @@ func TestStoreApplyGetScanCheckpoint(t *testing.T) {
 		t.Fatalf("checkpoint %+v %v %v", got, ok, err)
 	}
 	e, ok, err := s.Get("p07")
-	if err != nil || !ok || e.Total != 70 || !e.Offsets.Reflects(1, 7) || e.Offsets.Reflects(1, 8) {
+	if err != nil || !ok || e.Total != 70 || !e.Offsets.Reflects(inputID, 1, 7) || e.Offsets.Reflects(inputID, 1, 8) || e.Offsets.TopicID != inputID {
 		t.Fatalf("p07 = %+v %v %v", e, ok, err)
 	}
 	if _, ok, _ := s.Get("p03"); ok {
@@ -117,5 +123,136 @@ func TestDirLockAndProcessID(t *testing.T) {
 	defer d2.Close()
 	if d2.ProcessID() != id {
 		t.Fatalf("process id changed: %s -> %s", id, d2.ProcessID())
+	}
+}
+
+func TestEntryEncodings(t *testing.T) {
+	// Scenario: an entry keeps its total and offsets with the input topic's id; an entry written
+	// before offsets carried an id (legacy bytes) still reads, with a zero id.
+	for _, tc := range []struct {
+		name    string
+		e       Entry
+		wantLen int
+	}{
+		{"no offsets", Entry{Total: -5}, 8},
+		{"legacy offsets", Entry{Total: 70, Offsets: sales.Offsets{Parts: []sales.PartitionOffset{{Partition: 1, Offset: 7}}}}, 8 + 12},
+		{"offsets with topic id", Entry{Total: 70, Offsets: sales.Offsets{TopicID: inputID, Parts: []sales.PartitionOffset{{Partition: 1, Offset: 7}, {Partition: 2, Offset: 3}}}}, 8 + 17 + 24},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			b := encodeEntry(tc.e)
+			if len(b) != tc.wantLen {
+				t.Fatalf("encoded %d bytes, want %d: %x", len(b), tc.wantLen, b)
+			}
+			got, err := decodeEntry(b)
+			if err != nil || got.Total != tc.e.Total || got.Offsets.TopicID != tc.e.Offsets.TopicID || !slices.Equal(got.Offsets.Parts, tc.e.Offsets.Parts) {
+				t.Fatalf("decodeEntry = %+v, %v; want %+v", got, err, tc.e)
+			}
+		})
+	}
+	legacy := []byte{0, 0, 0, 0, 0, 0, 0, 70, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 7}
+	e, err := decodeEntry(legacy)
+	if err != nil || e.Total != 70 || e.Offsets.TopicID != ([16]byte{}) || !e.Offsets.Reflects(inputID, 1, 7) || e.Offsets.Reflects(inputID, 1, 8) {
+		t.Fatalf("legacy entry = %+v, %v", e, err)
+	}
+	if _, err := decodeEntry(append(legacy, 0, 0, 0)); !errors.Is(err, sales.ErrBadOffsets) {
+		t.Fatalf("entry with a torn offsets tail: %v", err)
+	}
+}
+
+func TestReadsRacingClose(t *testing.T) {
+	// Scenario: HTTP reads race the store's Close (a revoked task); none reaches the closed
+	// database or panics, and every call after Close returns ErrClosed.
+	s, err := Open(t.TempDir(), zap.NewNop(), OpenOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ups []Update
+	for i := 0; i < 50; i++ {
+		ups = append(ups, Update{Product: fmt.Sprintf("p%02d", i), Entry: Entry{Total: int64(i)}})
+	}
+	if err := s.Apply(ups, Checkpoint{ChangelogOffset: 50}); err != nil {
+		t.Fatal(err)
+	}
+
+	// Each reader loops until it has made a few calls after Close returned,
+	// bounded so that a hang cannot outlast the test's timeout. Close comes
+	// once every reader is busy, so it overlaps their calls.
+	const readers, maxRounds, afterClose = 6, 20000, 5
+	var closed atomic.Bool
+	var calls atomic.Int64
+	var wg sync.WaitGroup
+	errc := make(chan error, readers)
+	for r := 0; r < readers; r++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			seen := 0
+			for i := 0; i < maxRounds && seen < afterClose; i++ {
+				wasClosed := closed.Load() // read before the call: Close had returned
+				var err error
+				switch i % 4 {
+				case 0, 1:
+					_, _, err = s.Get(fmt.Sprintf("p%02d", i%50))
+				case 2:
+					_, err = s.Scan("", 10)
+				case 3:
+					_, _, err = s.Checkpoint()
+				}
+				calls.Add(1)
+				switch {
+				case err == nil && wasClosed:
+					errc <- fmt.Errorf("call %d after Close succeeded", i)
+					return
+				case err != nil && !errors.Is(err, ErrClosed):
+					errc <- fmt.Errorf("call %d: %w", i, err)
+					return
+				}
+				if wasClosed {
+					seen++
+				}
+			}
+		}()
+	}
+	waitFor(t, 10*time.Second, "the readers to be busy", func() bool { return calls.Load() >= readers*20 })
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	closed.Store(true)
+	wg.Wait()
+	close(errc)
+	for err := range errc {
+		t.Error(err)
+	}
+
+	_, _, err = s.Get("p01")
+	if !errors.Is(err, ErrClosed) || !strings.Contains(err.Error(), s.Path()) {
+		t.Errorf("Get after Close: %v", err)
+	}
+	if _, err := s.Scan("", 10); !errors.Is(err, ErrClosed) {
+		t.Errorf("Scan after Close: %v", err)
+	}
+	if _, _, err := s.Count(); !errors.Is(err, ErrClosed) {
+		t.Errorf("Count after Close: %v", err)
+	}
+	if _, _, err := s.Checkpoint(); !errors.Is(err, ErrClosed) {
+		t.Errorf("Checkpoint after Close: %v", err)
+	}
+	if err := s.Apply(ups[:1], Checkpoint{ChangelogOffset: 51}); !errors.Is(err, ErrClosed) {
+		t.Errorf("Apply after Close: %v", err)
+	}
+	if err := s.Close(); !errors.Is(err, ErrClosed) {
+		t.Errorf("second Close: %v", err)
+	}
+}
+
+// waitFor polls cond until it holds or timeout passes.
+func waitFor(t testing.TB, timeout time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %s waiting for %s", timeout, what)
+		}
+		time.Sleep(time.Millisecond)
 	}
 }

@@ -7,6 +7,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"sync"
 
 	"github.com/cockroachdb/pebble/v2"
 	"go.uber.org/zap"
@@ -17,6 +18,9 @@ import (
 // Key space of a task's Pebble database:
 //
 //	'd' + product  -> 8-byte big-endian total, then the encoded sales.Offsets
+//	                  (either of its encodings, see internal/sales/wire.go:
+//	                  entries written before offsets carried the input
+//	                  topic's id hold the legacy one)
 //	'm' + "checkpoint" -> the Checkpoint, see encodeCheckpoint
 //
 // Every Apply writes the changed products and the checkpoint in one batch.
@@ -35,7 +39,8 @@ var ErrClosed = errors.New("state: store closed")
 // Entry is what a store keeps for one product.
 type Entry struct {
 	Total int64
-	// Offsets are the input offsets the total reflects, per input partition.
+	// Offsets are the input offsets the total reflects, per input partition,
+	// and the id of the input topic they are of.
 	Offsets sales.Offsets
 }
 
@@ -83,7 +88,7 @@ func decodeCheckpoint(b []byte) (Checkpoint, error) {
 }
 
 func encodeEntry(e Entry) []byte {
-	b := make([]byte, 0, 8+12*len(e.Offsets))
+	b := make([]byte, 0, 8+e.Offsets.EncodedLen())
 	b = binary.BigEndian.AppendUint64(b, uint64(e.Total))
 	return e.Offsets.AppendEncode(b)
 }
@@ -120,11 +125,25 @@ func IsCorrupt(err error) bool {
 }
 
 // Store is one task's Pebble database. Reads are safe from any goroutine;
-// writes come from the task that owns the store.
+// writes come from the task that owns the store. Every method may race Close
+// (an HTTP read of a task being revoked): once Close has begun, the others
+// wait for it and return ErrClosed; none reaches the closed database.
 type Store struct {
-	db       *pebble.DB
 	path     string
 	readOnly bool
+
+	mu struct {
+		// Get, Checkpoint, Apply, Scan and Count hold the read lock while
+		// they use db, Close the write lock: a read costs one RLock, and
+		// Close waits for the reads and writes under way.
+		sync.RWMutex
+		db *pebble.DB // nil once closed
+	}
+}
+
+// closedErr is ErrClosed, named with the store's path and what was tried.
+func (s *Store) closedErr(doing string) error {
+	return fmt.Errorf("%s %s: %w", doing, s.path, ErrClosed)
 }
 
 // OpenOptions tune Open.
@@ -169,7 +188,8 @@ func Open(path string, log *zap.Logger, o OpenOptions) (*Store, error) {
 		}
 		return nil, fmt.Errorf("opening store %s: %w: %w", path, ErrCorrupt, err)
 	}
-	s := &Store{db: db, path: path, readOnly: o.ReadOnly}
+	s := &Store{path: path, readOnly: o.ReadOnly}
+	s.mu.db = db
 	if !o.ReadOnly {
 		_ = os.Remove(filepath.Join(path, cleanMarker))
 	}
@@ -200,7 +220,12 @@ func (s *Store) Path() string { return s.path }
 
 // Get returns the entry of product, and false when the store has none.
 func (s *Store) Get(product string) (Entry, bool, error) {
-	v, closer, err := s.db.Get(dataKey(product))
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	if s.mu.db == nil {
+		return Entry{}, false, fmt.Errorf("reading %q from %s: %w", product, s.path, ErrClosed)
+	}
+	v, closer, err := s.mu.db.Get(dataKey(product))
 	if errors.Is(err, pebble.ErrNotFound) {
 		return Entry{}, false, nil
 	}
@@ -217,7 +242,12 @@ func (s *Store) Get(product string) (Entry, bool, error) {
 
 // Checkpoint returns the stored checkpoint, and false when there is none.
 func (s *Store) Checkpoint() (Checkpoint, bool, error) {
-	v, closer, err := s.db.Get(checkpointKey)
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	if s.mu.db == nil {
+		return Checkpoint{}, false, s.closedErr("reading checkpoint of")
+	}
+	v, closer, err := s.mu.db.Get(checkpointKey)
 	if errors.Is(err, pebble.ErrNotFound) {
 		return Checkpoint{}, false, nil
 	}
@@ -236,7 +266,12 @@ func (s *Store) Checkpoint() (Checkpoint, bool, error) {
 // changelog than the tail since the last commit). One sync per commit cycle
 // and per restored fetch is cheap next to the produce round trip.
 func (s *Store) Apply(updates []Update, cp Checkpoint) error {
-	b := s.db.NewBatch()
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	if s.mu.db == nil {
+		return s.closedErr("writing batch to")
+	}
+	b := s.mu.db.NewBatch()
 	defer b.Close()
 	for _, u := range updates {
 		var err error
@@ -271,7 +306,12 @@ func (s *Store) Scan(after string, limit int) ([]Total, error) {
 	if after != "" {
 		lower = append(lower, 0)
 	}
-	it, err := s.db.NewIter(&pebble.IterOptions{LowerBound: lower, UpperBound: []byte{dataEnd}})
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	if s.mu.db == nil {
+		return nil, s.closedErr("scanning")
+	}
+	it, err := s.mu.db.NewIter(&pebble.IterOptions{LowerBound: lower, UpperBound: []byte{dataEnd}})
 	if err != nil {
 		return nil, fmt.Errorf("scanning %s: %w", s.path, err)
 	}
@@ -297,7 +337,12 @@ func (s *Store) Scan(after string, limit int) ([]Total, error) {
 
 // Count returns the number of products and the sum of their totals.
 func (s *Store) Count() (products int64, sum int64, err error) {
-	it, err := s.db.NewIter(&pebble.IterOptions{LowerBound: []byte{dataPrefix}, UpperBound: []byte{dataEnd}})
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	if s.mu.db == nil {
+		return 0, 0, s.closedErr("counting")
+	}
+	it, err := s.mu.db.NewIter(&pebble.IterOptions{LowerBound: []byte{dataPrefix}, UpperBound: []byte{dataEnd}})
 	if err != nil {
 		return 0, 0, fmt.Errorf("counting %s: %w", s.path, err)
 	}
@@ -318,18 +363,22 @@ func (s *Store) Count() (products int64, sum int64, err error) {
 	return products, sum, nil
 }
 
-// Close syncs and closes the database.
+// Close syncs and closes the database, after the reads and writes under way;
+// those that come after it return ErrClosed. Closing again returns ErrClosed.
 func (s *Store) Close() error {
-	if s.db == nil {
-		return ErrClosed
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	db := s.mu.db
+	if db == nil {
+		return s.closedErr("closing store")
 	}
+	s.mu.db = nil
 	var errs []error
 	if !s.readOnly {
 		// A flushed memtable makes the next open quick: no WAL to replay.
-		errs = append(errs, s.db.Flush())
+		errs = append(errs, db.Flush())
 	}
-	errs = append(errs, s.db.Close())
-	s.db = nil
+	errs = append(errs, db.Close())
 	if !s.readOnly && errors.Join(errs...) == nil {
 		if f, err := os.Create(filepath.Join(s.path, cleanMarker)); err == nil {
 			_ = f.Close()

@@ -123,7 +123,17 @@ func (rt *Runtime) pollEOS(ctx context.Context) error {
 		pctx, pcancel := context.WithDeadline(ctx, next)
 		fetches := rt.session.PollRecords(pctx, 10_000)
 		pcancel()
-		if ctx.Err() != nil || fetches.IsClientClosed() {
+		if fetches.IsClientClosed() {
+			return nil
+		}
+		// Every polled record must reach its task, even when ctx ended
+		// during the poll: the transaction commits the offsets of all of
+		// them (Run's last cycle does on shutdown). Hence the work context.
+		// Records that found no running task make the cycle abort.
+		if rt.dispatch(rt.work, fetches) {
+			rt.abortCycle = true
+		}
+		if ctx.Err() != nil {
 			select {
 			case <-rt.failed:
 				return rt.failure
@@ -131,11 +141,8 @@ func (rt *Runtime) pollEOS(ctx context.Context) error {
 				return nil
 			}
 		}
-		// Every polled record must reach its task: the transaction commits
-		// the offsets of all of them. Hence the work context here.
-		rt.dispatch(rt.work, fetches)
-		if time.Now().Before(next) || ctx.Err() != nil {
-			continue // on shutdown, Run's last cycle commits
+		if time.Now().Before(next) {
+			continue
 		}
 		// The cycle runs under the work context: a shutdown beginning
 		// now must not cut a transaction short.
@@ -159,6 +166,12 @@ func (rt *Runtime) transact(ctx context.Context) error {
 	}
 	var errs []error
 	try := kgo.TryCommit
+	if rt.abortCycle {
+		// Records of this cycle found no running task: abort, so the
+		// session rewinds the input and they are read again.
+		try = kgo.TryAbort
+		rt.abortCycle = false
+	}
 	prepared := ts[:0:0]
 	for _, t := range ts {
 		if err := t.send(ctx, cycleReq{phase: cyclePrepare}); err != nil {

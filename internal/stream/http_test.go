@@ -1,6 +1,7 @@
 package stream_test
 
 import (
+	"context"
 	"io"
 	"net/http"
 	"strings"
@@ -42,9 +43,12 @@ func TestRestoringTaskIsNotReadyAndOthersServe(t *testing.T) {
 	gate := make(chan struct{})
 	var open sync.Once
 	release := func() { open.Do(func() { close(gate) }) }
-	in := h.startWith(h.cfg, stream.Knobs{BeforeRestore: func(p int32) {
+	in := h.startWith(h.cfg, stream.Knobs{BeforeRestore: func(ctx context.Context, p int32) {
 		if p == 1 {
-			<-gate
+			select {
+			case <-gate:
+			case <-ctx.Done():
+			}
 		}
 	}})
 	t.Cleanup(release) // runs before the instance stops, even if an assertion fails

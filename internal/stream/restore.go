@@ -24,7 +24,10 @@ const restoreProgressEvery = 5 * time.Second
 // stale state).
 func (t *task) restore(ctx context.Context) error {
 	if t.rt.knobs.BeforeRestore != nil {
-		t.rt.knobs.BeforeRestore(t.partition)
+		t.rt.knobs.BeforeRestore(ctx, t.partition)
+		if err := ctx.Err(); err != nil {
+			return err
+		}
 	}
 	start := time.Now()
 	store, err := state.Open(t.rt.dir.TaskPath(t.partition), t.log, state.OpenOptions{})
@@ -123,6 +126,40 @@ func (t *task) changelogBounds(ctx context.Context, tp string) (logStart, end in
 	}
 }
 
+// waitStableOffsets waits until the group has no pending transactional
+// offset commit for the task's input and repartition partitions
+// (OffsetFetch with require_stable), retrying for a while.
+func (t *task) waitStableOffsets(ctx context.Context) error {
+	topics := []string{t.rt.cfg.InputTopic, t.rt.cfg.RepartitionTopic()}
+	wait := 50 * time.Millisecond
+	for attempt := 1; ; attempt++ {
+		offs, err := t.rt.admin.FetchOffsetsForTopics(kadm.RequireStable(ctx), t.rt.cfg.ApplicationID, topics...)
+		if err == nil {
+			for _, topic := range topics {
+				if o, ok := offs.Lookup(topic, t.partition); ok && o.Err != nil {
+					err = fmt.Errorf("offset of %s-%d: %w", topic, t.partition, o.Err)
+					break
+				}
+			}
+		}
+		if err == nil {
+			return nil
+		}
+		if attempt >= 100 {
+			return fmt.Errorf("fetching stable committed offsets of task %s: %w", t.name, err)
+		}
+		if attempt%10 == 0 {
+			t.log.Warn("Committed offsets not stable yet (a transaction is pending); retrying", zap.Error(err))
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(wait):
+		}
+		wait = min(2*wait, time.Second)
+	}
+}
+
 // quarantine moves the task's corrupted store aside, with a warning naming
 // where, and opens an empty one in its place. The store must be closed.
 func (t *task) quarantine(cause error) (*state.Store, error) {
@@ -138,6 +175,14 @@ func (t *task) quarantine(cause error) (*state.Store, error) {
 // restoreRange validates the checkpoint against the changelog and returns
 // the offsets to replay, [from, to).
 func (t *task) restoreRange(ctx context.Context, tp string) (from, to int64, err error) {
+	// The changelog end is read only once the group's committed offsets of
+	// the task's partitions are stable: a transaction of the previous owner
+	// that commits input offsets also commits the changelog records
+	// reflecting them, so once no such transaction is pending, the end read
+	// next covers every record the resumed input position relies on.
+	if err := t.waitStableOffsets(ctx); err != nil {
+		return 0, 0, err
+	}
 	logStart, end, err := t.changelogBounds(ctx, tp)
 	if err != nil {
 		return 0, 0, err

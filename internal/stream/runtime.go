@@ -4,10 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
+	"net"
 	"sort"
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kadm"
@@ -29,14 +32,18 @@ type Knobs struct {
 	// "store-written", "offsets-committed"); a test kills the process there.
 	CrashPoint func(point string)
 	// BeforeRestore, if set, is called by each task before it restores;
-	// a test holds a task in the restoring state by blocking in it.
-	BeforeRestore func(partition int32)
+	// a test holds a task in the restoring state by blocking in it (until
+	// ctx is done: the task was stopped).
+	BeforeRestore func(ctx context.Context, partition int32)
 	// StoreWritable, if set, replaces the check made before each store
 	// write (state.Dir.CheckWritable); tests make it fail.
 	StoreWritable func(partition int32) error
 	// RestoreProgressEvery overrides how often a restore logs its
 	// progress (default 5 s).
 	RestoreProgressEvery time.Duration
+	// TopologyCheckEvery overrides how often the input topic's identity
+	// and partition count are checked while running (default 5 s).
+	TopologyCheckEvery time.Duration
 }
 
 // Runtime runs salesagg's tasks for one process. Create it with New and run
@@ -57,6 +64,13 @@ type Runtime struct {
 	session *kgo.GroupTransactSession
 	admin   *kadm.Client
 
+	// instanceID is the static group membership id: group.instance.id,
+	// or derived from the state dir's process id.
+	instanceID string
+	// balancer is the group balancer, made by New; Run (re)starts it for
+	// each group session.
+	balancer *taskBalancer
+
 	committer committer
 	badEvents atomic.Int64
 	// kafkaDown is set while a transaction cannot be ended for want of
@@ -70,7 +84,15 @@ type Runtime struct {
 
 	mu struct {
 		sync.Mutex
-		tasks    map[int32]*task
+		tasks map[int32]*task
+		// held are the partitions the group gave this member, per task:
+		// heldInput and heldRepartition bits. A task runs only while both
+		// are held.
+		held map[int32]uint8
+		// refused is why the latest assignment is not processed (partial
+		// tasks, a partition count this process does not work with); ""
+		// when it is.
+		refused  string
 		assigned bool // an assignment was received since the last revoke of all
 		stopping bool
 		// restoring is the batch of tasks of the latest assignment still
@@ -83,6 +105,13 @@ type Runtime struct {
 
 	// failed is closed, with failure set, when a task fails; the poll loop
 	// then stops and Run returns the failure.
+	// abortCycle makes the exactly-once cycle in progress abort; owned by
+	// the poll loop.
+	abortCycle bool
+	// dropLog rate-limits the warning about records polled for a task
+	// that is not running; used by the poll loop only.
+	dropLog rateLimiter
+
 	failOnce sync.Once
 	failure  error
 	failed   chan struct{}
@@ -90,12 +119,34 @@ type Runtime struct {
 
 // New returns a runtime for cfg using the locked state dir.
 func New(cfg config.Config, log *zap.Logger, dir *state.Dir, knobs Knobs) *Runtime {
-	rt := &Runtime{cfg: cfg, log: log, dir: dir, knobs: knobs, failed: make(chan struct{}), eos: cfg.ProcessingGuarantee == config.ExactlyOnceV2}
+	rt := &Runtime{cfg: cfg, log: log, dir: dir, knobs: knobs, failed: make(chan struct{}), eos: cfg.ProcessingGuarantee == config.ExactlyOnceV2,
+		dropLog: rateLimiter{every: 10 * time.Second, burst: 3}}
 	rt.mu.tasks = make(map[int32]*task)
+	rt.mu.held = make(map[int32]uint8)
+	rt.balancer = &taskBalancer{input: cfg.InputTopic, repartition: cfg.RepartitionTopic(), log: log.Named("balancer")}
+	rt.instanceID = cfg.GroupInstanceID
+	if rt.instanceID == "" {
+		rt.instanceID = DefaultInstanceID(cfg.ApplicationID, dir.ProcessID())
+	}
 	rt.committer.onDone = func() { rt.crashPoint("offsets-committed") }
 	rt.committer.kick = make(chan struct{}, 1)
 	return rt
 }
+
+// DefaultInstanceID is the group.instance.id of a process whose config sets
+// none: derived from the state dir's process id, so it follows the volume (a
+// restart on it replaces the dead member at once) and no two processes
+// share it (one process per state dir).
+func DefaultInstanceID(appID, processID string) string {
+	id := appID + "-" + processID
+	if len(id) > 249 {
+		id = id[len(id)-249:]
+	}
+	return id
+}
+
+// InstanceID returns the static group membership id this process uses.
+func (rt *Runtime) InstanceID() string { return rt.instanceID }
 
 // GracePeriod bounds how long Run takes to stop once its context is done.
 const GracePeriod = 30 * time.Second
@@ -117,6 +168,10 @@ func (rt *Runtime) kafkaOpts() []kgo.Opt {
 // Run connects to Kafka, prepares the topics, joins the group and processes
 // until ctx is done; then it stops every task (flushing and checkpointing),
 // commits, leaves the group and closes the stores within GracePeriod.
+//
+// When the input topic is deleted and recreated, or its partition count
+// changes, while running, Run stops its tasks and group client (without
+// leaving the group) and starts over on the new topic.
 func (rt *Runtime) Run(ctx context.Context) error {
 	work, cancelWork := context.WithCancel(context.Background())
 	defer cancelWork()
@@ -133,12 +188,41 @@ func (rt *Runtime) Run(ctx context.Context) error {
 	defer adminClient.Close()
 	rt.admin = kadm.NewClient(adminClient)
 
+	for {
+		err := rt.runGroup(ctx, work, cancelWork)
+		if !errors.Is(err, errTopologyChanged) {
+			return err
+		}
+		rt.log.Warn("Input topic changed while running; rejoining the group on the new topic", zap.String("input", rt.cfg.InputTopic), zap.Error(err))
+		rt.reset()
+	}
+}
+
+// reset clears what one group session left, before the next.
+func (rt *Runtime) reset() {
+	rt.mu.Lock()
+	defer rt.mu.Unlock()
+	rt.mu.held = make(map[int32]uint8)
+	rt.mu.refused = ""
+	rt.mu.assigned = false
+	rt.mu.stopping = false
+	rt.committer.forgetAll()
+}
+
+// errTopologyChanged stops a group session: the input topic was recreated or
+// its partition count changed.
+var errTopologyChanged = errors.New("stream: input topic changed")
+
+// runGroup prepares the topics, joins the group and processes until ctx is
+// done, a task fails, or the input topic changes (errTopologyChanged).
+func (rt *Runtime) runGroup(ctx, work context.Context, cancelWork context.CancelFunc) error {
 	if err := rt.prepareTopics(ctx); err != nil {
 		return err
 	}
 	if ctx.Err() != nil {
 		return nil
 	}
+	rt.balancer.start(memberInfo{partitions: rt.topo.partitions, processID: rt.dir.ProcessID()})
 
 	reset := kgo.NewOffset().AtStart()
 	if rt.cfg.AutoOffsetReset == "latest" {
@@ -146,9 +230,10 @@ func (rt *Runtime) Run(ctx context.Context) error {
 	}
 	groupOpts := []kgo.Opt{
 		kgo.ConsumerGroup(rt.cfg.ApplicationID),
+		kgo.InstanceID(rt.instanceID),
 		kgo.SessionTimeout(rt.cfg.SessionTimeout),
 		kgo.ConsumeTopics(rt.cfg.InputTopic, rt.cfg.RepartitionTopic()),
-		kgo.Balancers(kgo.CooperativeStickyBalancer()),
+		kgo.Balancers(rt.balancer),
 		kgo.ConsumeResetOffset(reset),
 		kgo.DisableAutoCommit(),
 		kgo.OnPartitionsAssigned(rt.assigned),
@@ -165,18 +250,15 @@ func (rt *Runtime) Run(ctx context.Context) error {
 		kgo.ProducerLinger(5 * time.Millisecond),
 		kgo.MaxBufferedRecords(100_000),
 	}
-	if rt.cfg.GroupInstanceID != "" {
-		groupOpts = append(groupOpts, kgo.InstanceID(rt.cfg.GroupInstanceID))
-	}
 	if !rt.eos {
 		// At-least-once, a revoke runs between polls: the revoked tasks
 		// flush and commit what they processed before letting go.
 		groupOpts = append(groupOpts, kgo.BlockRebalanceOnPoll())
 	}
+	var err error
 	if rt.eos {
 		txnID := rt.cfg.ApplicationID + "-" + rt.dir.ProcessID()
-		groupOpts = append(groupOpts, kgo.TransactionalID(txnID), kgo.RequireStableFetchOffsets(),
-			kgo.TransactionTimeout(max(60*time.Second, 10*rt.cfg.CommitInterval)))
+		groupOpts = append(groupOpts, kgo.TransactionalID(txnID), kgo.TransactionTimeout(rt.cfg.TransactionTimeout()))
 		rt.session, err = kgo.NewGroupTransactSession(append(rt.kafkaOpts(), groupOpts...)...)
 		if err == nil {
 			rt.client = rt.session.Client()
@@ -188,11 +270,22 @@ func (rt *Runtime) Run(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("creating group consumer: %w", err)
 	}
-	rt.log.Info("Joining consumer group", zap.String("group", rt.cfg.ApplicationID), zap.String("input", rt.cfg.InputTopic),
-		zap.Int32("partitions", rt.topo.partitions), zap.String("process_id", rt.dir.ProcessID()))
+	rt.log.Info("Joining consumer group", zap.String("group", rt.cfg.ApplicationID), zap.String("group.instance.id", rt.instanceID),
+		zap.String("input", rt.cfg.InputTopic), zap.Int32("partitions", rt.topo.partitions), zap.String("process_id", rt.dir.ProcessID()))
+
+	// The watcher ends the session when the input topic changes.
+	pollCtx, cancelPoll := context.WithCancelCause(ctx)
+	defer cancelPoll(nil)
+	watchDone := make(chan struct{})
+	go func() {
+		defer close(watchDone)
+		rt.watchTopology(pollCtx, cancelPoll)
+	}()
+	defer func() { <-watchDone }()
+	defer cancelPoll(nil)
 
 	if rt.eos {
-		return rt.runEOS(ctx, work, cancelWork)
+		return rt.runEOS(pollCtx, ctx, work, cancelWork)
 	}
 
 	commitDone := make(chan struct{})
@@ -202,7 +295,8 @@ func (rt *Runtime) Run(ctx context.Context) error {
 		rt.commitLoop(commitCtx)
 	}()
 
-	pollErr := rt.poll(ctx)
+	pollErr := rt.poll(pollCtx)
+	changed := topologyChanged(pollCtx, ctx)
 
 	// Shutdown: stop every task with a flush, commit, leave the group.
 	deadline := time.AfterFunc(GracePeriod, cancelWork)
@@ -212,15 +306,54 @@ func (rt *Runtime) Run(ctx context.Context) error {
 	stopCommits()
 	<-commitDone
 	commitErr := rt.committer.commit(work, rt.client)
-	rt.client.Close() // leaves the group
+	rt.client.Close()
+	if changed != nil {
+		rt.wg.Wait()
+		return errors.Join(changed, pollErr, stopErr, commitErr)
+	}
+	leaveErr := rt.leaveGroup(work)
 	rt.stopped(work)
-	return errors.Join(pollErr, stopErr, commitErr)
+	return errors.Join(pollErr, stopErr, commitErr, leaveErr)
+}
+
+// topologyChanged returns errTopologyChanged when the poll context ended
+// for that reason (and not for a shutdown).
+func topologyChanged(pollCtx, ctx context.Context) error {
+	if ctx.Err() == nil && errors.Is(context.Cause(pollCtx), errTopologyChanged) {
+		return context.Cause(pollCtx)
+	}
+	return nil
+}
+
+// leaveGroup sends LeaveGroup with this member's instance id, unless
+// leave.group.on.close is false: franz-go's Close does not for a static
+// member, and without it the group waits out the session timeout before
+// moving the tasks.
+func (rt *Runtime) leaveGroup(ctx context.Context) error {
+	if !rt.cfg.LeaveGroupOnClose {
+		rt.log.Info("Keeping group membership on close (leave.group.on.close=false): the tasks stay with this member until it returns or its session times out",
+			zap.String("group.instance.id", rt.instanceID), zap.Duration("session_timeout", rt.cfg.SessionTimeout))
+		return nil
+	}
+	lctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	resps, err := rt.admin.LeaveGroup(lctx, kadm.LeaveGroup(rt.cfg.ApplicationID).InstanceIDs(rt.instanceID).Reason("salesagg shutting down"))
+	if err == nil {
+		err = resps.Error()
+	}
+	if err != nil && !errors.Is(err, kerr.UnknownMemberID) {
+		rt.log.Warn("Leaving the group failed; its tasks move once the session times out", zap.String("group.instance.id", rt.instanceID), zap.Error(err))
+		return nil
+	}
+	rt.log.Info("Left the group", zap.String("group.instance.id", rt.instanceID))
+	return nil
 }
 
 // runEOS runs the exactly-once poll loop, then shuts down: the last
 // transaction commits what was folded, tasks close, the group is left.
-func (rt *Runtime) runEOS(ctx, work context.Context, cancelWork context.CancelFunc) error {
-	pollErr := rt.pollEOS(ctx)
+func (rt *Runtime) runEOS(pollCtx, ctx, work context.Context, cancelWork context.CancelFunc) error {
+	pollErr := rt.pollEOS(pollCtx)
+	changed := topologyChanged(pollCtx, ctx)
 	deadline := time.AfterFunc(GracePeriod, cancelWork)
 	defer deadline.Stop()
 	var lastErr error
@@ -229,9 +362,58 @@ func (rt *Runtime) runEOS(ctx, work context.Context, cancelWork context.CancelFu
 	}
 	rt.beginStopping()
 	stopErr := rt.stopTasks(rt.allPartitions(), false)
-	rt.session.Close() // leaves the group
+	rt.session.Close()
+	if changed != nil {
+		rt.wg.Wait()
+		return errors.Join(changed, pollErr, lastErr, stopErr)
+	}
+	leaveErr := rt.leaveGroup(work)
 	rt.stopped(work)
-	return errors.Join(pollErr, lastErr, stopErr)
+	return errors.Join(pollErr, lastErr, stopErr, leaveErr)
+}
+
+// watchTopology checks the input topic every few seconds and ends the group
+// session (cancel with errTopologyChanged) when it was recreated (a new
+// topic id) or its partition count changed. A missing topic is waited for:
+// the operator is recreating it.
+func (rt *Runtime) watchTopology(ctx context.Context, cancel context.CancelCauseFunc) {
+	every := 5 * time.Second
+	if rt.knobs.TopologyCheckEvery > 0 {
+		every = rt.knobs.TopologyCheckEvery
+	}
+	tick := time.NewTicker(every)
+	defer tick.Stop()
+	missing := false
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+		mctx, mcancel := context.WithTimeout(ctx, 10*time.Second)
+		md, err := rt.admin.Metadata(mctx, rt.cfg.InputTopic)
+		mcancel()
+		if err != nil {
+			continue // Kafka unreachable: the poll loop reports it
+		}
+		d, ok := md.Topics[rt.cfg.InputTopic]
+		if !ok || d.Err != nil || len(d.Partitions) == 0 {
+			if !missing {
+				rt.log.Warn("Input topic is missing; waiting for it to be created again", zap.String("input", rt.cfg.InputTopic))
+			}
+			missing = true
+			continue
+		}
+		missing = false
+		switch {
+		case d.ID != rt.topo.inputID:
+			cancel(fmt.Errorf("%w: topic %s was recreated (topic id %s, was %s)", errTopologyChanged, rt.cfg.InputTopic, d.ID, kadm.TopicID(rt.topo.inputID)))
+			return
+		case int32(len(d.Partitions)) != rt.topo.partitions:
+			cancel(fmt.Errorf("%w: topic %s now has %d partitions, was %d", errTopologyChanged, rt.cfg.InputTopic, len(d.Partitions), rt.topo.partitions))
+			return
+		}
+	}
 }
 
 // stopped waits for the task goroutines after the group was left, and
@@ -283,15 +465,20 @@ func (rt *Runtime) prepareTopics(ctx context.Context) error {
 // retriable reports whether a start-up error can go away by waiting: Kafka
 // unreachable or not ready, as opposed to a wrong topic layout.
 func retriable(err error) bool {
-	var te interface{ Timeout() bool }
-	if errors.Is(err, context.DeadlineExceeded) || errors.As(err, &te) {
+	if errors.Is(err, context.DeadlineExceeded) || kerr.IsRetriable(err) {
 		return true
 	}
-	msg := err.Error()
-	for _, s := range []string{"connection refused", "dial", "EOF", "unable to dial", "broken pipe", "connection reset", "not available", "NOT_CONTROLLER", "LEADER_NOT_AVAILABLE", "COORDINATOR"} {
-		if strings.Contains(msg, s) {
-			return true
-		}
+	var netErr net.Error
+	var opErr *net.OpError
+	var dnsErr *net.DNSError
+	switch {
+	case errors.As(err, &netErr) && netErr.Timeout(),
+		errors.As(err, &opErr), errors.As(err, &dnsErr),
+		errors.Is(err, syscall.ECONNREFUSED), errors.Is(err, syscall.ECONNRESET), errors.Is(err, syscall.EPIPE),
+		errors.Is(err, io.EOF), errors.Is(err, io.ErrUnexpectedEOF),
+		errors.Is(err, kerr.CoordinatorNotAvailable), errors.Is(err, kerr.NotCoordinator),
+		errors.Is(err, kerr.NotController), errors.Is(err, kerr.LeaderNotAvailable):
+		return true
 	}
 	return false
 }
@@ -304,6 +491,8 @@ func (rt *Runtime) poll(ctx context.Context) error {
 	for {
 		fetches := rt.client.PollRecords(ctx, 10_000)
 		if ctx.Err() != nil || fetches.IsClientClosed() {
+			// Records polled now are not committed (at-least-once commits
+			// only what tasks report): the next owner reads them again.
 			rt.client.AllowRebalance()
 			select {
 			case <-rt.failed:
@@ -331,8 +520,12 @@ func (rt *Runtime) untilFailure(ctx context.Context) (context.Context, context.C
 	return ctx, cancel
 }
 
-// dispatch hands each partition's records to its task.
-func (rt *Runtime) dispatch(ctx context.Context, fetches kgo.Fetches) {
+// dispatch hands each partition's records to its task. It never blocks on a
+// task that cannot take them (a stalled task keeps reading its inbox; a
+// stopped one is skipped). It reports whether records were left unprocessed
+// for want of a running task: exactly-once, the cycle then aborts, so that
+// their offsets are not committed and they are read again.
+func (rt *Runtime) dispatch(ctx context.Context, fetches kgo.Fetches) (dropped bool) {
 	fetches.EachError(func(topic string, p int32, err error) {
 		if !errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, context.Canceled) {
 			rt.log.Warn("Fetching", zap.String("topic", topic), zap.Int32("partition", p), zap.Error(err))
@@ -345,19 +538,51 @@ func (rt *Runtime) dispatch(ctx context.Context, fetches kgo.Fetches) {
 		rt.mu.Lock()
 		t := rt.mu.tasks[p.Partition]
 		rt.mu.Unlock()
-		if t == nil {
-			return // revoked meanwhile; the new owner reads from the committed offset
+		if t == nil || (rt.eos && t.State() != TaskRunning) {
+			// Revoked meanwhile (the session aborts and the new owner reads
+			// from the committed offset), or not processing: nothing of
+			// these records is committed.
+			if ok, suppressed := rt.dropLog.allow(time.Now()); ok {
+				rt.log.Warn("Records polled for a task that is not running here; they are not committed and are read again",
+					zap.String("topic", p.Topic), zap.Int32("partition", p.Partition), zap.Int("records", len(p.Records)), zap.Int64("suppressed", suppressed))
+			}
+			dropped = true
+			return
 		}
 		select {
 		case t.inbox <- batch{topic: p.Topic, recs: p.Records, hwm: p.HighWatermark}:
 		case <-t.done:
+			dropped = true
 		case <-ctx.Done():
+			dropped = true
 		}
 	})
+	return dropped
 }
 
-// assigned starts a task for each newly assigned partition. Fetching for it
-// stays paused until its restore is done.
+// Bits of Runtime.mu.held.
+const (
+	heldInput uint8 = 1 << iota
+	heldRepartition
+	heldBoth = heldInput | heldRepartition
+)
+
+func (rt *Runtime) heldBit(topic string) uint8 {
+	switch topic {
+	case rt.cfg.InputTopic:
+		return heldInput
+	case rt.cfg.RepartitionTopic():
+		return heldRepartition
+	}
+	return 0
+}
+
+// assigned records the partitions the group added and starts a task for
+// each task whose input and repartition partitions are now both held.
+// Fetching for a new task stays paused until its restore is done. A partial
+// task (one of its two partitions) or an assignment made for another
+// partition count is refused: logged, paused, never processed, and the
+// process is not ready.
 func (rt *Runtime) assigned(_ context.Context, cl *kgo.Client, parts map[string][]int32) {
 	rt.mu.Lock()
 	defer rt.mu.Unlock()
@@ -365,16 +590,37 @@ func (rt *Runtime) assigned(_ context.Context, cl *kgo.Client, parts map[string]
 		return
 	}
 	rt.mu.assigned = true
-	var started []int32
-	for _, ps := range parts {
+	for topic, ps := range parts {
 		for _, p := range ps {
-			if _, ok := rt.mu.tasks[p]; ok {
-				continue
-			}
-			t := newTask(rt, p)
-			rt.mu.tasks[p] = t
-			started = append(started, p)
+			rt.mu.held[p] |= rt.heldBit(topic)
 		}
+	}
+	info := rt.balancer.assignment()
+	if info.partitions != 0 && info.partitions != rt.topo.partitions {
+		rt.mu.refused = fmt.Sprintf("the group leader assigned tasks for %d partitions, this process works with %d", info.partitions, rt.topo.partitions)
+		rt.log.Error("Refusing the assignment: "+rt.mu.refused+"; not processing it (restart this process if the input topic changed)",
+			zap.Int32("leader_partitions", info.partitions), zap.Int32("partitions", rt.topo.partitions))
+		cl.PauseFetchPartitions(parts)
+		return
+	}
+	var started, partial []int32
+	for p, bits := range rt.mu.held {
+		if bits != heldBoth {
+			partial = append(partial, p)
+			continue
+		}
+		if _, ok := rt.mu.tasks[p]; ok {
+			continue
+		}
+		started = append(started, p)
+	}
+	rt.mu.refused = ""
+	if len(partial) > 0 {
+		sort.Slice(partial, func(i, j int) bool { return partial[i] < partial[j] })
+		rt.mu.refused = fmt.Sprintf("partial tasks %v: the input and repartition partitions of a task must be assigned together", taskNames(partial))
+		rt.log.Error("Refusing partial tasks: each holds only one of its input and repartition partitions; not processing them",
+			zap.Strings("tasks", taskNames(partial)), zap.Any("assigned", parts))
+		cl.PauseFetchPartitions(rt.topicsOf(partial))
 	}
 	if len(started) == 0 {
 		return
@@ -385,7 +631,8 @@ func (rt *Runtime) assigned(_ context.Context, cl *kgo.Client, parts map[string]
 	rt.mu.restoreAll = nil
 	rt.mu.restoreAt = time.Now()
 	for _, p := range started {
-		t := rt.mu.tasks[p]
+		t := newTask(rt, p)
+		rt.mu.tasks[p] = t
 		rt.mu.restoring[p] = true
 		rt.mu.restoreAll = append(rt.mu.restoreAll, t.name)
 		rt.wg.Add(1)
@@ -399,15 +646,24 @@ func (rt *Runtime) assigned(_ context.Context, cl *kgo.Client, parts map[string]
 			}
 		}()
 	}
-	rt.log.Info("Assigned partitions", zap.Strings("tasks", rt.mu.restoreAll))
+	rt.log.Info("Assigned partitions", zap.Strings("tasks", rt.mu.restoreAll), zap.Int32("generation", generation(cl)))
+}
+
+// generation returns the group generation cl's member is in (-1: none).
+func generation(cl *kgo.Client) int32 {
+	_, gen := cl.GroupMetadata()
+	return gen
 }
 
 // taskRestored resumes fetching for a restored task and logs when the whole
 // latest assignment is restored.
 func (rt *Runtime) taskRestored(t *task) {
-	rt.client.ResumeFetchPartitions(rt.topicsOf([]int32{t.partition}))
 	rt.mu.Lock()
 	defer rt.mu.Unlock()
+	if rt.mu.tasks[t.partition] != t {
+		return // stopped meanwhile: its partitions stay paused
+	}
+	rt.client.ResumeFetchPartitions(rt.topicsOf([]int32{t.partition}))
 	if !rt.mu.restoring[t.partition] {
 		return
 	}
@@ -427,7 +683,10 @@ func (rt *Runtime) topicsOf(ps []int32) map[string][]int32 {
 // handed, flushes and checkpoints; then their offsets are committed before
 // the partitions are let go.
 func (rt *Runtime) revoked(ctx context.Context, cl *kgo.Client, parts map[string][]int32) {
-	ps := rt.partitionsOf(parts)
+	ps := rt.release(parts)
+	if len(ps) > 0 {
+		rt.log.Info("Revoking tasks", zap.Strings("tasks", taskNames(ps)), zap.Int32("generation", generation(cl)))
+	}
 	if rt.eos {
 		// A rebalance can come at any time: the session aborts the open
 		// transaction, so the revoked tasks' uncommitted totals are dropped
@@ -448,7 +707,10 @@ func (rt *Runtime) revoked(ctx context.Context, cl *kgo.Client, parts map[string
 // lost drops the tasks of lost partitions without committing: another
 // member may own them already.
 func (rt *Runtime) lost(_ context.Context, _ *kgo.Client, parts map[string][]int32) {
-	ps := rt.partitionsOf(parts)
+	ps := rt.release(parts)
+	if len(ps) > 0 {
+		rt.log.Warn("Lost tasks (the group moved on without this member); dropping them without committing", zap.Strings("tasks", taskNames(ps)))
+	}
 	if err := rt.stopTasks(ps, false); err != nil {
 		rt.log.Warn("Dropping lost tasks", zap.Error(err))
 	}
@@ -456,10 +718,36 @@ func (rt *Runtime) lost(_ context.Context, _ *kgo.Client, parts map[string][]int
 	rt.committer.forget(rt.cfg.RepartitionTopic(), ps)
 }
 
-// partitionsOf returns the task partitions among parts: a task goes when
-// its input partition goes.
-func (rt *Runtime) partitionsOf(parts map[string][]int32) []int32 {
-	return parts[rt.cfg.InputTopic]
+// release records that the group took parts back and returns the tasks
+// that lost either of their partitions: they stop, whichever went.
+func (rt *Runtime) release(parts map[string][]int32) []int32 {
+	rt.mu.Lock()
+	defer rt.mu.Unlock()
+	seen := map[int32]bool{}
+	var ps []int32
+	for topic, tps := range parts {
+		for _, p := range tps {
+			rt.mu.held[p] &^= rt.heldBit(topic)
+			if rt.mu.held[p] == 0 {
+				delete(rt.mu.held, p)
+			}
+			if !seen[p] {
+				seen[p] = true
+				ps = append(ps, p)
+			}
+		}
+	}
+	refusedLeft := false
+	for _, bits := range rt.mu.held {
+		if bits != heldBoth {
+			refusedLeft = true
+		}
+	}
+	if !refusedLeft {
+		rt.mu.refused = ""
+	}
+	sort.Slice(ps, func(i, j int) bool { return ps[i] < ps[j] })
+	return ps
 }
 
 func (rt *Runtime) allPartitions() []int32 {
@@ -472,7 +760,9 @@ func (rt *Runtime) allPartitions() []int32 {
 	return ps
 }
 
-// stopTasks stops the tasks of ps and waits for them.
+// stopTasks stops the tasks of ps and waits for them. A task still restoring
+// cancels its restore at once; the wait is bounded by that, not by the
+// restore's length.
 func (rt *Runtime) stopTasks(ps []int32, flush bool) error {
 	rt.mu.Lock()
 	var ts []*task
@@ -488,10 +778,7 @@ func (rt *Runtime) stopTasks(ps []int32, flush bool) error {
 	}
 	rt.mu.Unlock()
 	for _, t := range ts {
-		select {
-		case t.stop <- flush:
-		default:
-		}
+		t.requestStop(flush)
 	}
 	var errs []error
 	for _, t := range ts {
@@ -502,6 +789,35 @@ func (rt *Runtime) stopTasks(ps []int32, flush bool) error {
 		t.log.Info(fmt.Sprintf("task [%s] Closed", t.name), zap.Bool("flushed", flush))
 	}
 	return errors.Join(errs...)
+}
+
+// checkMembership asks the group coordinator whether this member is still
+// in the generation it knows (a Heartbeat with its member id, generation and
+// instance id). At-least-once, a task checks it before writing its
+// changelog: a member that was paused past its session timeout (a zombie)
+// learns it lost its tasks before it writes over their new owner. A
+// rebalance in progress is fine: a cooperative member keeps its tasks until
+// it revokes them, and nobody else gets them before.
+func (rt *Runtime) checkMembership(ctx context.Context) error {
+	member, gen := rt.client.GroupMetadata()
+	if member == "" || gen < 0 {
+		return errors.New("not a group member yet")
+	}
+	req := kmsg.NewPtrHeartbeatRequest()
+	req.Group = rt.cfg.ApplicationID
+	req.MemberID = member
+	req.Generation = gen
+	req.InstanceID = &rt.instanceID
+	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	resp, err := req.RequestWith(cctx, rt.client)
+	if err != nil {
+		return fmt.Errorf("checking group membership: %w", err)
+	}
+	if err := kerr.ErrorForCode(resp.ErrorCode); err != nil && !errors.Is(err, kerr.RebalanceInProgress) {
+		return fmt.Errorf("checking group membership (generation %d): %w", gen, err)
+	}
+	return nil
 }
 
 // checkWritable tells whether partition's store can take a write.
@@ -556,6 +872,12 @@ func (c *committer) report(topic string, partition int32, next int64) {
 	case c.kick <- struct{}{}:
 	default:
 	}
+}
+
+func (c *committer) forgetAll() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.pending = nil
 }
 
 func (c *committer) forget(topic string, ps []int32) {

@@ -34,7 +34,7 @@ func (rt *Runtime) Total(product string) (int64, bool, error) {
 	}
 	p := sales.Partition([]byte(product), n)
 	if t == nil {
-		return 0, false, fmt.Errorf("%w: partition %d", ErrNotHosted, p)
+		return 0, false, rt.notHosted(p)
 	}
 	if t.State() != TaskRunning {
 		return 0, false, fmt.Errorf("%w: task %s is %s", ErrNotReady, t.name, t.State())
@@ -68,6 +68,34 @@ func (rt *Runtime) Products(after string, limit int) (page []state.Total, unavai
 		page = page[:limit]
 	}
 	return page, unavailable, nil
+}
+
+// NotHostedError is the error of a query for a product whose task runs on
+// another member (or on none yet). It wraps ErrNotHosted.
+type NotHostedError struct {
+	Task      string // "0_<partition>"
+	Partition int32
+	// Owner is the group.instance.id (or member id) of the member running
+	// the task in the latest assignment, "" when unknown (a rebalance is
+	// in progress).
+	Owner string
+}
+
+func (e *NotHostedError) Error() string {
+	if e.Owner == "" {
+		return fmt.Sprintf("%v: task %s (partition %d) has no known owner yet (a rebalance is in progress)", ErrNotHosted, e.Task, e.Partition)
+	}
+	return fmt.Sprintf("%v: task %s (partition %d) runs on member %s", ErrNotHosted, e.Task, e.Partition, e.Owner)
+}
+
+func (e *NotHostedError) Unwrap() error { return ErrNotHosted }
+
+func (rt *Runtime) notHosted(p int32) error {
+	e := &NotHostedError{Task: state.TaskName(p), Partition: p}
+	if owner := rt.balancer.assignment().owners[p]; owner != rt.instanceID {
+		e.Owner = owner
+	}
+	return e
 }
 
 func (rt *Runtime) tasks() []*task {
@@ -145,11 +173,13 @@ func (rt *Runtime) Tasks() []TaskStatus {
 // assigned task is running. The reason says what is missing.
 func (rt *Runtime) Ready() (bool, string) {
 	rt.mu.Lock()
-	assigned, stopping := rt.mu.assigned, rt.mu.stopping
+	assigned, stopping, refused := rt.mu.assigned, rt.mu.stopping, rt.mu.refused
 	rt.mu.Unlock()
 	switch {
 	case stopping:
 		return false, "shutting down"
+	case refused != "":
+		return false, "assignment refused: " + refused
 	case !assigned:
 		return false, "no partitions assigned yet"
 	case rt.kafkaDown.Load():

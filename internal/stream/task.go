@@ -74,8 +74,13 @@ type task struct {
 	log       *zap.Logger
 
 	inbox chan batch
-	stop  chan bool // true: flush before closing; false: drop (partitions lost)
-	done  chan struct{}
+	// quit is closed by requestStop; flushOnStop says how to close: flush
+	// before closing (revoked at-least-once, shutdown) or drop (lost, and
+	// always exactly-once).
+	quit        chan struct{}
+	quitOnce    sync.Once
+	flushOnStop atomic.Bool
+	done        chan struct{}
 	// cycle carries the exactly-once commit cycle's requests from the poll
 	// loop (see eos.go); unused at-least-once.
 	cycle chan cycleReq
@@ -99,6 +104,14 @@ type task struct {
 	// while it can be written.
 	stalled  *stalledBatch
 	retryLog rateLimiter
+	// held are batches read from the inbox while stalled (at-least-once),
+	// processed once the store takes writes again: a stalled task keeps
+	// reading its inbox so that the poll loop never blocks on it. Bounded:
+	// the task's partitions are paused while it is stalled.
+	held []batch
+	// memberLog rate-limits the warning about a flush skipped because this
+	// member may no longer own the task.
+	memberLog rateLimiter
 
 	stats taskStats
 }
@@ -124,7 +137,7 @@ func newTask(rt *Runtime, partition int32) *task {
 		partition:  partition,
 		name:       state.TaskName(partition),
 		inbox:      make(chan batch, 16),
-		stop:       make(chan bool, 1),
+		quit:       make(chan struct{}),
 		done:       make(chan struct{}),
 		cycle:      make(chan cycleReq),
 		dirty:      make(map[string]state.Entry),
@@ -132,11 +145,21 @@ func newTask(rt *Runtime, partition int32) *task {
 		repartNext: -1,
 		badLog:     rateLimiter{every: 10 * time.Second, burst: 5},
 		retryLog:   rateLimiter{every: 30 * time.Second, burst: 1},
+		memberLog:  rateLimiter{every: 10 * time.Second, burst: 1},
 	}
 	t.log = rt.log.With(zap.String("task", t.name), zap.Int32("partition", partition))
 	t.stats.inputPos.Store(-1)
 	t.stats.checkpoint.Store(-1)
 	return t
+}
+
+// requestStop asks the task to stop; it returns at once. A task still
+// restoring abandons its restore within a second.
+func (t *task) requestStop(flush bool) {
+	t.quitOnce.Do(func() {
+		t.flushOnStop.Store(flush)
+		close(t.quit)
+	})
 }
 
 // State returns the task's state.
@@ -166,14 +189,32 @@ func (t *task) run(ctx context.Context) (err error) {
 		}
 	}()
 	t.setState(TaskRestoring)
-	if err := t.restore(ctx); err != nil {
+	// The restore is canceled when the task is stopped: a revoked task
+	// lets go at once, however long its restore.
+	rctx, cancelRestore := context.WithCancel(ctx)
+	go func() {
+		select {
+		case <-t.quit:
+			cancelRestore()
+		case <-rctx.Done():
+		}
+	}()
+	err = t.restore(rctx)
+	cancelRestore()
+	if err != nil {
 		if s := t.store.Load(); s != nil {
 			_ = s.Close()
 		}
-		if ctx.Err() != nil {
+		if rctx.Err() != nil {
+			t.log.Info(fmt.Sprintf("task [%s] Restore canceled: the task was stopped", t.name))
 			return nil
 		}
 		return fmt.Errorf("restoring task %s: %w", t.name, err)
+	}
+	select {
+	case <-t.quit:
+		return t.close(ctx, false, nil)
+	default:
 	}
 	t.setState(TaskRunning)
 	t.rt.taskRestored(t)
@@ -189,18 +230,23 @@ func (t *task) run(ctx context.Context) (err error) {
 	retry := time.NewTicker(time.Second)
 	defer retry.Stop()
 	for {
-		// A stalled task reads nothing until its store takes writes again.
-		inbox, retryC := t.inbox, (<-chan time.Time)(nil)
+		// A stalled task processes nothing until its store takes writes
+		// again; what it still receives is held.
+		var retryC <-chan time.Time
 		if t.stalled != nil {
-			inbox, retryC = nil, retry.C
+			retryC = retry.C
 		}
 		select {
-		case b := <-inbox:
+		case b := <-t.inbox:
+			if t.stalled != nil {
+				t.held = append(t.held, b)
+				continue
+			}
 			if err := t.processBatch(ctx, b); err != nil {
 				return t.close(ctx, false, err)
 			}
 		case <-retryC:
-			if err := t.retryStalled(); err != nil {
+			if err := t.retryStalled(ctx); err != nil {
 				return t.close(ctx, false, err)
 			}
 		case req := <-t.cycle:
@@ -216,8 +262,8 @@ func (t *task) run(ctx context.Context) (err error) {
 			if err := t.flush(ctx); err != nil {
 				return t.close(ctx, false, err)
 			}
-		case flush := <-t.stop:
-			return t.close(ctx, flush, nil)
+		case <-t.quit:
+			return t.close(ctx, t.flushOnStop.Load(), nil)
 		case <-ctx.Done():
 			return t.close(ctx, false, nil)
 		}
@@ -275,14 +321,14 @@ func (t *task) processBatch(ctx context.Context, b batch) error {
 
 // process folds one record. Bad events are counted, logged and skipped.
 func (t *task) process(ctx context.Context, topic string, r *kgo.Record) error {
-	srcPart, srcOff := r.Partition, r.Offset
+	srcPart, srcOff, srcTopic := r.Partition, r.Offset, t.rt.topo.inputID
 	if topic == t.rt.cfg.InputTopic {
 		t.inputNext = r.Offset + 1
 		t.stats.inputPos.Store(t.inputNext)
 	} else {
 		t.repartNext = r.Offset + 1
 		var ok bool
-		if srcPart, srcOff, ok = sourceOf(r); !ok {
+		if srcPart, srcOff, srcTopic, ok = t.sourceOf(r); !ok {
 			t.badEvent(ctx, topic, r, errors.New("forwarded record without source headers"), "bad_forward")
 			return nil
 		}
@@ -306,7 +352,7 @@ func (t *task) process(ctx context.Context, topic string, r *kgo.Record) error {
 		}
 		e = stored
 	}
-	if e.Offsets.Reflects(srcPart, srcOff) {
+	if e.Offsets.Reflects(srcTopic, srcPart, srcOff) {
 		t.stats.duplicates.Add(1)
 		return nil
 	}
@@ -316,7 +362,13 @@ func (t *task) process(ctx context.Context, topic string, r *kgo.Record) error {
 		return nil
 	}
 	e.Total = total
-	e.Offsets = e.Offsets.With(srcPart, srcOff)
+	var zero [16]byte
+	if srcTopic == t.rt.topo.inputID || srcTopic == zero || t.rt.topo.inputID == zero {
+		e.Offsets = e.Offsets.With(srcTopic, srcPart, srcOff)
+	}
+	// Else the event was forwarded from an input topic since recreated: it
+	// counts, but recording its offset would drop the product's offsets of
+	// the current topic and let their redeliveries count twice.
 	t.dirty[ev.Key] = e
 	t.stats.processed.Add(1)
 	return nil
@@ -334,26 +386,35 @@ func (t *task) forward(ctx context.Context, owner int32, key string, r *kgo.Reco
 		Headers: []kgo.RecordHeader{
 			{Key: sales.SourcePartitionHeader, Value: binary.BigEndian.AppendUint32(nil, uint32(r.Partition))},
 			{Key: sales.SourceOffsetHeader, Value: binary.BigEndian.AppendUint64(nil, uint64(r.Offset))},
+			{Key: sales.SourceTopicIDHeader, Value: append([]byte(nil), t.rt.topo.inputID[:]...)},
 		},
 	}
 	t.produce(ctx, rec, nil)
 	t.stats.forwarded.Add(1)
 }
 
-func sourceOf(r *kgo.Record) (int32, int64, bool) {
+// sourceOf reads a forwarded record's input coordinates: partition, offset
+// and the input topic's id (the current one for records forwarded before the
+// id was carried).
+func (t *task) sourceOf(r *kgo.Record) (int32, int64, [16]byte, bool) {
 	var p, o []byte
+	id := t.rt.topo.inputID
 	for _, h := range r.Headers {
 		switch h.Key {
 		case sales.SourcePartitionHeader:
 			p = h.Value
 		case sales.SourceOffsetHeader:
 			o = h.Value
+		case sales.SourceTopicIDHeader:
+			if len(h.Value) == 16 {
+				id = [16]byte(h.Value)
+			}
 		}
 	}
 	if len(p) != 4 || len(o) != 8 {
-		return 0, 0, false
+		return 0, 0, id, false
 	}
-	return int32(binary.BigEndian.Uint32(p)), int64(binary.BigEndian.Uint64(o)), true
+	return int32(binary.BigEndian.Uint32(p)), int64(binary.BigEndian.Uint64(o)), id, true
 }
 
 // produce sends rec; done, if not nil, runs with the produced record on
@@ -441,6 +502,19 @@ func (t *task) apply(updates []state.Update, maxOffset, inputNext int64) error {
 // flush runs the at-least-once commit cycle described in the package
 // documentation.
 func (t *task) flush(ctx context.Context) error {
+	if len(t.dirty) > 0 {
+		// A member that lost the task (paused past its session timeout, a
+		// zombie) must not write the changelog its new owner writes: check
+		// with the group coordinator first. What stays dirty is flushed at
+		// the next tick, or dropped with the task when it is lost.
+		if err := t.rt.checkMembership(ctx); err != nil {
+			if ok, suppressed := t.memberLog.allow(time.Now()); ok {
+				t.log.Warn(fmt.Sprintf("task [%s] Not flushing: this member may no longer own the task", t.name),
+					zap.Int("products", len(t.dirty)), zap.Int64("suppressed", suppressed), zap.Error(err))
+			}
+			return nil
+		}
+	}
 	t.rt.crashPoint("flush-start")
 	updates, maxOffset := t.produceDirty(ctx)
 	t.rt.crashPoint("changelog-produced")
@@ -502,7 +576,7 @@ func (t *task) stall(b stalledBatch, err error) error {
 }
 
 // retryStalled writes the stalled batch if the store can take it now.
-func (t *task) retryStalled() error {
+func (t *task) retryStalled(ctx context.Context) error {
 	b := *t.stalled
 	if err := t.apply(b.updates, b.maxOffset, b.inputNext); err != nil {
 		if !errors.Is(err, state.ErrUnwritable) {
@@ -516,8 +590,20 @@ func (t *task) retryStalled() error {
 	t.stalled = nil
 	t.setState(TaskRunning)
 	t.reportOffsets(b)
+	t.log.Info(fmt.Sprintf("task [%s] Store writable again; processing resumes", t.name), zap.Int("held_batches", len(t.held)))
+	held := t.held
+	t.held = nil
+	for i, hb := range held {
+		if err := t.processBatch(ctx, hb); err != nil {
+			return err
+		}
+		if t.stalled != nil {
+			// Stalled again while catching up: hold the rest, stay paused.
+			t.held = append(t.held, held[i+1:]...)
+			return nil
+		}
+	}
 	t.rt.client.ResumeFetchPartitions(t.rt.topicsOf([]int32{t.partition}))
-	t.log.Info(fmt.Sprintf("task [%s] Store writable again; processing resumes", t.name))
 	return nil
 }
 

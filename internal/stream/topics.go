@@ -18,6 +18,7 @@ type topology struct {
 	notificationPartitions int32    // of the notification topic
 	dlqPartitions          int32    // of the dead-letter topic, 0 when off
 	changelogID            [16]byte // the changelog topic's id
+	inputID                [16]byte // the input topic's id: per-product offsets refer to it
 }
 
 // topicInfo is what ensure learns of one topic.
@@ -37,6 +38,7 @@ func ensureTopics(ctx context.Context, adm *kadm.Client, cfg config.Config, log 
 		return topo, err
 	}
 	topo.partitions = input.partitions
+	topo.inputID = input.id
 
 	compact := "compact"
 	internal := []struct {

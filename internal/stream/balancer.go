@@ -1,0 +1,348 @@
+package stream
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"slices"
+	"sort"
+	"strings"
+	"sync"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
+	"go.uber.org/zap"
+
+	"github.com/salesagg/salesagg/internal/assign"
+)
+
+// The group balancer.
+//
+// Tasks, not topic-partitions, are the unit of assignment: task p is input
+// partition p and repartition partition p, always given to one member
+// together (its changelog partition p follows, since only the task writes
+// it). The decision is internal/assign's pure function; this file is its
+// adapter to franz-go's GroupBalancer and the wire formats it needs.
+//
+// Member metadata (JoinGroup) is the standard consumer protocol's
+// ConsumerMemberMetadata v2 (topics, owned partitions, generation), so that
+// Kafka's tools can read it, with salesagg's UserData:
+//
+//	version     uint8   assign.Version
+//	partitions  int32   the input partition count the member works with
+//	processID   uint16 length + bytes: the state dir's process id
+//
+// Newer versions append fields; a reader takes the prefix it knows.
+//
+// Assignment (SyncGroup) is a ConsumerMemberAssignment with both topics'
+// partitions of the member's tasks, and UserData:
+//
+//	version     uint8
+//	partitions  int32   the leader's input partition count
+//	owners      uint16 count, then per task: int32 task, uint16 length + bytes
+//	            (the owner's group.instance.id, or member id when dynamic)
+//
+// so that every member knows which member owns each task (queries to a
+// non-owner name the owner).
+
+// ProtocolName is the group protocol salesagg members speak.
+const ProtocolName = "salesagg-tasks"
+
+// memberInfo is what a member reports in its JoinGroup metadata.
+type memberInfo struct {
+	version    int
+	partitions int32
+	processID  string
+}
+
+func encodeMemberInfo(m memberInfo) []byte {
+	b := []byte{byte(assign.Version)}
+	b = binary.BigEndian.AppendUint32(b, uint32(m.partitions))
+	return appendString(b, m.processID)
+}
+
+func decodeMemberInfo(b []byte) (memberInfo, error) {
+	if len(b) < 5 || b[0] == 0 {
+		return memberInfo{}, fmt.Errorf("unreadable member metadata (%d bytes)", len(b))
+	}
+	m := memberInfo{version: int(b[0]), partitions: int32(binary.BigEndian.Uint32(b[1:]))}
+	var ok bool
+	if m.processID, _, ok = readString(b[5:]); !ok {
+		return memberInfo{}, errors.New("unreadable member metadata: process id")
+	}
+	return m, nil
+}
+
+// assignmentInfo is what the leader tells every member besides its tasks.
+type assignmentInfo struct {
+	version    int
+	partitions int32
+	owners     map[int32]string
+}
+
+func encodeAssignmentInfo(a assignmentInfo) []byte {
+	b := []byte{byte(assign.Version)}
+	b = binary.BigEndian.AppendUint32(b, uint32(a.partitions))
+	tasks := make([]int32, 0, len(a.owners))
+	for t := range a.owners {
+		tasks = append(tasks, t)
+	}
+	slices.Sort(tasks)
+	b = binary.BigEndian.AppendUint16(b, uint16(len(tasks)))
+	for _, t := range tasks {
+		b = binary.BigEndian.AppendUint32(b, uint32(t))
+		b = appendString(b, a.owners[t])
+	}
+	return b
+}
+
+func decodeAssignmentInfo(b []byte) (assignmentInfo, error) {
+	if len(b) < 7 || b[0] == 0 {
+		return assignmentInfo{}, fmt.Errorf("unreadable assignment info (%d bytes)", len(b))
+	}
+	a := assignmentInfo{version: int(b[0]), partitions: int32(binary.BigEndian.Uint32(b[1:])), owners: map[int32]string{}}
+	n := int(binary.BigEndian.Uint16(b[5:]))
+	b = b[7:]
+	for i := 0; i < n; i++ {
+		if len(b) < 4 {
+			return assignmentInfo{}, errors.New("unreadable assignment info: owners")
+		}
+		t := int32(binary.BigEndian.Uint32(b))
+		owner, rest, ok := readString(b[4:])
+		if !ok {
+			return assignmentInfo{}, errors.New("unreadable assignment info: owner")
+		}
+		a.owners[t] = owner
+		b = rest
+	}
+	return a, nil
+}
+
+func appendString(b []byte, s string) []byte {
+	if len(s) > 0xffff {
+		s = s[:0xffff]
+	}
+	b = binary.BigEndian.AppendUint16(b, uint16(len(s)))
+	return append(b, s...)
+}
+
+func readString(b []byte) (string, []byte, bool) {
+	if len(b) < 2 {
+		return "", nil, false
+	}
+	n := int(binary.BigEndian.Uint16(b))
+	if len(b) < 2+n {
+		return "", nil, false
+	}
+	return string(b[2 : 2+n]), b[2+n:], true
+}
+
+// taskBalancer is salesagg's kgo.GroupBalancer. The leader decodes every
+// member's metadata into assign.Member and balances with assign.Tasks; every
+// member parses its assignment and keeps the owners map it carries.
+type taskBalancer struct {
+	input, repartition string
+	log                *zap.Logger
+
+	mu struct {
+		sync.Mutex
+		// self is what this member reports: its partition count and
+		// process id.
+		self memberInfo
+		info assignmentInfo // from the latest SyncGroup
+	}
+}
+
+// start begins a group session: self is what the member reports; the owners
+// of the previous session are forgotten.
+func (b *taskBalancer) start(self memberInfo) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.mu.self = self
+	b.mu.info = assignmentInfo{}
+}
+
+var _ kgo.GroupBalancer = (*taskBalancer)(nil)
+
+func (b *taskBalancer) ProtocolName() string { return ProtocolName }
+func (b *taskBalancer) IsCooperative() bool  { return true }
+
+// JoinGroupMetadata reports the topics, the partitions this member holds
+// (franz-go's current assignment) with their generation, and UserData.
+func (b *taskBalancer) JoinGroupMetadata(topics []string, current map[string][]int32, generation int32) []byte {
+	meta := kmsg.NewConsumerMemberMetadata()
+	meta.Version = 2
+	meta.Topics = topics
+	meta.Generation = generation
+	names := make([]string, 0, len(current))
+	for t := range current {
+		names = append(names, t)
+	}
+	sort.Strings(names)
+	for _, t := range names {
+		owned := kmsg.ConsumerMemberMetadataOwnedPartition{Topic: t, Partitions: slices.Sorted(slices.Values(current[t]))}
+		meta.OwnedPartitions = append(meta.OwnedPartitions, owned)
+	}
+	b.mu.Lock()
+	meta.UserData = encodeMemberInfo(b.mu.self)
+	b.mu.Unlock()
+	return meta.AppendTo(nil)
+}
+
+// ParseSyncAssignment returns the member's partitions and keeps the
+// assignment info (partition count, task owners).
+func (b *taskBalancer) ParseSyncAssignment(assignment []byte) (map[string][]int32, error) {
+	var a kmsg.ConsumerMemberAssignment
+	if err := a.ReadFrom(assignment); err != nil {
+		return nil, fmt.Errorf("reading assignment: %w", err)
+	}
+	out := make(map[string][]int32, len(a.Topics))
+	for _, t := range a.Topics {
+		out[t.Topic] = append(out[t.Topic], t.Partitions...)
+	}
+	info, err := decodeAssignmentInfo(a.UserData)
+	if err != nil {
+		// An assignment from a leader that is not ours: keep the
+		// partitions (the runtime refuses partial tasks) but know no owners.
+		b.log.Warn("Assignment carries no task owners", zap.Error(err))
+		info = assignmentInfo{}
+	}
+	b.mu.Lock()
+	b.mu.info = info
+	b.mu.Unlock()
+	return out, nil
+}
+
+// assignmentInfo returns the info of the latest assignment.
+func (b *taskBalancer) assignment() assignmentInfo {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.mu.info
+}
+
+// MemberBalancer decodes the members' metadata for the leader.
+func (b *taskBalancer) MemberBalancer(members []kmsg.JoinGroupResponseMember) (kgo.GroupMemberBalancer, map[string]struct{}, error) {
+	mb := &memberBalancer{b: b}
+	for _, m := range members {
+		am := assign.Member{ID: m.MemberID, Generation: -1}
+		if m.InstanceID != nil {
+			am.InstanceID = *m.InstanceID
+		}
+		var meta kmsg.ConsumerMemberMetadata
+		if err := meta.ReadFrom(m.ProtocolMetadata); err != nil {
+			b.log.Warn("Group member metadata unreadable; the member gets no task", zap.String("member", m.MemberID), zap.Error(err))
+			mb.members = append(mb.members, am)
+			continue
+		}
+		am.Generation = meta.Generation
+		owned := map[int32]bool{}
+		for _, op := range meta.OwnedPartitions {
+			if op.Topic != b.input && op.Topic != b.repartition {
+				continue
+			}
+			for _, p := range op.Partitions {
+				owned[p] = true
+			}
+		}
+		for p := range owned {
+			am.Owned = append(am.Owned, p)
+		}
+		slices.Sort(am.Owned)
+		if info, err := decodeMemberInfo(meta.UserData); err == nil {
+			am.Version = info.version
+			am.Partitions = info.partitions
+		} else {
+			b.log.Warn("Group member metadata has no salesagg data; the member gets no task", zap.String("member", m.MemberID), zap.Error(err))
+		}
+		mb.members = append(mb.members, am)
+	}
+	return mb, map[string]struct{}{b.input: {}, b.repartition: {}}, nil
+}
+
+// memberBalancer is one balance round on the leader.
+type memberBalancer struct {
+	b       *taskBalancer
+	members []assign.Member
+}
+
+func (*memberBalancer) Balance(map[string]int32) kgo.IntoSyncAssignment { panic("unreachable") }
+
+// BalanceOrError assigns tasks. Mismatched partition counts of the input and
+// repartition topics fail the round: no task could be co-partitioned.
+func (mb *memberBalancer) BalanceOrError(topics map[string]int32) (kgo.IntoSyncAssignment, error) {
+	b := mb.b
+	n, ok := topics[b.input]
+	if !ok || n < 1 {
+		return nil, fmt.Errorf("balancing tasks: no partition count for input topic %s", b.input)
+	}
+	if r, ok := topics[b.repartition]; !ok || r != n {
+		return nil, fmt.Errorf("balancing tasks: repartition topic %s has %d partitions but input topic %s has %d; they must match", b.repartition, r, b.input, n)
+	}
+	res, err := assign.Tasks(mb.members, n)
+	if err != nil {
+		return nil, fmt.Errorf("balancing tasks: %w", err)
+	}
+	for _, ex := range res.Excluded {
+		b.log.Error("Group member gets no task", zap.String("member", ex.ID), zap.String("reason", ex.Reason))
+	}
+	owners := map[int32]string{}
+	name := map[string]string{}
+	for _, m := range mb.members {
+		name[m.ID] = m.ID
+		if m.InstanceID != "" {
+			name[m.ID] = m.InstanceID
+		}
+	}
+	var summary []string
+	for _, m := range mb.members {
+		tasks := res.Assignment[m.ID]
+		for _, t := range tasks {
+			owners[t] = name[m.ID]
+		}
+		summary = append(summary, fmt.Sprintf("%s=%v", name[m.ID], taskNames(tasks)))
+	}
+	b.log.Info("Assigned tasks", zap.Strings("members", summary), zap.Strings("withheld", taskNames(res.Withheld)), zap.Int32("partitions", n))
+	info := encodeAssignmentInfo(assignmentInfo{partitions: n, owners: owners})
+	return &syncPlan{members: mb.members, res: res, input: b.input, repartition: b.repartition, info: info}, nil
+}
+
+func taskNames(tasks []int32) []string {
+	out := make([]string, len(tasks))
+	for i, t := range tasks {
+		out[i] = fmt.Sprintf("0_%d", t)
+	}
+	return out
+}
+
+// syncPlan is a balance round's SyncGroup assignments.
+type syncPlan struct {
+	members            []assign.Member
+	res                assign.Result
+	input, repartition string
+	info               []byte
+}
+
+func (p *syncPlan) IntoSyncAssignment() []kmsg.SyncGroupRequestGroupAssignment {
+	out := make([]kmsg.SyncGroupRequestGroupAssignment, 0, len(p.members))
+	for _, m := range p.members {
+		tasks := p.res.Assignment[m.ID]
+		a := kmsg.ConsumerMemberAssignment{Version: 0, UserData: p.info}
+		if len(tasks) > 0 {
+			for _, topic := range []string{p.input, p.repartition} {
+				if p.input == p.repartition && topic != p.input {
+					continue
+				}
+				t := kmsg.NewConsumerMemberAssignmentTopic()
+				t.Topic = topic
+				t.Partitions = slices.Clone(tasks)
+				a.Topics = append(a.Topics, t)
+			}
+		}
+		sort.Slice(a.Topics, func(i, j int) bool { return strings.Compare(a.Topics[i].Topic, a.Topics[j].Topic) < 0 })
+		sa := kmsg.NewSyncGroupRequestGroupAssignment()
+		sa.MemberID = m.ID
+		sa.MemberAssignment = a.AppendTo(nil)
+		out = append(out, sa)
+	}
+	return out
+}

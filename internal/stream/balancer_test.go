@@ -1,0 +1,96 @@
+package stream
+
+import (
+	"reflect"
+	"testing"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
+	"go.uber.org/zap"
+)
+
+func TestBalancerRoundTrip(t *testing.T) {
+	// Scenario: the leader decodes two members' JoinGroup metadata (one holding all three tasks
+	// from the last generation, one new), balances, and each member parses its SyncGroup
+	// assignment: tasks come whole (input p with repartition p), the moving task is withheld
+	// while its holder still has it, and every member learns each task's owner.
+	const in, rep = "in", "in-rep"
+	newBal := func(pid string) *taskBalancer {
+		b := &taskBalancer{input: in, repartition: rep, log: zap.NewNop()}
+		b.start(memberInfo{partitions: 3, processID: pid})
+		return b
+	}
+	a, b := newBal("pa"), newBal("pb")
+	topics := []string{in, rep}
+	metaA := a.JoinGroupMetadata(topics, map[string][]int32{in: {0, 1, 2}, rep: {0, 1, 2}}, 4)
+	metaB := b.JoinGroupMetadata(topics, nil, -1)
+	idA, idB := "inst-a", "inst-b"
+	members := []kmsg.JoinGroupResponseMember{
+		{MemberID: "m-a", InstanceID: &idA, ProtocolMetadata: metaA},
+		{MemberID: "m-b", InstanceID: &idB, ProtocolMetadata: metaB},
+	}
+	mb, wantTopics, err := a.MemberBalancer(members)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(wantTopics, map[string]struct{}{in: {}, rep: {}}) {
+		t.Fatalf("topics = %v", wantTopics)
+	}
+	plan, err := mb.(kgo.GroupMemberBalancerOrError).BalanceOrError(map[string]int32{in: 3, rep: 3})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]map[string][]int32{}
+	for _, sa := range plan.IntoSyncAssignment() {
+		parser := a
+		if sa.MemberID == "m-b" {
+			parser = b
+		}
+		parts, err := parser.ParseSyncAssignment(sa.MemberAssignment)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got[sa.MemberID] = parts
+	}
+	// A keeps 0 and 1; 2 moves to B in the next round, after A revoked it.
+	if want := map[string][]int32{in: {0, 1}, rep: {0, 1}}; !reflect.DeepEqual(got["m-a"], want) {
+		t.Fatalf("A's assignment = %v, want %v", got["m-a"], want)
+	}
+	if len(got["m-b"]) != 0 {
+		t.Fatalf("B's assignment = %v, want nothing this round", got["m-b"])
+	}
+	if owners := b.assignment().owners; !reflect.DeepEqual(owners, map[int32]string{0: idA, 1: idA}) {
+		t.Fatalf("owners B learned = %v", owners)
+	}
+
+	// Mismatched partition counts fail the round.
+	if _, err := mb.(kgo.GroupMemberBalancerOrError).BalanceOrError(map[string]int32{in: 3, rep: 4}); err == nil {
+		t.Fatal("balancing with 3 input and 4 repartition partitions did not fail")
+	}
+}
+
+func TestBalancerWireFormats(t *testing.T) {
+	// Scenario: member and assignment info round trip; truncated bytes are rejected; a newer
+	// member's appended fields are ignored.
+	m := memberInfo{version: 1, partitions: 12, processID: "0b8f-uuid"}
+	got, err := decodeMemberInfo(encodeMemberInfo(m))
+	if err != nil || got != m {
+		t.Fatalf("member info = %+v, %v", got, err)
+	}
+	if _, err := decodeMemberInfo(encodeMemberInfo(m)[:6]); err == nil {
+		t.Fatal("truncated member info decoded")
+	}
+	newer := append(encodeMemberInfo(m), 9, 9, 9)
+	newer[0] = 7
+	if got, err := decodeMemberInfo(newer); err != nil || got.version != 7 || got.processID != m.processID {
+		t.Fatalf("newer member info = %+v, %v", got, err)
+	}
+	ai := assignmentInfo{version: 1, partitions: 3, owners: map[int32]string{0: "a", 2: "b"}}
+	gotA, err := decodeAssignmentInfo(encodeAssignmentInfo(ai))
+	if err != nil || !reflect.DeepEqual(gotA, ai) {
+		t.Fatalf("assignment info = %+v, %v", gotA, err)
+	}
+	if _, err := decodeAssignmentInfo(nil); err == nil {
+		t.Fatal("empty assignment info decoded")
+	}
+}

@@ -1,0 +1,153 @@
+package stream_test
+
+import (
+	"context"
+	"fmt"
+	"path/filepath"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"go.uber.org/zap/zaptest/observer"
+
+	"github.com/salesagg/salesagg/internal/config"
+	"github.com/salesagg/salesagg/internal/sales"
+	"github.com/salesagg/salesagg/internal/stream"
+)
+
+// productOn returns a product name owned by partition p of n.
+func productOn(prefix string, p, n int32) string {
+	for i := 0; ; i++ {
+		name := fmt.Sprintf("%s%d", prefix, i)
+		if sales.Partition([]byte(name), n) == p {
+			return name
+		}
+	}
+}
+
+// runningTasks returns the tasks the instance lists as running.
+func (in *instance) runningTasks() []string {
+	var out []string
+	for _, ts := range in.rt.Tasks() {
+		if ts.State == "running" {
+			out = append(out, ts.Task)
+		}
+	}
+	return out
+}
+
+// logTime returns the time of the first log entry whose message contains
+// snippet, and whether there is one.
+func logTime(logs *observer.ObservedLogs, snippet string) (time.Time, bool) {
+	es := logs.FilterMessageSnippet(snippet).All()
+	if len(es) == 0 {
+		return time.Time{}, false
+	}
+	return es[0].Time, true
+}
+
+func TestRevokeDuringLongRestore(t *testing.T) {
+	// Scenario: instance A owns all three tasks, and task 0_2's restore is held (a restore that
+	// never ends); instance B joins, the balancer moves 0_2 to B: A abandons the restore within a
+	// second of the revoke, its other tasks keep processing meanwhile, and B runs 0_2.
+	h := newHarness(t)
+	h.createInput(3)
+	cfgA, cfgB := h.cfg, h.cfg
+	cfgA.StateDir = filepath.Join(h.stateDir, "a")
+	cfgB.StateDir = filepath.Join(h.stateDir, "b")
+	var held atomic.Bool
+	a := h.startWith(cfgA, stream.Knobs{BeforeRestore: func(ctx context.Context, p int32) {
+		if p == 2 && held.CompareAndSwap(false, true) {
+			<-ctx.Done() // the first restore of 0_2 is held until the task is stopped
+		}
+	}})
+	p0, p1, p2 := productOn("r", 0, 3), productOn("r", 1, 3), productOn("r", 2, 3)
+	waitFor(t, 30*time.Second, "A to run 0_0 and 0_1", func() bool { return len(a.runningTasks()) == 2 })
+	h.produce(event(p0, p0, 5), event(p1, p1, 7))
+	a.waitTotals(map[string]int64{p0: 5, p1: 7})
+
+	b := h.start(cfgB)
+	waitFor(t, 30*time.Second, "B to run 0_2", func() bool {
+		r := b.runningTasks()
+		return len(r) == 1 && r[0] == "0_2"
+	})
+	revokedAt, ok := logTime(a.logs, "Revoking tasks")
+	if !ok {
+		t.Fatal("A logged no revoke")
+	}
+	canceledAt, ok := logTime(a.logs, "task [0_2] Restore canceled")
+	if !ok {
+		t.Fatal("A did not cancel the restore of 0_2")
+	}
+	if d := canceledAt.Sub(revokedAt); d > time.Second {
+		t.Fatalf("A took %s to abandon the restore of the revoked task, want under 1s", d)
+	}
+	if r := a.runningTasks(); strings.Join(r, ",") != "0_0,0_1" {
+		t.Fatalf("A runs %v, want 0_0 and 0_1", r)
+	}
+	h.produce(event(p0, p0, 1), event(p1, p1, 1), event(p2, p2, 3))
+	a.waitTotals(map[string]int64{p0: 6, p1: 8})
+	b.waitTotals(map[string]int64{p2: 3})
+	// A product of a task another member runs names the task and its owner.
+	if _, _, err := a.rt.Total(p2); err == nil || !strings.Contains(err.Error(), "task 0_2") || !strings.Contains(err.Error(), b.rt.InstanceID()) {
+		t.Fatalf("A's answer for %s = %v, want it to name task 0_2 and member %s", p2, err, b.rt.InstanceID())
+	}
+	if err := b.stop(); err != nil {
+		t.Fatal(err)
+	}
+	// B left the group on close: A takes 0_2 back without waiting out B's session.
+	waitFor(t, 15*time.Second, "A to run all three tasks after B left", func() bool { return len(a.runningTasks()) == 3 })
+	a.waitTotals(map[string]int64{p0: 6, p1: 8, p2: 3})
+}
+
+func TestInputTopicRecreatedWhileRunning(t *testing.T) {
+	// Scenario: the input topic is deleted and recreated while the service runs; the new
+	// topic's offsets start at 0 again, below the offsets the totals reflect: new events are
+	// counted (not taken for redeliveries), on top of the totals from before.
+	for _, guarantee := range []string{config.ExactlyOnceV2, config.AtLeastOnce} {
+		t.Run(guarantee, func(t *testing.T) {
+			h := newHarness(t)
+			h.createInput(3)
+			h.cfg.ProcessingGuarantee = guarantee
+			in := h.startWith(h.cfg, stream.Knobs{TopologyCheckEvery: 200 * time.Millisecond})
+			in.waitReady()
+			var recs []*kgo.Record
+			want := map[string]int64{}
+			for i := 0; i < 60; i++ {
+				p := fmt.Sprintf("re%d", i%6)
+				recs = append(recs, event(p, p, 10))
+				want[p] += 10
+			}
+			h.produce(recs...)
+			in.waitTotals(want)
+
+			adm := kadm.NewClient(h.client())
+			ctx := context.Background()
+			if _, err := adm.DeleteTopic(ctx, h.cfg.InputTopic); err != nil {
+				t.Fatal(err)
+			}
+			waitFor(t, 20*time.Second, "the service to see the input topic missing", func() bool {
+				return in.logs.FilterMessageSnippet("Input topic is missing").Len() > 0
+			})
+			waitFor(t, 20*time.Second, "the input topic to be recreated", func() bool {
+				resp, err := adm.CreateTopic(ctx, 3, 1, nil, h.cfg.InputTopic)
+				return err == nil && resp.Err == nil
+			})
+			// Fewer events than before, so every new offset is below the reflected ones.
+			recs = recs[:0]
+			for i := 0; i < 12; i++ {
+				p := fmt.Sprintf("re%d", i%6)
+				recs = append(recs, event(p, p, 1))
+				want[p]++
+			}
+			h.produce(recs...)
+			waitFor(t, 30*time.Second, "the service to rejoin on the new topic", func() bool {
+				return in.logs.FilterMessageSnippet("Input topic changed while running").Len() > 0
+			})
+			in.waitTotals(want)
+		})
+	}
+}
