@@ -96,17 +96,40 @@ func crashTest(t *testing.T, guarantee string, randomKills int) {
 		}
 		recs = append(recs, r)
 	}
-	produced := make(chan error, 1)
+	var produceErr error
+	produced := make(chan struct{}) // closed when the producer is done; produceErr is set before
 	go func() {
+		defer close(produced)
 		for i := 0; i < len(recs); i += 20 {
 			if err := cl.ProduceSync(context.Background(), recs[i:min(i+20, len(recs))]...).FirstErr(); err != nil {
-				produced <- err
+				produceErr = err
 				return
 			}
 			time.Sleep(40 * time.Millisecond)
 		}
-		produced <- nil
 	}()
+	// topUp sends 5 more events when the producer is done, so that a started
+	// process always has something to fold.
+	toppedUp := 0
+	topUp := func() {
+		t.Helper()
+		select {
+		case <-produced:
+		default:
+			return
+		}
+		var more []*kgo.Record
+		toppedUp += 5
+		for range 5 {
+			product := fmt.Sprintf("sku-%02d", rng.IntN(40))
+			v := int64(1 + rng.IntN(500))
+			want[product] += v
+			more = append(more, &kgo.Record{Topic: "sales-events-v1", Key: []byte(product), Value: []byte(fmt.Sprintf(`{"product":%q,"value":%d}`, product, v))})
+		}
+		if err := cl.ProduceSync(context.Background(), more...).FirstErr(); err != nil {
+			t.Fatal(err)
+		}
+	}
 
 	killedBySignal := func(p *proc) bool {
 		var ee *exec.ExitError
@@ -129,13 +152,34 @@ func crashTest(t *testing.T, guarantee string, randomKills int) {
 			t.Fatalf("round %d: crash point %s: process ended with %v, not SIGKILL; logs:\n%s", round, point, p.err, p.output())
 		}
 	}
+	var toFirstFold time.Duration
 	for round := 0; round < randomKills; round++ {
 		p := startService(t, broker, stateDir, nil, groupArgs...)
+		started := time.Now()
+		// Kill only once processing has begun: a kill before the first fold
+		// would only test a start-up.
+		lastTopUp := time.Time{}
+		waitFor(t, 30*time.Second, fmt.Sprintf("random kill round %d: a processed event in /v1/tasks", round), func() bool {
+			if !p.alive() {
+				t.Fatalf("random kill round %d: salesagg exited on its own: %v; logs:\n%s", round, p.err, p.output())
+			}
+			if time.Since(lastTopUp) >= 200*time.Millisecond {
+				topUp()
+				lastTopUp = time.Now()
+			}
+			return p.processed() > 0
+		})
+		toFirstFold += time.Since(started)
 		time.Sleep(time.Duration(300+rng.IntN(1200)) * time.Millisecond)
 		p.kill()
 	}
-	if err := <-produced; err != nil {
-		t.Fatal(err)
+	if randomKills > 0 {
+		t.Logf("%d random kills, each after the first fold (%s from the start on average); %d events topped up", randomKills,
+			(toFirstFold / time.Duration(randomKills)).Round(time.Millisecond), toppedUp)
+	}
+	<-produced
+	if produceErr != nil {
+		t.Fatal(produceErr)
 	}
 
 	p := startService(t, broker, stateDir, nil, groupArgs...)

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"path/filepath"
 	"strings"
@@ -45,7 +46,8 @@ func TestPausedInstanceIsFencedWhenItResumes(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	args := []string{"--session.timeout.ms", "3000", "--processing.guarantee", "exactly_once_v2"}
+	// Twice franz-go's 3 s heartbeat interval, so that no member is expired while it runs.
+	args := []string{"--session.timeout.ms", "6000", "--processing.guarantee", "exactly_once_v2"}
 	work := t.TempDir()
 	a := startService(t, broker, filepath.Join(work, "a"), nil, args...)
 	a.waitReady()
@@ -62,11 +64,12 @@ func TestPausedInstanceIsFencedWhenItResumes(t *testing.T) {
 	send(120)
 	b.waitTotals(want, 60*time.Second)
 
+	resumedAt := len(a.output()) // only what A logs after it resumes counts below
 	if err := a.cmd.Process.Signal(syscall.SIGCONT); err != nil {
 		t.Fatal(err)
 	}
 	waitFor(t, 60*time.Second, "the resumed instance to drop its lost tasks and abort", func() bool {
-		return strings.Contains(a.output(), `task [0_0] Closed","task":"0_0","partition":0,"flushed":false`)
+		return strings.Contains(a.output()[resumedAt:], `task [0_0] Closed","task":"0_0","partition":0,"flushed":false`)
 	})
 	send(120)
 	waitFor(t, 60*time.Second, "exact committed totals in the changelog", func() bool {
@@ -83,6 +86,101 @@ func TestPausedInstanceIsFencedWhenItResumes(t *testing.T) {
 			if values[i] <= values[i-1] {
 				t.Fatalf("committed notifications of %s do not rise (a fenced cycle was committed): %v", product, values)
 			}
+		}
+	}
+	a.stop()
+	b.stop()
+}
+
+func TestPausedInstanceWritesNothingAtLeastOnce(t *testing.T) {
+	// Scenario (at-least-once): instance A folds events it has not flushed yet and is paused with
+	// SIGSTOP past its session timeout; B takes over its tasks and writes newer totals; when A
+	// resumes, it writes nothing over them (it checks its membership before writing the
+	// changelog, or learns it lost its tasks), and the changelog's last values stay exact.
+	cluster, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.GroupMinSessionTimeout(time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cluster.Close()
+	broker := cluster.ListenAddrs()[0]
+	cl, err := kgo.NewClient(kgo.SeedBrokers(broker))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	if _, err := kadm.NewClient(cl).CreateTopic(context.Background(), 3, 1, nil, "sales-events-v1"); err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]int64{}
+	send := func(n int, value int64) {
+		t.Helper()
+		var recs []*kgo.Record
+		for i := 0; i < n; i++ {
+			p := fmt.Sprintf("alo%d", i%12)
+			want[p] += value
+			recs = append(recs, &kgo.Record{Topic: "sales-events-v1", Key: []byte(p), Value: []byte(fmt.Sprintf(`{"product":%q,"value":%d}`, p, value))})
+		}
+		if err := cl.ProduceSync(context.Background(), recs...).FirstErr(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	processed := func(p *proc) int64 {
+		_, body := p.get("/v1/tasks")
+		var ts struct{ Tasks []struct{ Processed int64 } }
+		_ = json.Unmarshal(body, &ts)
+		var n int64
+		for _, task := range ts.Tasks {
+			n += task.Processed
+		}
+		return n
+	}
+	args := []string{"--session.timeout.ms", "6000", "--processing.guarantee", "at_least_once"}
+	work := t.TempDir()
+	// A flushes every 10 s: what it folds stays unflushed long enough to pause it with it.
+	a := startService(t, broker, filepath.Join(work, "a"), nil, append(args, "--commit.interval.ms", "10000")...)
+	a.waitReady()
+	send(120, 100)
+	waitFor(t, 30*time.Second, "A to fold the events", func() bool { return processed(a) == 120 })
+	if err := a.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	stopped := time.Now()
+	if got, n := changelogTotals(t, broker, "sales-aggregator-PRODUCT_AGGREGATED_SALES-changelog"); n != 0 {
+		t.Fatalf("A flushed before it was paused (changelog %v): the pause did not land with unflushed totals", got)
+	}
+	b := startService(t, broker, filepath.Join(work, "b"), nil, args...)
+	b.waitReady() // after A's session expired: B owns every task
+	send(120, 7)
+	b.waitTotals(want, 60*time.Second)
+	waitFor(t, 30*time.Second, "the changelog to hold B's totals", func() bool {
+		got, _ := changelogTotals(t, broker, "sales-aggregator-PRODUCT_AGGREGATED_SALES-changelog")
+		for p, w := range want {
+			if got[p] != w {
+				return false
+			}
+		}
+		return true
+	})
+	if time.Since(stopped) < 10*time.Second {
+		// Let A's flush be due when it resumes.
+		time.Sleep(10*time.Second - time.Since(stopped))
+	}
+	resumedAt := len(a.output()) // only what A logs after it resumes counts below
+	if err := a.cmd.Process.Signal(syscall.SIGCONT); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 60*time.Second, "the resumed instance to drop its lost tasks", func() bool {
+		return strings.Contains(a.output()[resumedAt:], `task [0_0] Closed","task":"0_0","partition":0,"flushed":false`)
+	})
+	if strings.Contains(a.output()[resumedAt:], "Not flushing: this member may no longer own the task") {
+		t.Log("the resumed instance's flush came first and found it was no longer a member")
+	} else {
+		t.Log("the resumed instance learned it lost its tasks before its flush was due")
+	}
+	got, _ := changelogTotals(t, broker, "sales-aggregator-PRODUCT_AGGREGATED_SALES-changelog")
+	for p, w := range want {
+		if got[p] != w {
+			t.Errorf("changelog %s = %d after A resumed, want %d (a stale write from the paused instance)", p, got[p], w)
 		}
 	}
 	a.stop()

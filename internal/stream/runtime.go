@@ -232,6 +232,9 @@ func (rt *Runtime) runGroup(ctx, work context.Context, cancelWork context.Cancel
 		kgo.ConsumerGroup(rt.cfg.ApplicationID),
 		kgo.InstanceID(rt.instanceID),
 		kgo.SessionTimeout(rt.cfg.SessionTimeout),
+		// A third of the session (as Kafka advises), at most the 3 s
+		// default: a short session must not expire between heartbeats.
+		kgo.HeartbeatInterval(min(3*time.Second, rt.cfg.SessionTimeout/3)),
 		kgo.ConsumeTopics(rt.cfg.InputTopic, rt.cfg.RepartitionTopic()),
 		kgo.Balancers(rt.balancer),
 		kgo.ConsumeResetOffset(reset),

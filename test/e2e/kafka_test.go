@@ -62,11 +62,53 @@ func createTopic(t *testing.T, topic string, partitions int32, configs map[strin
 type event struct {
 	product string
 	value   int64
+	// noKey sends it with an empty key (the service groups it by the
+	// value's product).
+	noKey bool
+	// misroute sends it to partition to, whatever its key, with a producer
+	// using headerPartitioner.
+	misroute bool
+	to       int32
 }
 
 func (e event) record(topic string) *kgo.Record {
 	v, _ := json.Marshal(map[string]any{"product": e.product, "value": e.value})
-	return &kgo.Record{Topic: topic, Key: []byte(e.product), Value: v}
+	r := &kgo.Record{Topic: topic, Key: []byte(e.product), Value: v}
+	if e.noKey {
+		r.Key = nil
+	}
+	if e.misroute {
+		r.Headers = []kgo.RecordHeader{{Key: "to", Value: []byte{byte(e.to)}}}
+	}
+	return r
+}
+
+// headerPartitioner sends a record with a "to" header to the partition it
+// names, others as the Java producer does (murmur2 of the key; sticky for
+// an empty key).
+type headerPartitioner struct{}
+
+func (headerPartitioner) ForTopic(topic string) kgo.TopicPartitioner {
+	return headerTopicPartitioner{kgo.StickyKeyPartitioner(nil).ForTopic(topic)}
+}
+
+type headerTopicPartitioner struct{ byKey kgo.TopicPartitioner }
+
+func (headerTopicPartitioner) OnNewBatch()                          {}
+func (headerTopicPartitioner) RequiresConsistency(*kgo.Record) bool { return true }
+func (p headerTopicPartitioner) Partition(r *kgo.Record, n int) int {
+	for _, h := range r.Headers {
+		if h.Key == "to" {
+			return int(h.Value[0]) % n
+		}
+	}
+	return p.byKey.Partition(r, n)
+}
+
+// keyPartition is the partition the Java producer picks for key among n:
+// murmur2, as the service's owner rule.
+func keyPartition(key string, n int) int32 {
+	return int32(kgo.StickyKeyPartitioner(nil).ForTopic("").Partition(&kgo.Record{Key: []byte(key)}, n))
 }
 
 // totalsOf sums events per product, as the service must.
