@@ -1,0 +1,64 @@
+//go:build e2e
+
+package e2e
+
+import (
+	"errors"
+	"math/rand/v2"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+)
+
+// rejoinBound is how soon a restart after SIGKILL must be ready: well under
+// the 45 s default session timeout a dynamic member would wait out.
+const rejoinBound = 15 * time.Second
+
+// TestRestartAfterKillNineIsReadyAtOnce: with the default configuration
+// (static membership derived from the state dir, 45 s session timeout), a
+// service SIGKILLed after it folded events and restarted on the same state
+// dir is ready again well before the dead member's session would expire,
+// and its totals are exact. The start-to-ready time is logged (README).
+func TestRestartAfterKillNineIsReadyAtOnce(t *testing.T) {
+	rng := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 0x72656a6e))
+	appID, input, notif := testNames("rejoin")
+	createTopic(t, input, 3, nil)
+	events := genEvents(rng, "rj", 20, 600)
+	cfg := serviceConfig{appID: appID, stateDir: filepath.Join(t.TempDir(), "state"), input: input, notif: notif}
+
+	svc := startService(t, cfg)
+	svc.waitReady(t, 90*time.Second)
+	var recs []*kgo.Record
+	for _, e := range events {
+		recs = append(recs, e.record(input))
+	}
+	produce(t, newClient(t), recs...)
+	waitFor(t, 60*time.Second, "the service to fold events", func() error {
+		c, err := svc.tasks()
+		if err == nil && c.Processed == 0 {
+			err = errors.New("nothing processed yet")
+		}
+		return err
+	})
+	svc.kill()
+
+	for round := 1; round <= 3; round++ {
+		began := time.Now()
+		svc = startService(t, cfg)
+		waitFor(t, 60*time.Second, "the restarted service to be ready", svc.ready)
+		took := time.Since(began)
+		t.Logf("restart after SIGKILL #%d: ready in %s", round, took.Round(time.Millisecond))
+		if took > rejoinBound {
+			t.Errorf("restart #%d was ready after %s, want within %s (static membership replaces the dead member at once)", round, took, rejoinBound)
+		}
+		if err := poll(30*time.Second, func() error { return svc.checkTotals(totalsOf(events)) }); err != nil {
+			t.Fatal(err)
+		}
+		if round < 3 {
+			svc.kill()
+		}
+	}
+	svc.terminate(t)
+}
