@@ -19,6 +19,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/salesagg/salesagg/internal/sales"
+	"github.com/salesagg/salesagg/test/ownership"
 )
 
 // What the multi-instance tests hold the runtime to. The group runs with the
@@ -322,140 +323,33 @@ func (sp *salesProducer) totals(t *testing.T) map[string]int64 {
 	return sp.want
 }
 
-// ownershipSampler polls every live instance's GET /v1/tasks and records
-// each time two instances ran the same task at once. HTTP reads are not
-// atomic, so a violation is bracketed: in one round each instance is read
-// twice, in the same order (X1 … Y1 … X2 …), and task t is a violation when
-// it is running in X1, in Y1 and in X2: X ran it all along while Y ran it.
-// It also keeps a timeline of who runs what, logged at the end.
-type ownershipSampler struct {
-	f    *fleet
-	stop chan struct{}
-	done chan struct{}
-
-	mu         sync.Mutex
-	rounds     int
-	paired     int // rounds that read two instances or more
-	violations map[violation]*violationSpan
-	timeline   []string
-	picture    string
-}
-
-// violation is a task seen running on two instances at once.
-type violation struct{ task, first, second string }
-
-type violationSpan struct {
-	samples     int
-	from, until time.Time
-}
-
-func startOwnershipSampler(t *testing.T, f *fleet) *ownershipSampler {
-	s := &ownershipSampler{f: f, stop: make(chan struct{}), done: make(chan struct{}), violations: map[violation]*violationSpan{}}
-	go s.run()
-	t.Cleanup(s.halt)
+// startOwnershipSampler samples, every 100 ms until report or the end of
+// the test, which of f's live instances runs which task.
+func startOwnershipSampler(t *testing.T, f *fleet) *ownership.Sampler {
+	s := ownership.Start(100*time.Millisecond, func() []ownership.Instance {
+		var out []ownership.Instance
+		for _, m := range f.alive() {
+			out = append(out, ownership.Instance{Name: m.name, Running: m.running})
+		}
+		return out
+	})
+	t.Cleanup(s.Stop)
 	return s
 }
 
-func (s *ownershipSampler) run() {
-	defer close(s.done)
-	for {
-		select {
-		case <-s.stop:
-			return
-		case <-time.After(100 * time.Millisecond):
-		}
-		ms := s.f.alive()
-		n := len(ms)
-		reads := make([]map[string]bool, 2*n)
-		for k := range reads {
-			reads[k] = ms[k%n].running()
-		}
-		now := time.Now()
-		s.mu.Lock()
-		s.rounds++
-		if n >= 2 {
-			s.paired++
-		}
-		for i := 0; i < n; i++ {
-			for j := i + 1; j < n; j++ {
-				s.check(now, ms[i], ms[j], reads[i], reads[j], reads[n+i])   // i1 < j1 < i2
-				s.check(now, ms[j], ms[i], reads[j], reads[n+i], reads[n+j]) // j1 < i2 < j2
-			}
-		}
-		var pic []string
-		for i, m := range ms {
-			pic = append(pic, fmt.Sprintf("%s=%v", m.name, sortedTasks(reads[n+i])))
-		}
-		if p := strings.Join(pic, " "); p != s.picture {
-			s.picture = p
-			s.timeline = append(s.timeline, now.Format("15:04:05.000")+" "+p)
-		}
-		s.mu.Unlock()
-	}
-}
-
-// check records the tasks x ran in both its reads x1, x2 while y ran them
-// in its read between them. Called with s.mu held.
-func (s *ownershipSampler) check(at time.Time, x, y *member, x1, y1, x2 map[string]bool) {
-	for task := range x1 {
-		if !x2[task] || !y1[task] {
-			continue
-		}
-		v := violation{task, x.name, y.name}
-		if v.second < v.first {
-			v.first, v.second = v.second, v.first
-		}
-		span := s.violations[v]
-		if span == nil {
-			span = &violationSpan{from: at}
-			s.violations[v] = span
-		}
-		span.samples++
-		span.until = at
-	}
-}
-
-func sortedTasks(set map[string]bool) []string {
-	out := make([]string, 0, len(set))
-	for task := range set {
-		out = append(out, task)
-	}
-	sort.Strings(out)
-	return out
-}
-
-func (s *ownershipSampler) halt() {
-	select {
-	case <-s.stop:
-	default:
-		close(s.stop)
-	}
-	<-s.done
-}
-
-// report halts the sampler, logs its timeline and fails the test listing
-// its violations.
-func (s *ownershipSampler) report(t *testing.T) {
+// reportOwnership stops s, logs its timeline and fails the test listing its
+// violations.
+func reportOwnership(t *testing.T, s *ownership.Sampler) {
 	t.Helper()
-	s.halt()
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	t.Logf("running tasks as sampled (%d rounds):\n  %s", s.rounds, strings.Join(s.timeline, "\n  "))
-	if s.paired == 0 {
+	r := s.Report()
+	t.Logf("running tasks as sampled (%d rounds):\n  %s", r.Rounds, strings.Join(r.Timeline, "\n  "))
+	if r.Paired == 0 {
 		t.Errorf("the ownership sampler never read two live instances in one round")
 	}
-	if len(s.violations) == 0 {
+	if len(r.Violations) == 0 {
 		return
 	}
-	var lines []string
-	total := 0
-	for v, span := range s.violations {
-		total += span.samples
-		lines = append(lines, fmt.Sprintf("%s–%s task %s running on %s and %s at once (%d samples)",
-			span.from.Format("15:04:05.000"), span.until.Format("15:04:05.000"), v.task, v.first, v.second, span.samples))
-	}
-	sort.Strings(lines)
-	t.Errorf("%d samples saw two instances running the same task at once:\n  %s", total, strings.Join(lines, "\n  "))
+	t.Errorf("%d samples saw two instances running the same task at once:\n  %s", r.Samples, strings.Join(r.Violations, "\n  "))
 }
 
 // servedOnce reports whether every product of want is answered 200 with its
@@ -619,7 +513,7 @@ func scaleTest(t *testing.T, guarantee string) {
 		}
 		return len(diffs) == 0, fmt.Sprintf("%d records; %d differences, e.g. %v", n, len(diffs), diffs[:min(5, len(diffs))])
 	})
-	sampler.report(t)
+	reportOwnership(t, sampler)
 	for _, m := range live {
 		m.stop()
 	}

@@ -15,53 +15,74 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 )
 
-func TestPausedInstanceIsFencedWhenItResumes(t *testing.T) {
-	// Scenario (exactly-once): instance A is paused with SIGSTOP past its session timeout while
-	// instance B takes over its partitions; when A resumes, its open transaction is fenced and
-	// aborted, and the committed changelog and notifications stay exact.
+// zombieRig is the setup of the paused-instance tests: an in-process broker
+// whose groups allow sessions down to 1 s, the input topic on 3 partitions,
+// and a client sending events for 12 products.
+type zombieRig struct {
+	t      *testing.T
+	broker string
+	cl     *kgo.Client
+	prefix string
+	// want holds the totals of the events sent.
+	want map[string]int64
+}
+
+func newZombieRig(t *testing.T, prefix string) *zombieRig {
+	t.Helper()
 	cluster, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.GroupMinSessionTimeout(time.Second))
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer cluster.Close()
+	t.Cleanup(cluster.Close) // registered first: runs after the processes and the client are gone
 	broker := cluster.ListenAddrs()[0]
 	cl, err := kgo.NewClient(kgo.SeedBrokers(broker))
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer cl.Close()
+	t.Cleanup(cl.Close)
 	if _, err := kadm.NewClient(cl).CreateTopic(context.Background(), 3, 1, nil, "sales-events-v1"); err != nil {
 		t.Fatal(err)
 	}
-	want := map[string]int64{}
-	send := func(n int) {
-		t.Helper()
-		var recs []*kgo.Record
-		for i := 0; i < n; i++ {
-			p := fmt.Sprintf("z%d", i%12)
-			want[p] += 150
-			recs = append(recs, &kgo.Record{Topic: "sales-events-v1", Key: []byte(p), Value: []byte(fmt.Sprintf(`{"product":%q,"value":150}`, p))})
-		}
-		if err := cl.ProduceSync(context.Background(), recs...).FirstErr(); err != nil {
-			t.Fatal(err)
-		}
+	return &zombieRig{t: t, broker: broker, cl: cl, prefix: prefix, want: map[string]int64{}}
+}
+
+// send produces n events of the given value, for products prefix0..prefix11
+// in turn, and adds them to want.
+func (r *zombieRig) send(n int, value int64) {
+	r.t.Helper()
+	var recs []*kgo.Record
+	for i := 0; i < n; i++ {
+		p := fmt.Sprintf("%s%d", r.prefix, i%12)
+		r.want[p] += value
+		recs = append(recs, &kgo.Record{Topic: "sales-events-v1", Key: []byte(p), Value: []byte(fmt.Sprintf(`{"product":%q,"value":%d}`, p, value))})
 	}
+	if err := r.cl.ProduceSync(context.Background(), recs...).FirstErr(); err != nil {
+		r.t.Fatal(err)
+	}
+}
+
+func TestPausedInstanceIsFencedWhenItResumes(t *testing.T) {
+	// Scenario (exactly-once): instance A is paused with SIGSTOP past its session timeout while
+	// instance B takes over its partitions; when A resumes, its open transaction is fenced and
+	// aborted, and the committed changelog and notifications stay exact.
+	rig := newZombieRig(t, "z")
+	broker, want, send := rig.broker, rig.want, rig.send
 	// Twice franz-go's 3 s heartbeat interval, so that no member is expired while it runs.
 	args := []string{"--session.timeout.ms", "6000", "--processing.guarantee", "exactly_once_v2"}
 	work := t.TempDir()
 	a := startService(t, broker, filepath.Join(work, "a"), nil, args...)
 	a.waitReady()
-	send(240)
+	send(240, 150)
 	a.waitTotals(want, 30*time.Second)
 
 	// A stops mid-flight: events it polls now sit in its open transaction.
-	send(120)
+	send(120, 150)
 	if err := a.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
 		t.Fatal(err)
 	}
 	b := startService(t, broker, filepath.Join(work, "b"), nil, args...)
 	b.waitReady() // after A's session expired: B owns every partition
-	send(120)
+	send(120, 150)
 	b.waitTotals(want, 60*time.Second)
 
 	resumedAt := len(a.output()) // only what A logs after it resumes counts below
@@ -71,7 +92,7 @@ func TestPausedInstanceIsFencedWhenItResumes(t *testing.T) {
 	waitFor(t, 60*time.Second, "the resumed instance to drop its lost tasks and abort", func() bool {
 		return strings.Contains(a.output()[resumedAt:], `task [0_0] Closed","task":"0_0","partition":0,"flushed":false`)
 	})
-	send(120)
+	send(120, 150)
 	waitFor(t, 60*time.Second, "exact committed totals in the changelog", func() bool {
 		got, _ := changelogTotals(t, broker, "sales-aggregator-PRODUCT_AGGREGATED_SALES-changelog")
 		for p, w := range want {
@@ -97,33 +118,8 @@ func TestPausedInstanceWritesNothingAtLeastOnce(t *testing.T) {
 	// SIGSTOP past its session timeout; B takes over its tasks and writes newer totals; when A
 	// resumes, it writes nothing over them (it checks its membership before writing the
 	// changelog, or learns it lost its tasks), and the changelog's last values stay exact.
-	cluster, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.GroupMinSessionTimeout(time.Second))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cluster.Close()
-	broker := cluster.ListenAddrs()[0]
-	cl, err := kgo.NewClient(kgo.SeedBrokers(broker))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cl.Close()
-	if _, err := kadm.NewClient(cl).CreateTopic(context.Background(), 3, 1, nil, "sales-events-v1"); err != nil {
-		t.Fatal(err)
-	}
-	want := map[string]int64{}
-	send := func(n int, value int64) {
-		t.Helper()
-		var recs []*kgo.Record
-		for i := 0; i < n; i++ {
-			p := fmt.Sprintf("alo%d", i%12)
-			want[p] += value
-			recs = append(recs, &kgo.Record{Topic: "sales-events-v1", Key: []byte(p), Value: []byte(fmt.Sprintf(`{"product":%q,"value":%d}`, p, value))})
-		}
-		if err := cl.ProduceSync(context.Background(), recs...).FirstErr(); err != nil {
-			t.Fatal(err)
-		}
-	}
+	rig := newZombieRig(t, "alo")
+	broker, want, send := rig.broker, rig.want, rig.send
 	processed := func(p *proc) int64 {
 		_, body := p.get("/v1/tasks")
 		var ts struct{ Tasks []struct{ Processed int64 } }

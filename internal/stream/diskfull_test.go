@@ -180,3 +180,66 @@ func TestFullDiskStallsAndRecovers(t *testing.T) {
 	in.waitReady()
 	in.waitTotals(want)
 }
+
+func TestStalledTaskDoesNotHoldBackOthers(t *testing.T) {
+	// Scenario: only task 0_1's store stops taking writes; events keep arriving for every
+	// partition, in many small batches: 0_1 stalls, the other tasks keep folding and serving
+	// exact totals meanwhile, and once 0_1's store takes writes again its totals are exact too.
+	for _, g := range []string{config.ExactlyOnceV2, config.AtLeastOnce} {
+		t.Run(g, func(t *testing.T) {
+			var full atomic.Bool
+			h := newHarness(t)
+			h.createInput(3)
+			h.cfg.ProcessingGuarantee = g
+			in := h.startWith(h.cfg, stream.Knobs{StoreWritable: func(p int32) error {
+				if p == 1 && full.Load() {
+					return fmt.Errorf("%w: no space left on device (injected)", state.ErrUnwritable)
+				}
+				return nil
+			}})
+			in.waitReady()
+			prods := map[int32]string{0: productOn("st", 0, 3), 1: productOn("st", 1, 3), 2: productOn("st", 2, 3)}
+			want := map[string]int64{}
+			send := func(p int32, n int) {
+				var recs []*kgo.Record
+				for i := 0; i < n; i++ {
+					want[prods[p]] += 3
+					recs = append(recs, event(prods[p], prods[p], 3))
+				}
+				h.produce(recs...)
+			}
+			for p := int32(0); p < 3; p++ {
+				send(p, 5)
+			}
+			in.waitTotals(want)
+
+			full.Store(true)
+			send(1, 5)
+			waitFor(t, 20*time.Second, "task 0_1 to stall", func() bool {
+				for _, ts := range in.rt.Tasks() {
+					if ts.Task == "0_1" {
+						return ts.State == "stalled"
+					}
+				}
+				return false
+			})
+			// Many small batches for every partition, the stalled one included.
+			for i := 0; i < 40; i++ {
+				for p := int32(0); p < 3; p++ {
+					send(p, 2)
+				}
+			}
+			others := map[string]int64{prods[0]: want[prods[0]], prods[2]: want[prods[2]]}
+			in.waitTotals(others)
+			if code, body := get(t, in.http.URL+"/readyz"); code != 503 || !strings.Contains(body, "task 0_1 is stalled") {
+				t.Fatalf("/readyz while 0_1 is stalled = %d %s", code, body)
+			}
+			if got, _ := in.total(prods[1]); got == want[prods[1]] {
+				t.Fatalf("the stalled task's total moved on to %d while its store could not be written", got)
+			}
+			full.Store(false)
+			in.waitReady()
+			in.waitTotals(want)
+		})
+	}
+}

@@ -123,6 +123,9 @@ func (rt *Runtime) pollEOS(ctx context.Context) error {
 		pctx, pcancel := context.WithDeadline(ctx, next)
 		fetches := rt.session.PollRecords(pctx, 10_000)
 		pcancel()
+		if rt.knobs.AfterPoll != nil {
+			rt.knobs.AfterPoll(fetches.NumRecords())
+		}
 		if fetches.IsClientClosed() {
 			return nil
 		}

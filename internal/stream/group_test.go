@@ -151,3 +151,59 @@ func TestInputTopicRecreatedWhileRunning(t *testing.T) {
 		})
 	}
 }
+
+func TestShutdownRightAfterAPollKeepsItsRecords(t *testing.T) {
+	// Scenario: the shutdown begins just after a poll returned records (SIGTERM at that moment):
+	// those records are folded and committed with the last cycle, or not committed at all, never
+	// committed unfolded; after a restart every total is exact.
+	for _, guarantee := range []string{config.ExactlyOnceV2, config.AtLeastOnce} {
+		t.Run(guarantee, func(t *testing.T) {
+			h := newHarness(t)
+			h.createInput(3)
+			h.cfg.ProcessingGuarantee = guarantee
+			var armed atomic.Bool
+			var stopNow context.CancelFunc
+			var stoppedAt atomic.Int64
+			in := h.startWith(h.cfg, stream.Knobs{AfterPoll: func(records int) {
+				if records > 0 && armed.CompareAndSwap(true, false) {
+					stoppedAt.Store(int64(records))
+					stopNow()
+				}
+			}})
+			in.waitReady()
+			want := map[string]int64{}
+			batch := func(value int64) {
+				var recs []*kgo.Record
+				for i := 0; i < 30; i++ {
+					p := fmt.Sprintf("sd%d", i%5)
+					recs = append(recs, event(p, p, value))
+					want[p] += value
+				}
+				h.produce(recs...)
+			}
+			batch(2)
+			in.waitTotals(want)
+			stopNow = in.cancel
+			armed.Store(true)
+			batch(3)
+			select {
+			case err := <-in.done:
+				if err != nil {
+					t.Fatal(err)
+				}
+				in.done <- nil // for in.stop
+			case <-time.After(30 * time.Second):
+				t.Fatal("the runtime did not stop after the poll")
+			}
+			if stoppedAt.Load() == 0 {
+				t.Fatal("the shutdown did not begin after a poll that returned records")
+			}
+			if err := in.stop(); err != nil {
+				t.Fatal(err)
+			}
+			again := h.start(h.cfg)
+			again.waitReady()
+			again.waitTotals(want)
+		})
+	}
+}

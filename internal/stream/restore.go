@@ -133,7 +133,10 @@ func (t *task) waitStableOffsets(ctx context.Context) error {
 	topics := []string{t.rt.cfg.InputTopic, t.rt.cfg.RepartitionTopic()}
 	wait := 50 * time.Millisecond
 	for attempt := 1; ; attempt++ {
-		offs, err := t.rt.admin.FetchOffsetsForTopics(kadm.RequireStable(ctx), t.rt.cfg.ApplicationID, topics...)
+		// All of the group's offsets: asking for given topics would go
+		// through kadm's metadata cache, which can still hold the topics
+		// created a moment ago as missing.
+		offs, err := t.rt.admin.FetchOffsets(kadm.RequireStable(ctx), t.rt.cfg.ApplicationID)
 		if err == nil {
 			for _, topic := range topics {
 				if o, ok := offs.Lookup(topic, t.partition); ok && o.Err != nil {

@@ -41,6 +41,10 @@ type Knobs struct {
 	// RestoreProgressEvery overrides how often a restore logs its
 	// progress (default 5 s).
 	RestoreProgressEvery time.Duration
+	// AfterPoll, if set, is called by the poll loop with the number of
+	// records each poll returned, before they are dispatched; a test stops
+	// the runtime there.
+	AfterPoll func(records int)
 	// TopologyCheckEvery overrides how often the input topic's identity
 	// and partition count are checked while running (default 5 s).
 	TopologyCheckEvery time.Duration
@@ -493,6 +497,9 @@ func (rt *Runtime) poll(ctx context.Context) error {
 	defer cancel()
 	for {
 		fetches := rt.client.PollRecords(ctx, 10_000)
+		if rt.knobs.AfterPoll != nil {
+			rt.knobs.AfterPoll(fetches.NumRecords())
+		}
 		if ctx.Err() != nil || fetches.IsClientClosed() {
 			// Records polled now are not committed (at-least-once commits
 			// only what tasks report): the next owner reads them again.

@@ -15,6 +15,8 @@ import (
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/salesagg/salesagg/test/ownership"
 )
 
 // What the multi-instance test holds the runtime to. The group runs with the
@@ -140,7 +142,7 @@ func severalInstances(t *testing.T, guarantee string) {
 	expect(t, 30*time.Second, "the changelog's latest committed totals to be exact", func() error {
 		return checkChangelog(changelogTopic(appID), want)
 	})
-	sampler.report(t)
+	reportScale(t, sampler)
 	for _, m := range live {
 		m.terminate(t)
 	}
@@ -321,132 +323,31 @@ func servedOnce(ms []*scaleMember, want map[string]int64) error {
 	return fmt.Errorf("%d of %d products wrong, e.g.:\n  %s", len(bad), len(want), strings.Join(bad[:min(8, len(bad))], "\n  "))
 }
 
-// scaleSampler polls every live instance's GET /v1/tasks and records each
-// time two instances ran the same task at once. HTTP reads are not atomic,
-// so a violation is bracketed: in one round each instance is read twice, in
-// the same order (X1 … Y1 … X2 …), and task t is a violation when it is
-// running in X1, in Y1 and in X2. It also keeps a timeline of who runs what.
-type scaleSampler struct {
-	f    *scaleFleet
-	stop chan struct{}
-	done chan struct{}
-
-	mu         sync.Mutex
-	rounds     int
-	paired     int // rounds that read two instances or more
-	violations map[scaleViolation]*scaleSpan
-	timeline   []string
-	picture    string
-}
-
-type scaleViolation struct{ task, first, second string }
-
-type scaleSpan struct {
-	samples     int
-	from, until time.Time
-}
-
-func startScaleSampler(t *testing.T, f *scaleFleet) *scaleSampler {
-	s := &scaleSampler{f: f, stop: make(chan struct{}), done: make(chan struct{}), violations: map[scaleViolation]*scaleSpan{}}
-	go s.run()
-	t.Cleanup(s.halt)
+// startScaleSampler samples, every 100 ms until report or the end of the
+// test, which of f's live instances runs which task.
+func startScaleSampler(t *testing.T, f *scaleFleet) *ownership.Sampler {
+	s := ownership.Start(100*time.Millisecond, func() []ownership.Instance {
+		var out []ownership.Instance
+		for _, m := range f.alive() {
+			out = append(out, ownership.Instance{Name: m.name, Running: m.running})
+		}
+		return out
+	})
+	t.Cleanup(s.Stop)
 	return s
 }
 
-func (s *scaleSampler) run() {
-	defer close(s.done)
-	for {
-		select {
-		case <-s.stop:
-			return
-		case <-time.After(100 * time.Millisecond):
-		}
-		ms := s.f.alive()
-		n := len(ms)
-		reads := make([]map[string]bool, 2*n)
-		for k := range reads {
-			reads[k] = ms[k%n].running()
-		}
-		now := time.Now()
-		s.mu.Lock()
-		s.rounds++
-		if n >= 2 {
-			s.paired++
-		}
-		for i := 0; i < n; i++ {
-			for j := i + 1; j < n; j++ {
-				s.check(now, ms[i], ms[j], reads[i], reads[j], reads[n+i])   // i1 < j1 < i2
-				s.check(now, ms[j], ms[i], reads[j], reads[n+i], reads[n+j]) // j1 < i2 < j2
-			}
-		}
-		var pic []string
-		for i, m := range ms {
-			var run []string
-			for task := range reads[n+i] {
-				run = append(run, task)
-			}
-			sort.Strings(run)
-			pic = append(pic, fmt.Sprintf("%s=%v", m.name, run))
-		}
-		if p := strings.Join(pic, " "); p != s.picture {
-			s.picture = p
-			s.timeline = append(s.timeline, now.Format("15:04:05.000")+" "+p)
-		}
-		s.mu.Unlock()
-	}
-}
-
-// check records the tasks x ran in both its reads x1, x2 while y ran them in
-// its read between them. Called with s.mu held.
-func (s *scaleSampler) check(at time.Time, x, y *scaleMember, x1, y1, x2 map[string]bool) {
-	for task := range x1 {
-		if !x2[task] || !y1[task] {
-			continue
-		}
-		v := scaleViolation{task, x.name, y.name}
-		if v.second < v.first {
-			v.first, v.second = v.second, v.first
-		}
-		span := s.violations[v]
-		if span == nil {
-			span = &scaleSpan{from: at}
-			s.violations[v] = span
-		}
-		span.samples++
-		span.until = at
-	}
-}
-
-func (s *scaleSampler) halt() {
-	select {
-	case <-s.stop:
-	default:
-		close(s.stop)
-	}
-	<-s.done
-}
-
-// report halts the sampler, logs its timeline and fails the test listing
-// its violations.
-func (s *scaleSampler) report(t *testing.T) {
+// reportScale stops s, logs its timeline and fails the test listing its
+// violations.
+func reportScale(t *testing.T, s *ownership.Sampler) {
 	t.Helper()
-	s.halt()
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	t.Logf("running tasks as sampled (%d rounds):\n  %s", s.rounds, strings.Join(s.timeline, "\n  "))
-	if s.paired == 0 {
+	r := s.Report()
+	t.Logf("running tasks as sampled (%d rounds):\n  %s", r.Rounds, strings.Join(r.Timeline, "\n  "))
+	if r.Paired == 0 {
 		t.Errorf("the ownership sampler never read two live instances in one round")
 	}
-	if len(s.violations) == 0 {
+	if len(r.Violations) == 0 {
 		return
 	}
-	var lines []string
-	total := 0
-	for v, span := range s.violations {
-		total += span.samples
-		lines = append(lines, fmt.Sprintf("%s–%s task %s running on %s and %s at once (%d samples)",
-			span.from.Format("15:04:05.000"), span.until.Format("15:04:05.000"), v.task, v.first, v.second, span.samples))
-	}
-	sort.Strings(lines)
-	t.Errorf("%d samples saw two instances running the same task at once:\n  %s", total, strings.Join(lines, "\n  "))
+	t.Errorf("%d samples saw two instances running the same task at once:\n  %s", r.Samples, strings.Join(r.Violations, "\n  "))
 }
