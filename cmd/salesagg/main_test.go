@@ -7,7 +7,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -22,6 +21,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/salesagg/salesagg/internal/sales"
+	"github.com/salesagg/salesagg/test/port"
 )
 
 // binary is the salesagg binary built once for these tests.
@@ -61,12 +61,11 @@ func waitFor(t *testing.T, timeout time.Duration, what string, cond func() bool)
 
 func freeAddr(t *testing.T) string {
 	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+	addr, err := port.Free()
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer l.Close()
-	return l.Addr().String()
+	return addr
 }
 
 // proc is a salesagg subprocess with its stderr (the JSON logs) captured.

@@ -11,6 +11,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/salesagg/salesagg/internal/config"
+	"github.com/salesagg/salesagg/test/port"
 )
 
 func TestBrokerRestartWhileRunning(t *testing.T) {
@@ -18,12 +19,7 @@ func TestBrokerRestartWhileRunning(t *testing.T) {
 	// under each guarantee the service keeps running and ends with exact totals.
 	for _, g := range []string{config.ExactlyOnceV2, config.AtLeastOnce} {
 		t.Run(g, func(t *testing.T) {
-			l, err := net.Listen("tcp", "127.0.0.1:0")
-			if err != nil {
-				t.Fatal(err)
-			}
-			port := l.Addr().(*net.TCPAddr).Port
-			l.Close()
+			port := freePort(t)
 			data := t.TempDir()
 			startBroker := func() *kfake.Cluster {
 				c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.Ports(port), kfake.DataDir(data))
@@ -66,12 +62,7 @@ func TestBrokerRestartWhileRunning(t *testing.T) {
 func TestBrokerDownAtStart(t *testing.T) {
 	// Scenario: the service starts before Kafka: it logs that it waits, retries with backoff, is
 	// alive but not ready, and serves once the broker comes up.
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	port := l.Addr().(*net.TCPAddr).Port
-	l.Close()
+	port := freePort(t)
 	h := harnessOn(t, nil, "127.0.0.1:"+strconv.Itoa(port))
 	in := h.start(h.cfg)
 	waitFor(t, 20*time.Second, "a 'Waiting for Kafka' line", func() bool {
@@ -96,4 +87,20 @@ func TestBrokerDownAtStart(t *testing.T) {
 	in.waitReady()
 	h.produce(event("late", "late", 5))
 	in.waitTotals(map[string]int64{"late": 5})
+}
+
+// freePort returns a free loopback port below the ephemeral range, so that no
+// client connection takes it while the broker is down.
+func freePort(t *testing.T) int {
+	t.Helper()
+	addr, err := port.Free()
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, p, _ := net.SplitHostPort(addr)
+	n, err := strconv.Atoi(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n
 }

@@ -8,7 +8,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -20,6 +19,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/salesagg/salesagg/test/port"
 )
 
 // waitFor polls cond every 200 ms until it returns nil, failing the test
@@ -250,12 +251,11 @@ func (w *lineWriter) Write(b []byte) (int, error) {
 // freeAddr returns a free 127.0.0.1:PORT.
 func freeAddr(t *testing.T) string {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	addr, err := port.Free()
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer ln.Close()
-	return ln.Addr().String()
+	return addr
 }
 
 // childEnv is this process's environment without the variables that would
