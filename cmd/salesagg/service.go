@@ -61,6 +61,7 @@ func runService(args []string) error {
 	if err != nil {
 		return err
 	}
+	rt.Advertise(srv.Addr())
 	httpDone := make(chan error, 1)
 	go func() { httpDone <- srv.Serve() }()
 

@@ -44,6 +44,9 @@ type Config struct {
 	TopicsPartitions      int32
 	ReplicationFactor     int16
 	HTTPAddr              string
+	// ApplicationServer is the host:port other instances reach this one's
+	// HTTP server at; empty means derived (AdvertisedServer).
+	ApplicationServer string
 	// DLQTopic, when set, receives every bad event as it was read, with
 	// headers naming its source and the error. Empty: bad events are
 	// skipped (and counted).
@@ -155,6 +158,7 @@ var keys = []keyDef{
 	{"topics.partitions", kindInt, "3", "partitions of a created input topic"},
 	{"replication.factor", kindInt, "1", "replication factor of created topics (-1: the broker's default)"},
 	{"http.addr", kindString, ":8080", "address of the HTTP server (queries, tasks, health)"},
+	{"application.server", kindString, "", "host:port other instances reach this one's HTTP server at, advertised in the group for query routing (default: the host name and the port of http.addr; the pod DNS name on Kubernetes)"},
 	{"security.protocol", kindString, ProtocolPlaintext, "PLAINTEXT, SSL, SASL_PLAINTEXT or SASL_SSL"},
 	{"sasl.mechanism", kindString, "PLAIN", "PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512"},
 	{"sasl.username", kindString, "", "SASL user"},
@@ -381,6 +385,9 @@ func decode(v *viper.Viper) (Config, map[string]bool, []error) {
 	c.TopicsPartitions = int32(integer("topics.partitions", 1, 10_000))
 	c.ReplicationFactor = int16(integer("replication.factor", -1, math.MaxInt16))
 	c.HTTPAddr = str("http.addr")
+	if v.IsSet("application.server") {
+		c.ApplicationServer = str("application.server")
+	}
 	opt := func(key string) string {
 		if v.IsSet(key) {
 			return str(key)
@@ -518,6 +525,11 @@ func (c Config) validate(skip map[string]bool) error {
 	if _, _, err := net.SplitHostPort(c.HTTPAddr); err != nil {
 		bad("http.addr", c.HTTPAddr, "must be host:port or :port")
 	}
+	if c.ApplicationServer != "" {
+		if host, port, err := net.SplitHostPort(c.ApplicationServer); err != nil || host == "" || port == "" {
+			bad("application.server", c.ApplicationServer, "must be host:port, reachable by the other instances")
+		}
+	}
 	if !slices.Contains([]string{"debug", "info", "warn", "error"}, c.LogLevel) {
 		bad("log.level", c.LogLevel, "allowed: debug, info, warn, error")
 	}
@@ -546,6 +558,7 @@ func (c Config) Fields() map[string]any {
 		"topics.partitions":      c.TopicsPartitions,
 		"replication.factor":     c.ReplicationFactor,
 		"http.addr":              c.HTTPAddr,
+		"application.server":     c.ApplicationServer,
 		"dlq.topic":              c.DLQTopic,
 		"security.protocol":      c.Security.Protocol,
 		"sasl.mechanism":         c.Security.SASLMechanism,
@@ -568,6 +581,31 @@ func redact(secret string) string {
 		return ""
 	}
 	return "[redacted]"
+}
+
+// AdvertisedServer returns application.server, or when it is empty the host
+// of http.addr (the host name when http.addr names a wildcard) with the port
+// of bound, the address the HTTP server is bound to (http.addr's own port
+// when bound is empty).
+func (c Config) AdvertisedServer(bound string) string {
+	if c.ApplicationServer != "" {
+		return c.ApplicationServer
+	}
+	host, port, err := net.SplitHostPort(c.HTTPAddr)
+	if err != nil {
+		return c.HTTPAddr
+	}
+	if _, bp, err := net.SplitHostPort(bound); err == nil && bp != "" {
+		port = bp
+	}
+	if host == "" || host == "0.0.0.0" || host == "::" {
+		if h, err := os.Hostname(); err == nil && h != "" {
+			host = h
+		} else {
+			host = "localhost"
+		}
+	}
+	return net.JoinHostPort(host, port)
 }
 
 // StateDirUnderTemp reports whether the state dir lies under the OS temp dir,

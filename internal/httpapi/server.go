@@ -7,8 +7,11 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
+	"net/url"
+	"sort"
 	"strconv"
 	"time"
 
@@ -25,7 +28,27 @@ type Backend interface {
 	Tasks() []stream.TaskStatus
 	Ready() (bool, string)
 	BadEvents() int64
+	// InstanceID names this instance in X-Served-By.
+	InstanceID() string
+	// TaskOf names the task owning a product.
+	TaskOf(product string) string
+	// Instances lists the group's members, their tasks and servers.
+	Instances() []stream.InstanceStatus
 }
+
+// Headers of the query routing.
+const (
+	// ServedByHeader names the instance and task that answered a product
+	// query: "<instance>; task=0_2".
+	ServedByHeader = "X-Served-By"
+	// ForwardedHeader marks a request one instance forwarded to another
+	// (its value names the forwarder); a forwarded request is answered
+	// where it lands, never forwarded again.
+	ForwardedHeader = "X-Salesagg-Forwarded"
+)
+
+// forwardTimeout bounds a forwarded request.
+const forwardTimeout = 2 * time.Second
 
 // Paging limits of GET /v1/products.
 const (
@@ -77,9 +100,16 @@ func (s *Server) Shutdown(ctx context.Context) error { return s.srv.Shutdown(ctx
 // Handler returns the routes over b.
 func Handler(b Backend) http.Handler {
 	mux := http.NewServeMux()
+	fwd := &http.Client{Timeout: forwardTimeout}
 	mux.HandleFunc("GET /v1/products/{product}", func(w http.ResponseWriter, r *http.Request) {
 		product := r.PathValue("product")
 		total, ok, err := b.Total(product)
+		var nh *stream.NotHostedError
+		if errors.As(err, &nh) && nh.Server != "" && r.Header.Get(ForwardedHeader) == "" {
+			forwardProduct(w, r, fwd, b, nh, product)
+			return
+		}
+		w.Header().Set(ServedByHeader, b.InstanceID()+"; task="+b.TaskOf(product))
 		if err != nil {
 			writeError(w, err)
 			return
@@ -100,10 +130,31 @@ func Handler(b Backend) http.Handler {
 			}
 			limit = n
 		}
-		page, unavailable, err := b.Products(r.URL.Query().Get("after"), limit)
+		after := r.URL.Query().Get("after")
+		page, unavailable, err := b.Products(after, limit)
 		if err != nil {
 			writeError(w, err)
 			return
+		}
+		if r.Header.Get(ForwardedHeader) == "" {
+			// Gather the same page from every other owner.
+			for _, is := range b.Instances() {
+				if is.Self || len(is.Tasks) == 0 {
+					continue
+				}
+				got, unav, err := fetchPage(r.Context(), fwd, b.InstanceID(), is.Server, after, limit)
+				if err != nil {
+					unavailable = append(unavailable, is.Tasks...)
+					continue
+				}
+				page = append(page, got...)
+				unavailable = append(unavailable, unav...)
+			}
+			sort.Slice(page, func(i, j int) bool { return page[i].Product < page[j].Product })
+			if len(page) > limit {
+				page = page[:limit]
+			}
+			sort.Strings(unavailable)
 		}
 		if page == nil {
 			page = []state.Total{}
@@ -123,6 +174,9 @@ func Handler(b Backend) http.Handler {
 			ts = []stream.TaskStatus{}
 		}
 		writeJSON(w, http.StatusOK, map[string]any{"tasks": ts})
+	})
+	mux.HandleFunc("GET /v1/instances", func(w http.ResponseWriter, _ *http.Request) {
+		writeJSON(w, http.StatusOK, map[string]any{"instances": b.Instances()})
 	})
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
 		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
@@ -145,6 +199,72 @@ func Handler(b Backend) http.Handler {
 // member is 404 with the task and the owner (ask it instead); 503 with
 // Retry-After when no owner is known yet (a rebalance) or the task is not
 // ready here.
+// forwardProduct answers a product query from the instance that runs its
+// task: one hop, bounded by forwardTimeout. An owner that cannot be reached
+// is a 503 naming it.
+func forwardProduct(w http.ResponseWriter, r *http.Request, cl *http.Client, b Backend, nh *stream.NotHostedError, product string) {
+	ctx, cancel := context.WithTimeout(r.Context(), forwardTimeout)
+	defer cancel()
+	u := "http://" + nh.Server + "/v1/products/" + url.PathEscape(product)
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u, nil)
+	if err == nil {
+		req.Header.Set(ForwardedHeader, b.InstanceID())
+		var resp *http.Response
+		if resp, err = cl.Do(req); err == nil {
+			defer resp.Body.Close()
+			body, rerr := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+			if rerr == nil {
+				for _, h := range []string{"Content-Type", ServedByHeader, "Retry-After"} {
+					if v := resp.Header.Get(h); v != "" {
+						w.Header().Set(h, v)
+					}
+				}
+				w.WriteHeader(resp.StatusCode)
+				_, _ = w.Write(body)
+				return
+			}
+			err = rerr
+		}
+	}
+	w.Header().Set(ServedByHeader, b.InstanceID()+"; task="+nh.Task)
+	w.Header().Set("Retry-After", "1")
+	writeJSON(w, http.StatusServiceUnavailable, map[string]any{
+		"error": fmt.Sprintf("the owner of task %s, %s at %s, did not answer: %v", nh.Task, nh.Owner, nh.Server, err),
+		"task":  nh.Task, "partition": nh.Partition, "owner": nh.Owner, "server": nh.Server,
+	})
+}
+
+// fetchPage reads one page of GET /v1/products from another instance.
+func fetchPage(ctx context.Context, cl *http.Client, self, server, after string, limit int) ([]state.Total, []string, error) {
+	ctx, cancel := context.WithTimeout(ctx, forwardTimeout)
+	defer cancel()
+	q := url.Values{"limit": {strconv.Itoa(limit)}}
+	if after != "" {
+		q.Set("after", after)
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+server+"/v1/products?"+q.Encode(), nil)
+	if err != nil {
+		return nil, nil, err
+	}
+	req.Header.Set(ForwardedHeader, self)
+	resp, err := cl.Do(req)
+	if err != nil {
+		return nil, nil, err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return nil, nil, fmt.Errorf("GET /v1/products on %s: %s", server, resp.Status)
+	}
+	var body struct {
+		Products    []state.Total `json:"products"`
+		Unavailable []string      `json:"unavailable_tasks"`
+	}
+	if err := json.NewDecoder(io.LimitReader(resp.Body, 8<<20)).Decode(&body); err != nil {
+		return nil, nil, fmt.Errorf("GET /v1/products on %s: %w", server, err)
+	}
+	return body.Products, body.Unavailable, nil
+}
+
 func writeError(w http.ResponseWriter, err error) {
 	var nh *stream.NotHostedError
 	if errors.As(err, &nh) {

@@ -22,6 +22,9 @@ func (idle) Products(string, int) ([]state.Total, []string, error) { return nil,
 func (idle) Tasks() []stream.TaskStatus                            { return nil }
 func (idle) Ready() (bool, string)                                 { return false, "no partitions assigned yet" }
 func (idle) BadEvents() int64                                      { return 0 }
+func (idle) InstanceID() string                                    { return "idle-0" }
+func (idle) TaskOf(string) string                                  { return "" }
+func (idle) Instances() []stream.InstanceStatus                    { return nil }
 
 func TestServerLimits(t *testing.T) {
 	// Scenario: the HTTP server drops a client that sends its headers too slowly, refuses oversized

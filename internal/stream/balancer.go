@@ -31,6 +31,8 @@ import (
 //	version     uint8   assign.Version
 //	partitions  int32   the input partition count the member works with
 //	processID   uint16 length + bytes: the state dir's process id
+//	appServer   uint16 length + bytes: application.server, host:port of its
+//	            HTTP server (absent from older members)
 //
 // Newer versions append fields; a reader takes the prefix it knows.
 //
@@ -41,6 +43,8 @@ import (
 //	partitions  int32   the leader's input partition count
 //	owners      uint16 count, then per task: int32 task, uint16 length + bytes
 //	            (the owner's group.instance.id, or member id when dynamic)
+//	servers     uint16 count, then per member: its name as in owners and its
+//	            application.server (absent from older leaders)
 //
 // so that every member knows which member owns each task (queries to a
 // non-owner name the owner).
@@ -53,12 +57,14 @@ type memberInfo struct {
 	version    int
 	partitions int32
 	processID  string
+	appServer  string
 }
 
 func encodeMemberInfo(m memberInfo) []byte {
 	b := []byte{byte(assign.Version)}
 	b = binary.BigEndian.AppendUint32(b, uint32(m.partitions))
-	return appendString(b, m.processID)
+	b = appendString(b, m.processID)
+	return appendString(b, m.appServer)
 }
 
 func decodeMemberInfo(b []byte) (memberInfo, error) {
@@ -67,8 +73,14 @@ func decodeMemberInfo(b []byte) (memberInfo, error) {
 	}
 	m := memberInfo{version: int(b[0]), partitions: int32(binary.BigEndian.Uint32(b[1:]))}
 	var ok bool
-	if m.processID, _, ok = readString(b[5:]); !ok {
+	var rest []byte
+	if m.processID, rest, ok = readString(b[5:]); !ok {
 		return memberInfo{}, errors.New("unreadable member metadata: process id")
+	}
+	if len(rest) > 0 {
+		if m.appServer, _, ok = readString(rest); !ok {
+			return memberInfo{}, errors.New("unreadable member metadata: application server")
+		}
 	}
 	return m, nil
 }
@@ -78,6 +90,9 @@ type assignmentInfo struct {
 	version    int
 	partitions int32
 	owners     map[int32]string
+	// servers maps each member (by its name in owners) to its
+	// application.server.
+	servers map[string]string
 }
 
 func encodeAssignmentInfo(a assignmentInfo) []byte {
@@ -92,6 +107,16 @@ func encodeAssignmentInfo(a assignmentInfo) []byte {
 	for _, t := range tasks {
 		b = binary.BigEndian.AppendUint32(b, uint32(t))
 		b = appendString(b, a.owners[t])
+	}
+	names := make([]string, 0, len(a.servers))
+	for n := range a.servers {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	b = binary.BigEndian.AppendUint16(b, uint16(len(names)))
+	for _, n := range names {
+		b = appendString(b, n)
+		b = appendString(b, a.servers[n])
 	}
 	return b
 }
@@ -114,6 +139,23 @@ func decodeAssignmentInfo(b []byte) (assignmentInfo, error) {
 		}
 		a.owners[t] = owner
 		b = rest
+	}
+	a.servers = map[string]string{}
+	if len(b) >= 2 {
+		n := int(binary.BigEndian.Uint16(b))
+		b = b[2:]
+		for i := 0; i < n; i++ {
+			name, rest, ok := readString(b)
+			if !ok {
+				return assignmentInfo{}, errors.New("unreadable assignment info: servers")
+			}
+			addr, rest, ok := readString(rest)
+			if !ok {
+				return assignmentInfo{}, errors.New("unreadable assignment info: server")
+			}
+			a.servers[name] = addr
+			b = rest
+		}
 	}
 	return a, nil
 }
@@ -150,7 +192,19 @@ type taskBalancer struct {
 		// process id.
 		self memberInfo
 		info assignmentInfo // from the latest SyncGroup
+		// lastOwner is the last owner each task was seen with, and
+		// movedFrom the one before it when the task changed hands.
+		lastOwner map[int32]string
+		movedFrom map[int32]string
 	}
+}
+
+// cameFrom returns the member task p was last seen on before it moved to
+// its current owner, "" when unknown.
+func (b *taskBalancer) cameFrom(p int32) string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.mu.movedFrom[p]
 }
 
 // start begins a group session: self is what the member reports; the owners
@@ -209,6 +263,15 @@ func (b *taskBalancer) ParseSyncAssignment(assignment []byte) (map[string][]int3
 	}
 	b.mu.Lock()
 	b.mu.info = info
+	if b.mu.lastOwner == nil {
+		b.mu.lastOwner, b.mu.movedFrom = map[int32]string{}, map[int32]string{}
+	}
+	for t, o := range info.owners {
+		if last := b.mu.lastOwner[t]; last != "" && last != o {
+			b.mu.movedFrom[t] = last
+		}
+		b.mu.lastOwner[t] = o
+	}
 	b.mu.Unlock()
 	return out, nil
 }
@@ -251,6 +314,9 @@ func (b *taskBalancer) MemberBalancer(members []kmsg.JoinGroupResponseMember) (k
 		if info, err := decodeMemberInfo(meta.UserData); err == nil {
 			am.Version = info.version
 			am.Partitions = info.partitions
+			if info.appServer != "" {
+				mb.servers = append(mb.servers, [2]string{m.MemberID, info.appServer})
+			}
 		} else {
 			b.log.Warn("Group member metadata has no salesagg data; the member gets no task", zap.String("member", m.MemberID), zap.Error(err))
 		}
@@ -263,6 +329,7 @@ func (b *taskBalancer) MemberBalancer(members []kmsg.JoinGroupResponseMember) (k
 type memberBalancer struct {
 	b       *taskBalancer
 	members []assign.Member
+	servers [][2]string // member id, application.server
 }
 
 func (*memberBalancer) Balance(map[string]int32) kgo.IntoSyncAssignment { panic("unreachable") }
@@ -302,7 +369,26 @@ func (mb *memberBalancer) BalanceOrError(topics map[string]int32) (kgo.IntoSyncA
 		summary = append(summary, fmt.Sprintf("%s=%v", name[m.ID], taskNames(tasks)))
 	}
 	b.log.Info("Assigned tasks", zap.Strings("members", summary), zap.Strings("withheld", taskNames(res.Withheld)), zap.Int32("partitions", n))
-	info := encodeAssignmentInfo(assignmentInfo{partitions: n, owners: owners})
+	// A withheld task is still run by its holder until it revokes it: name
+	// the holder, so queries reach it and the next owner knows where the
+	// task came from.
+	for _, t := range res.Withheld {
+		var holder *assign.Member
+		for i := range mb.members {
+			m := &mb.members[i]
+			if slices.Contains(m.Owned, t) && (holder == nil || m.Generation > holder.Generation) {
+				holder = m
+			}
+		}
+		if holder != nil {
+			owners[t] = name[holder.ID]
+		}
+	}
+	servers := map[string]string{}
+	for _, ms := range mb.servers {
+		servers[name[ms[0]]] = ms[1]
+	}
+	info := encodeAssignmentInfo(assignmentInfo{partitions: n, owners: owners, servers: servers})
 	return &syncPlan{members: mb.members, res: res, input: b.input, repartition: b.repartition, info: info}, nil
 }
 

@@ -17,7 +17,7 @@ func TestBalancerRoundTrip(t *testing.T) {
 	const in, rep = "in", "in-rep"
 	newBal := func(pid string) *taskBalancer {
 		b := &taskBalancer{input: in, repartition: rep, log: zap.NewNop()}
-		b.start(memberInfo{partitions: 3, processID: pid})
+		b.start(memberInfo{partitions: 3, processID: pid, appServer: map[string]string{"pa": "a:1", "pb": "b:2"}[pid]})
 		return b
 	}
 	a, b := newBal("pa"), newBal("pb")
@@ -59,8 +59,12 @@ func TestBalancerRoundTrip(t *testing.T) {
 	if len(got["m-b"]) != 0 {
 		t.Fatalf("B's assignment = %v, want nothing this round", got["m-b"])
 	}
-	if owners := b.assignment().owners; !reflect.DeepEqual(owners, map[int32]string{0: idA, 1: idA}) {
+	// 2 is withheld: still run by A until it revokes it.
+	if owners := b.assignment().owners; !reflect.DeepEqual(owners, map[int32]string{0: idA, 1: idA, 2: idA}) {
 		t.Fatalf("owners B learned = %v", owners)
+	}
+	if servers := b.assignment().servers; !reflect.DeepEqual(servers, map[string]string{idA: "a:1", idB: "b:2"}) {
+		t.Fatalf("servers B learned = %v", servers)
 	}
 
 	// Mismatched partition counts fail the round.
@@ -72,7 +76,7 @@ func TestBalancerRoundTrip(t *testing.T) {
 func TestBalancerWireFormats(t *testing.T) {
 	// Scenario: member and assignment info round trip; truncated bytes are rejected; a newer
 	// member's appended fields are ignored.
-	m := memberInfo{version: 1, partitions: 12, processID: "0b8f-uuid"}
+	m := memberInfo{version: 1, partitions: 12, processID: "0b8f-uuid", appServer: "salesagg-0.salesagg:8080"}
 	got, err := decodeMemberInfo(encodeMemberInfo(m))
 	if err != nil || got != m {
 		t.Fatalf("member info = %+v, %v", got, err)
@@ -80,12 +84,17 @@ func TestBalancerWireFormats(t *testing.T) {
 	if _, err := decodeMemberInfo(encodeMemberInfo(m)[:6]); err == nil {
 		t.Fatal("truncated member info decoded")
 	}
+	// A member of the version before application.server: no server.
+	old := []byte{1, 0, 0, 0, 12, 0, 3, 'p', 'i', 'd'}
+	if got, err := decodeMemberInfo(old); err != nil || got.processID != "pid" || got.appServer != "" {
+		t.Fatalf("older member info = %+v, %v", got, err)
+	}
 	newer := append(encodeMemberInfo(m), 9, 9, 9)
 	newer[0] = 7
 	if got, err := decodeMemberInfo(newer); err != nil || got.version != 7 || got.processID != m.processID {
 		t.Fatalf("newer member info = %+v, %v", got, err)
 	}
-	ai := assignmentInfo{version: 1, partitions: 3, owners: map[int32]string{0: "a", 2: "b"}}
+	ai := assignmentInfo{version: 1, partitions: 3, owners: map[int32]string{0: "a", 2: "b"}, servers: map[string]string{"a": "10-a:8080", "b": "b.svc:8080"}}
 	gotA, err := decodeAssignmentInfo(encodeAssignmentInfo(ai))
 	if err != nil || !reflect.DeepEqual(gotA, ai) {
 		t.Fatalf("assignment info = %+v, %v", gotA, err)

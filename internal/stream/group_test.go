@@ -2,7 +2,9 @@ package stream_test
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
+	"net/http"
 	"path/filepath"
 	"strings"
 	"sync/atomic"
@@ -74,6 +76,10 @@ func TestRevokeDuringLongRestore(t *testing.T) {
 		r := b.runningTasks()
 		return len(r) == 1 && r[0] == "0_2"
 	})
+	// The instance that takes a task says where it came from and what it restored.
+	if got := b.logs.FilterMessageSnippet("task [0_2] Took over from " + a.rt.InstanceID() + ": restored 0 records").Len(); got != 1 {
+		t.Fatalf("B logged %d 'Took over from A' lines for 0_2, want 1", got)
+	}
 	revokedAt, ok := logTime(a.logs, "Revoking tasks")
 	if !ok {
 		t.Fatal("A logged no revoke")
@@ -205,5 +211,98 @@ func TestShutdownRightAfterAPollKeepsItsRecords(t *testing.T) {
 			again.waitReady()
 			again.waitTotals(want)
 		})
+	}
+}
+
+// query reads GET /v1/products/{product} from in: status, total and X-Served-By.
+func (in *instance) query(t *testing.T, product string) (int, int64, string) {
+	t.Helper()
+	resp, err := http.Get(in.http.URL + "/v1/products/" + product)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var body struct {
+		Total int64 `json:"total"`
+	}
+	_ = json.NewDecoder(resp.Body).Decode(&body)
+	return resp.StatusCode, body.Total, resp.Header.Get("X-Served-By")
+}
+
+func TestQueriesFromAnyInstance(t *testing.T) {
+	// Scenario: two instances share the three tasks; every product asked to either instance is
+	// answered 200 with its exact total by the instance running its task (one forwarding hop,
+	// X-Served-By names it); /v1/instances lists both with their tasks; /v1/products gathers
+	// every owner's page; when an owner's HTTP server is down, the other answers 503 naming it
+	// and lists its tasks as unavailable.
+	h := newHarness(t)
+	h.createInput(3)
+	cfgA, cfgB := h.cfg, h.cfg
+	cfgA.StateDir = filepath.Join(h.stateDir, "a")
+	cfgB.StateDir = filepath.Join(h.stateDir, "b")
+	a := h.start(cfgA)
+	a.waitReady()
+	b := h.start(cfgB)
+	waitFor(t, 30*time.Second, "the tasks to spread over A and B", func() bool {
+		return len(a.runningTasks()) == 2 && len(b.runningTasks()) == 1
+	})
+	want := map[string]int64{}
+	var recs []*kgo.Record
+	for i := 0; i < 30; i++ {
+		p := fmt.Sprintf("q%d", i%10)
+		recs = append(recs, event(p, p, int64(i+1)))
+		want[p] += int64(i + 1)
+	}
+	h.produce(recs...)
+	runsOn := func(product string) *instance {
+		task := a.rt.TaskOf(product)
+		for _, r := range b.runningTasks() {
+			if r == task {
+				return b
+			}
+		}
+		return a
+	}
+	waitFor(t, 30*time.Second, "every product answered by both instances", func() bool {
+		for p, w := range want {
+			for _, in := range []*instance{a, b} {
+				code, total, served := in.query(t, p)
+				owner := runsOn(p)
+				if code != http.StatusOK || total != w || served != owner.rt.InstanceID()+"; task="+a.rt.TaskOf(p) {
+					return false
+				}
+			}
+		}
+		return true
+	})
+	for _, in := range []*instance{a, b} {
+		code, body := get(t, in.http.URL+"/v1/instances")
+		if code != http.StatusOK || !strings.Contains(body, a.rt.InstanceID()) || !strings.Contains(body, b.rt.InstanceID()) ||
+			!strings.Contains(body, `"tasks":["0_2"]`) || !strings.Contains(body, `"tasks":["0_0","0_1"]`) {
+			t.Fatalf("/v1/instances = %d %s", code, body)
+		}
+		code, body = get(t, in.http.URL+"/v1/products?limit=1000")
+		for p := range want {
+			if code != http.StatusOK || !strings.Contains(body, fmt.Sprintf(`{"product":%q,"total":%d}`, p, want[p])) {
+				t.Fatalf("/v1/products on one instance lacks %s: %d %s", p, code, body)
+			}
+		}
+	}
+
+	// B's HTTP server goes away while B keeps its task.
+	b.http.Close()
+	var onB string
+	for p := range want {
+		if runsOn(p) == b {
+			onB = p
+			break
+		}
+	}
+	code, body := get(t, a.http.URL+"/v1/products/"+onB)
+	if code != http.StatusServiceUnavailable || !strings.Contains(body, b.rt.InstanceID()) || !strings.Contains(body, `"task":"0_2"`) {
+		t.Fatalf("query for %s while its owner's server is down = %d %s", onB, code, body)
+	}
+	if code, body := get(t, a.http.URL+"/v1/products"); code != http.StatusOK || !strings.Contains(body, `"unavailable_tasks":["0_2"]`) {
+		t.Fatalf("/v1/products while B's server is down = %d %s", code, body)
 	}
 }

@@ -67,6 +67,8 @@ func harnessOn(t testing.TB, c *kfake.Cluster, addr string) *harness {
 	h.cfg.BootstrapServers = []string{h.addr}
 	h.cfg.StateDir = h.stateDir
 	h.cfg.CommitInterval = 100 * time.Millisecond
+	// Loopback only: the advertised address is http.addr's host.
+	h.cfg.HTTPAddr = "127.0.0.1:0"
 	return h
 }
 
@@ -209,6 +211,7 @@ func (h *harness) startWith(cfg config.Config, knobs stream.Knobs) *instance {
 	ctx, cancel := context.WithCancel(context.Background())
 	in := &instance{h: h, rt: rt, dir: dir, logs: logs, cancel: cancel, done: make(chan error, 1)}
 	in.http = httptest.NewServer(httpapi.Handler(rt))
+	rt.Advertise(in.http.Listener.Addr().String())
 	go func() { in.done <- rt.Run(ctx) }()
 	h.t.Cleanup(func() { in.stop() })
 	return in

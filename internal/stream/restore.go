@@ -77,6 +77,10 @@ func (t *task) restore(ctx context.Context) error {
 		t.stats.restoreMillis.Store(d.Milliseconds())
 		t.log.Info(fmt.Sprintf("Finished restoring changelog %s to store %s with a total number of %d records", tp, t.rt.cfg.StoreName, n),
 			zap.Int64("records", n), zap.Duration("duration", d))
+		if from := t.rt.balancer.cameFrom(t.partition); from != "" && from != t.rt.instanceID {
+			t.log.Info(fmt.Sprintf("task [%s] Took over from %s: restored %d records in %s", t.name, from, n, d.Round(time.Millisecond)),
+				zap.String("from", from), zap.Int64("records", n), zap.Duration("duration", d))
+		}
 		t.log.Info(fmt.Sprintf("task [%s] Restored and ready to run", t.name))
 		return nil
 	}

@@ -71,6 +71,9 @@ type Runtime struct {
 	// instanceID is the static group membership id: group.instance.id,
 	// or derived from the state dir's process id.
 	instanceID string
+	// appServer is the host:port this instance's HTTP server is reached
+	// at, advertised in the group (see Advertise).
+	appServer string
 	// balancer is the group balancer, made by New; Run (re)starts it for
 	// each group session.
 	balancer *taskBalancer
@@ -128,6 +131,7 @@ func New(cfg config.Config, log *zap.Logger, dir *state.Dir, knobs Knobs) *Runti
 	rt.mu.tasks = make(map[int32]*task)
 	rt.mu.held = make(map[int32]uint8)
 	rt.balancer = &taskBalancer{input: cfg.InputTopic, repartition: cfg.RepartitionTopic(), log: log.Named("balancer")}
+	rt.appServer = cfg.AdvertisedServer("")
 	rt.instanceID = cfg.GroupInstanceID
 	if rt.instanceID == "" {
 		rt.instanceID = DefaultInstanceID(cfg.ApplicationID, dir.ProcessID())
@@ -148,6 +152,11 @@ func DefaultInstanceID(appID, processID string) string {
 	}
 	return id
 }
+
+// Advertise sets the host:port other instances reach this one's HTTP
+// server at, from the address it is bound to (see
+// config.Config.AdvertisedServer). Call it before Run.
+func (rt *Runtime) Advertise(bound string) { rt.appServer = rt.cfg.AdvertisedServer(bound) }
 
 // InstanceID returns the static group membership id this process uses.
 func (rt *Runtime) InstanceID() string { return rt.instanceID }
@@ -226,7 +235,7 @@ func (rt *Runtime) runGroup(ctx, work context.Context, cancelWork context.Cancel
 	if ctx.Err() != nil {
 		return nil
 	}
-	rt.balancer.start(memberInfo{partitions: rt.topo.partitions, processID: rt.dir.ProcessID()})
+	rt.balancer.start(memberInfo{partitions: rt.topo.partitions, processID: rt.dir.ProcessID(), appServer: rt.appServer})
 
 	reset := kgo.NewOffset().AtStart()
 	if rt.cfg.AutoOffsetReset == "latest" {

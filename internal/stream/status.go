@@ -79,6 +79,8 @@ type NotHostedError struct {
 	// the task in the latest assignment, "" when unknown (a rebalance is
 	// in progress).
 	Owner string
+	// Server is the owner's application.server, "" when unknown.
+	Server string
 }
 
 func (e *NotHostedError) Error() string {
@@ -92,10 +94,70 @@ func (e *NotHostedError) Unwrap() error { return ErrNotHosted }
 
 func (rt *Runtime) notHosted(p int32) error {
 	e := &NotHostedError{Task: state.TaskName(p), Partition: p}
-	if owner := rt.balancer.assignment().owners[p]; owner != rt.instanceID {
+	info := rt.balancer.assignment()
+	if owner := info.owners[p]; owner != rt.instanceID {
 		e.Owner = owner
+		e.Server = info.servers[owner]
 	}
 	return e
+}
+
+// TaskOf returns the name of the task owning product ("" before the topics
+// are known).
+func (rt *Runtime) TaskOf(product string) string {
+	rt.mu.Lock()
+	n := rt.topo.partitions
+	rt.mu.Unlock()
+	if n == 0 {
+		return ""
+	}
+	return state.TaskName(sales.Partition([]byte(product), n))
+}
+
+// InstanceStatus is one member of the group as the latest assignment
+// describes it.
+type InstanceStatus struct {
+	// Name is the member's group.instance.id (member id when dynamic).
+	Name string `json:"instance"`
+	// Server is its application.server ("" when it advertised none).
+	Server string   `json:"server"`
+	Tasks  []string `json:"tasks"`
+	Self   bool     `json:"self"`
+}
+
+// Instances returns the group's members and their tasks from the latest
+// assignment, sorted by name; this instance is always listed.
+func (rt *Runtime) Instances() []InstanceStatus {
+	info := rt.balancer.assignment()
+	byName := map[string]*InstanceStatus{}
+	get := func(name string) *InstanceStatus {
+		if is, ok := byName[name]; ok {
+			return is
+		}
+		is := &InstanceStatus{Name: name, Server: info.servers[name], Tasks: []string{}, Self: name == rt.instanceID}
+		byName[name] = is
+		return is
+	}
+	me := get(rt.instanceID)
+	me.Server = rt.appServer
+	for name := range info.servers {
+		get(name)
+	}
+	tasks := make([]int32, 0, len(info.owners))
+	for t := range info.owners {
+		tasks = append(tasks, t)
+	}
+	sort.Slice(tasks, func(i, j int) bool { return tasks[i] < tasks[j] })
+	for _, t := range tasks {
+		is := get(info.owners[t])
+		is.Tasks = append(is.Tasks, state.TaskName(t))
+	}
+	out := make([]InstanceStatus, 0, len(byName))
+	for _, is := range byName {
+		out = append(out, *is)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
+	return out
 }
 
 func (rt *Runtime) tasks() []*task {

@@ -39,7 +39,7 @@ const (
 	scalePartitions = 3
 )
 
-// TestSeveralInstancesOneGroup: on Apache Kafka, with the default group config, one group scales 1 → 3 → 2 → 3 (SIGTERM one for good, add one, SIGKILL one and restart it on its state dir) while events flow, some with an empty key or on a partition that does not own them; no two instances ever run one task, each product is served by exactly one instance with its exact total, the others name its task, and the changelog holds the same totals, under each guarantee.
+// TestSeveralInstancesOneGroup: on Apache Kafka, with the default group config, one group scales 1 → 3 → 2 → 3 (SIGTERM one for good, add one, SIGKILL one and restart it on its state dir) while events flow, some with an empty key or on a partition that does not own them; no two instances ever run one task, every instance answers every product with its exact total, served by the one running its task (one forwarding hop), and the changelog holds the same totals, under each guarantee.
 func TestSeveralInstancesOneGroup(t *testing.T) {
 	for _, g := range []string{"exactly_once_v2", "at_least_once"} {
 		t.Run(g, func(t *testing.T) { severalInstances(t, g) })
@@ -136,8 +136,8 @@ func severalInstances(t *testing.T, guarantee string) {
 	pp.wait(t, 2*time.Minute)
 	step("producer done")
 	live := []*scaleMember{a, b2, d}
-	expect(t, 60*time.Second, "every product served by exactly one instance with its exact total", func() error {
-		return servedOnce(live, want)
+	expect(t, 60*time.Second, "every product answered by every instance with its exact total, from its owner", func() error {
+		return servedByOwner(live, want)
 	})
 	expect(t, 30*time.Second, "the changelog's latest committed totals to be exact", func() error {
 		return checkChangelog(changelogTopic(appID), want)
@@ -201,14 +201,14 @@ func (m *scaleMember) running() map[string]bool {
 }
 
 // answer fetches GET /v1/products/{product}: status, body.
-func (m *scaleMember) answer(product string) (int, []byte, error) {
+func (m *scaleMember) answer(product string) (int, []byte, string, error) {
 	resp, err := m.http.Get("http://" + m.httpAddr + "/v1/products/" + product)
 	if err != nil {
-		return 0, nil, err
+		return 0, nil, "", err
 	}
 	defer resp.Body.Close()
 	body, err := readAllLimited(resp)
-	return resp.StatusCode, body, err
+	return resp.StatusCode, body, resp.Header.Get("X-Served-By"), err
 }
 
 // scaleFleet lists the instances started, for the sampler.
@@ -272,10 +272,11 @@ func runEach(ms []*scaleMember, onePerMember bool) error {
 	return fmt.Errorf("running: %s", strings.Join(saw, " "))
 }
 
-// servedOnce returns nil when every product of want is answered 200 with
-// its exact total by exactly one of ms, the one running its task, while each
-// other answers 404 or 503 naming the owning task in the field "task".
-func servedOnce(ms []*scaleMember, want map[string]int64) error {
+// servedByOwner returns nil when every product of want is answered 200 with
+// its exact total by every one of ms, each answer served by the instance
+// running its task: exactly one of ms runs it, and every answer carries the
+// same X-Served-By naming that task (one forwarding hop).
+func servedByOwner(ms []*scaleMember, want map[string]int64) error {
 	runs := map[string]map[string]bool{}
 	for _, m := range ms {
 		runs[m.name] = m.running()
@@ -283,35 +284,37 @@ func servedOnce(ms []*scaleMember, want map[string]int64) error {
 	var bad []string
 	for _, product := range sortedKeys(want) {
 		owner := fmt.Sprintf("0_%d", keyPartition(product, scalePartitions))
-		var served, problems []string
+		var runners, problems []string
 		for _, m := range ms {
-			code, body, err := m.answer(product)
+			if runs[m.name][owner] {
+				runners = append(runners, m.name)
+			}
+		}
+		if len(runners) != 1 {
+			problems = append(problems, fmt.Sprintf("task %s runs on %v, want exactly one instance", owner, runners))
+		}
+		servedBy := map[string]bool{}
+		for _, m := range ms {
+			code, body, served, err := m.answer(product)
 			var ans struct {
-				Total int64  `json:"total"`
-				Task  string `json:"task"`
+				Total int64 `json:"total"`
 			}
 			_ = json.Unmarshal(body, &ans)
 			switch {
 			case err != nil:
 				problems = append(problems, fmt.Sprintf("%s: %v", m.name, err))
-			case code == http.StatusOK:
-				served = append(served, m.name)
-				if ans.Total != want[product] {
-					problems = append(problems, fmt.Sprintf("%s answered total %d, want %d", m.name, ans.Total, want[product]))
-				}
-				if !runs[m.name][owner] {
-					problems = append(problems, fmt.Sprintf("%s answered 200 but does not run %s", m.name, owner))
-				}
-			case code == http.StatusNotFound || code == http.StatusServiceUnavailable:
-				if ans.Task != owner {
-					problems = append(problems, fmt.Sprintf("%s answered %d %s, want it to name task %q", m.name, code, strings.TrimSpace(string(body)), owner))
-				}
-			default:
+			case code != http.StatusOK:
 				problems = append(problems, fmt.Sprintf("%s answered %d %s", m.name, code, strings.TrimSpace(string(body))))
+			case ans.Total != want[product]:
+				problems = append(problems, fmt.Sprintf("%s answered total %d, want %d", m.name, ans.Total, want[product]))
+			case !strings.HasSuffix(served, "; task="+owner):
+				problems = append(problems, fmt.Sprintf("%s answered with X-Served-By %q, want it to name task %s", m.name, served, owner))
+			default:
+				servedBy[served] = true
 			}
 		}
-		if len(served) != 1 {
-			problems = append(problems, fmt.Sprintf("served (200) by %d instances %v, want exactly 1", len(served), served))
+		if len(servedBy) > 1 {
+			problems = append(problems, fmt.Sprintf("served by %d different instances %v, want the one running %s", len(servedBy), servedBy, owner))
 		}
 		if len(problems) > 0 {
 			bad = append(bad, fmt.Sprintf("%s (task %s): %s", product, owner, strings.Join(problems, "; ")))
