@@ -2,6 +2,7 @@ package config
 
 import (
 	"fmt"
+	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -375,6 +376,38 @@ func TestDecodeAndValidationProblemsTogether(t *testing.T) {
 				if strings.Contains(msg, never) {
 					t.Errorf("error has %q:\n%s", never, msg)
 				}
+			}
+		})
+	}
+}
+
+func TestApplicationServer(t *testing.T) {
+	// Scenario: the address advertised for query routing is application.server when set (and must
+	// be host:port), else http.addr's host (the host name for a wildcard) with the bound port.
+	host, _ := os.Hostname()
+	for _, tc := range []struct {
+		name, bound, want, wantErr string
+		args                       []string
+	}{
+		{name: "set", args: []string{"--application.server", "salesagg-0.salesagg:8080"}, bound: "[::]:8080", want: "salesagg-0.salesagg:8080"},
+		{name: "http.addr host", args: []string{"--http.addr", "127.0.0.1:0"}, bound: "127.0.0.1:41234", want: "127.0.0.1:41234"},
+		{name: "wildcard", args: []string{"--http.addr", ":8080"}, bound: "[::]:8080", want: net.JoinHostPort(host, "8080")},
+		{name: "not bound yet", args: []string{"--http.addr", "127.0.0.1:9000"}, want: "127.0.0.1:9000"},
+		{name: "no port", args: []string{"--application.server", "salesagg-0"}, wantErr: `application.server = "salesagg-0": must be host:port`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c, err := load(t, "", nil, tc.args...)
+			if tc.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
+					t.Fatalf("error = %v, want it to contain %q", err, tc.wantErr)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := c.AdvertisedServer(tc.bound); got != tc.want {
+				t.Fatalf("AdvertisedServer(%q) = %q, want %q", tc.bound, got, tc.want)
 			}
 		})
 	}
