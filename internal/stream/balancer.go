@@ -185,6 +185,14 @@ func readString(b []byte) (string, []byte, bool) {
 type taskBalancer struct {
 	input, repartition string
 	log                *zap.Logger
+	// name is this member's name in the assignment's owners and servers
+	// (its group.instance.id).
+	name string
+	// rejoin, if set, is called (in its own goroutine) when an assignment
+	// advertises an address for this member other than its own: a static
+	// member that restarted on another port got its old assignment back
+	// without a rebalance, so the leader never saw its new metadata.
+	rejoin func()
 
 	mu struct {
 		sync.Mutex
@@ -272,7 +280,13 @@ func (b *taskBalancer) ParseSyncAssignment(assignment []byte) (map[string][]int3
 		}
 		b.mu.lastOwner[t] = o
 	}
+	self := b.mu.self.appServer
 	b.mu.Unlock()
+	if adv, ok := info.servers[b.name]; ok && adv != self && b.rejoin != nil {
+		b.log.Info("The group advertises an old address for this member; rejoining so that the leader learns the new one",
+			zap.String("advertised", adv), zap.String("application.server", self))
+		go b.rejoin()
+	}
 	return out, nil
 }
 

@@ -3,6 +3,7 @@ package stream
 import (
 	"reflect"
 	"testing"
+	"time"
 
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
@@ -101,5 +102,36 @@ func TestBalancerWireFormats(t *testing.T) {
 	}
 	if _, err := decodeAssignmentInfo(nil); err == nil {
 		t.Fatal("empty assignment info decoded")
+	}
+}
+
+func TestBalancerRejoinsWhenItsAddressIsStale(t *testing.T) {
+	// Scenario: a static member restarted on another port gets its old assignment back without a
+	// rebalance, advertising its old address: it asks to rejoin, and does not when the address
+	// is its own.
+	const in, rep = "in", "in-rep"
+	rejoined := make(chan struct{}, 2)
+	b := &taskBalancer{input: in, repartition: rep, log: zap.NewNop(), name: "inst-a", rejoin: func() { rejoined <- struct{}{} }}
+	b.start(memberInfo{partitions: 3, processID: "pa", appServer: "127.0.0.1:2002"})
+	assignment := func(server string) []byte {
+		a := kmsg.ConsumerMemberAssignment{UserData: encodeAssignmentInfo(assignmentInfo{partitions: 3,
+			owners: map[int32]string{0: "inst-a"}, servers: map[string]string{"inst-a": server}})}
+		return a.AppendTo(nil)
+	}
+	if _, err := b.ParseSyncAssignment(assignment("127.0.0.1:2002")); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-rejoined:
+		t.Fatal("rejoined although the group advertises this member's own address")
+	case <-time.After(100 * time.Millisecond):
+	}
+	if _, err := b.ParseSyncAssignment(assignment("127.0.0.1:1001")); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-rejoined:
+	case <-time.After(5 * time.Second):
+		t.Fatal("did not rejoin when the group advertises an old address")
 	}
 }

@@ -77,6 +77,9 @@ type Runtime struct {
 	// balancer is the group balancer, made by New; Run (re)starts it for
 	// each group session.
 	balancer *taskBalancer
+	// groupClient is the group session's client, for the balancer's
+	// rejoin (set once the client exists).
+	groupClient atomic.Pointer[kgo.Client]
 
 	committer committer
 	badEvents atomic.Int64
@@ -135,6 +138,17 @@ func New(cfg config.Config, log *zap.Logger, dir *state.Dir, knobs Knobs) *Runti
 	rt.instanceID = cfg.GroupInstanceID
 	if rt.instanceID == "" {
 		rt.instanceID = DefaultInstanceID(cfg.ApplicationID, dir.ProcessID())
+	}
+	rt.balancer.name = rt.instanceID
+	rt.balancer.rejoin = func() {
+		// The first sync can come before runGroup stored its client.
+		for range 100 {
+			if cl := rt.groupClient.Load(); cl != nil {
+				cl.ForceRebalance()
+				return
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
 	}
 	rt.committer.onDone = func() { rt.crashPoint("offsets-committed") }
 	rt.committer.kick = make(chan struct{}, 1)
@@ -286,6 +300,7 @@ func (rt *Runtime) runGroup(ctx, work context.Context, cancelWork context.Cancel
 	if err != nil {
 		return fmt.Errorf("creating group consumer: %w", err)
 	}
+	rt.groupClient.Store(rt.client)
 	rt.log.Info("Joining consumer group", zap.String("group", rt.cfg.ApplicationID), zap.String("group.instance.id", rt.instanceID),
 		zap.String("input", rt.cfg.InputTopic), zap.Int32("partitions", rt.topo.partitions), zap.String("process_id", rt.dir.ProcessID()))
 
