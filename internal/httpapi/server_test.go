@@ -2,6 +2,7 @@ package httpapi
 
 import (
 	"bufio"
+	"context"
 	"net"
 	"net/http"
 	"strings"
@@ -73,5 +74,38 @@ func TestServerLimits(t *testing.T) {
 	}
 	if d := time.Since(start); d > 12*time.Second {
 		t.Fatalf("slow client held the connection %s", d)
+	}
+}
+
+func TestShutdownWithAConnectionThatSentNothing(t *testing.T) {
+	// Scenario: another instance's HTTP client opened a connection and sent no request yet when
+	// the server shuts down: the shutdown ends at its deadline without an error (a clean stop
+	// exits 0) and the connection is closed.
+	s, err := Listen("127.0.0.1:0", idle{}, zap.NewNop())
+	if err != nil {
+		t.Fatal(err)
+	}
+	served := make(chan error, 1)
+	go func() { served <- s.Serve() }()
+	c, err := net.Dial("tcp", s.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	// Let the server accept it (a request on another connection is answered after the accept).
+	if resp, err := http.Get("http://" + s.Addr() + "/healthz"); err == nil {
+		resp.Body.Close()
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer cancel()
+	if err := s.Shutdown(ctx); err != nil {
+		t.Fatalf("Shutdown = %v, want nil", err)
+	}
+	if err := <-served; err != nil {
+		t.Fatalf("Serve = %v", err)
+	}
+	_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if _, err := c.Read(make([]byte, 1)); err == nil {
+		t.Fatal("the idle connection is still open after the shutdown")
 	}
 }
