@@ -363,58 +363,19 @@ func reportOwnership(t *testing.T, s *ownership.Sampler) {
 	t.Errorf("%d samples saw two instances running the same task at once:\n  %s", r.Samples, strings.Join(r.Violations, "\n  "))
 }
 
-// servedByOwner reports whether every product of want is answered 200 with
-// its exact total by every one of ms, each answer served by the instance
-// running its task: exactly one of ms runs it, and every answer carries the
-// same X-Served-By naming that task (one forwarding hop).
+// servedByOwner reports whether every product of want is answered by every
+// one of ms with its exact total, from the instance running its task (see
+// ownership.CheckServed).
 func servedByOwner(ms []*member, want map[string]int64) (bool, string) {
-	runs := map[string]map[string]bool{}
+	qs := make([]ownership.Queried, 0, len(ms))
 	for _, m := range ms {
-		runs[m.name] = m.running()
-	}
-	var bad []string
-	for _, product := range sortedProducts(want) {
-		owner := ownerTask(product)
-		var runners, problems []string
-		for _, m := range ms {
-			if runs[m.name][owner] {
-				runners = append(runners, m.name)
-			}
-		}
-		if len(runners) != 1 {
-			problems = append(problems, fmt.Sprintf("task %s runs on %v, want exactly one instance", owner, runners))
-		}
-		servedBy := map[string]bool{}
-		for _, m := range ms {
+		qs = append(qs, ownership.Queried{Name: m.name, Running: m.running(), Ask: func(product string) ownership.Answer {
 			code, body, served, err := m.fetchServed("/v1/products/" + product)
-			var ans struct {
-				Total int64 `json:"total"`
-			}
-			_ = json.Unmarshal(body, &ans)
-			switch {
-			case err != nil:
-				problems = append(problems, fmt.Sprintf("%s: %v", m.name, err))
-			case code != http.StatusOK:
-				problems = append(problems, fmt.Sprintf("%s answered %d %s", m.name, code, strings.TrimSpace(string(body))))
-			case ans.Total != want[product]:
-				problems = append(problems, fmt.Sprintf("%s answered total %d, want %d", m.name, ans.Total, want[product]))
-			case !strings.HasSuffix(served, "; task="+owner):
-				problems = append(problems, fmt.Sprintf("%s answered with X-Served-By %q, want it to name task %s", m.name, served, owner))
-			default:
-				servedBy[served] = true
-			}
-		}
-		if len(servedBy) > 1 {
-			problems = append(problems, fmt.Sprintf("served by %d different instances %v, want the one running %s", len(servedBy), servedBy, owner))
-		}
-		if len(problems) > 0 {
-			bad = append(bad, fmt.Sprintf("%s (task %s): %s", product, owner, strings.Join(problems, "; ")))
-		}
+			return ownership.Answer{Code: code, Body: body, ServedBy: served, Err: err}
+		}})
 	}
-	if len(bad) == 0 {
-		return true, ""
-	}
-	return false, fmt.Sprintf("%d of %d products wrong, e.g.:\n  %s", len(bad), len(want), strings.Join(bad[:min(8, len(bad))], "\n  "))
+	problems := ownership.CheckServed(qs, want, ownerTask)
+	return problems == "", problems
 }
 
 func sortedProducts(m map[string]int64) []string {

@@ -3,10 +3,9 @@
 package e2e
 
 import (
-	"encoding/json"
+	"errors"
 	"fmt"
 	"math/rand/v2"
-	"net/http"
 	"path/filepath"
 	"sort"
 	"strings"
@@ -272,58 +271,22 @@ func runEach(ms []*scaleMember, onePerMember bool) error {
 	return fmt.Errorf("running: %s", strings.Join(saw, " "))
 }
 
-// servedByOwner returns nil when every product of want is answered 200 with
-// its exact total by every one of ms, each answer served by the instance
-// running its task: exactly one of ms runs it, and every answer carries the
-// same X-Served-By naming that task (one forwarding hop).
+// servedByOwner returns nil when every product of want is answered by
+// every one of ms with its exact total, from the instance running its task
+// (see ownership.CheckServed).
 func servedByOwner(ms []*scaleMember, want map[string]int64) error {
-	runs := map[string]map[string]bool{}
+	qs := make([]ownership.Queried, 0, len(ms))
 	for _, m := range ms {
-		runs[m.name] = m.running()
-	}
-	var bad []string
-	for _, product := range sortedKeys(want) {
-		owner := fmt.Sprintf("0_%d", keyPartition(product, scalePartitions))
-		var runners, problems []string
-		for _, m := range ms {
-			if runs[m.name][owner] {
-				runners = append(runners, m.name)
-			}
-		}
-		if len(runners) != 1 {
-			problems = append(problems, fmt.Sprintf("task %s runs on %v, want exactly one instance", owner, runners))
-		}
-		servedBy := map[string]bool{}
-		for _, m := range ms {
+		qs = append(qs, ownership.Queried{Name: m.name, Running: m.running(), Ask: func(product string) ownership.Answer {
 			code, body, served, err := m.answer(product)
-			var ans struct {
-				Total int64 `json:"total"`
-			}
-			_ = json.Unmarshal(body, &ans)
-			switch {
-			case err != nil:
-				problems = append(problems, fmt.Sprintf("%s: %v", m.name, err))
-			case code != http.StatusOK:
-				problems = append(problems, fmt.Sprintf("%s answered %d %s", m.name, code, strings.TrimSpace(string(body))))
-			case ans.Total != want[product]:
-				problems = append(problems, fmt.Sprintf("%s answered total %d, want %d", m.name, ans.Total, want[product]))
-			case !strings.HasSuffix(served, "; task="+owner):
-				problems = append(problems, fmt.Sprintf("%s answered with X-Served-By %q, want it to name task %s", m.name, served, owner))
-			default:
-				servedBy[served] = true
-			}
-		}
-		if len(servedBy) > 1 {
-			problems = append(problems, fmt.Sprintf("served by %d different instances %v, want the one running %s", len(servedBy), servedBy, owner))
-		}
-		if len(problems) > 0 {
-			bad = append(bad, fmt.Sprintf("%s (task %s): %s", product, owner, strings.Join(problems, "; ")))
-		}
+			return ownership.Answer{Code: code, Body: body, ServedBy: served, Err: err}
+		}})
 	}
-	if len(bad) == 0 {
-		return nil
+	taskOf := func(product string) string { return fmt.Sprintf("0_%d", keyPartition(product, scalePartitions)) }
+	if problems := ownership.CheckServed(qs, want, taskOf); problems != "" {
+		return errors.New(problems)
 	}
-	return fmt.Errorf("%d of %d products wrong, e.g.:\n  %s", len(bad), len(want), strings.Join(bad[:min(8, len(bad))], "\n  "))
+	return nil
 }
 
 // startScaleSampler samples, every 100 ms until report or the end of the

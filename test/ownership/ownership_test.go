@@ -1,6 +1,8 @@
 package ownership
 
 import (
+	"fmt"
+	"strings"
 	"testing"
 	"time"
 )
@@ -46,6 +48,38 @@ func TestCheckBracketsTheOtherRead(t *testing.T) {
 				if span.samples != 1 || !span.from.Equal(at) || !span.until.Equal(at) {
 					t.Errorf("%v: span %+v, want 1 sample at %s", v, *span, at)
 				}
+			}
+		})
+	}
+}
+
+func TestCheckServed(t *testing.T) {
+	// Scenario: every instance answers a product 200 with its total from the one running its task
+	// (nothing to report); a 503, a wrong total, two runners or two different servers are reported.
+	ok := func(total int, served string) func(string) Answer {
+		return func(string) Answer {
+			return Answer{Code: 200, Body: []byte(fmt.Sprintf(`{"total":%d}`, total)), ServedBy: served}
+		}
+	}
+	taskOf := func(string) string { return "0_1" }
+	want := map[string]int64{"p": 5}
+	runsIt := map[string]bool{"0_1": true}
+	for _, tc := range []struct {
+		name    string
+		ms      []Queried
+		wantBad string
+	}{
+		{"all served by the owner", []Queried{{"A", runsIt, ok(5, "a; task=0_1")}, {"B", nil, ok(5, "a; task=0_1")}}, ""},
+		{"a 503", []Queried{{"A", runsIt, ok(5, "a; task=0_1")}, {"B", nil, func(string) Answer { return Answer{Code: 503, Body: []byte(`{}`)} }}}, "B answered 503"},
+		{"wrong total", []Queried{{"A", runsIt, ok(4, "a; task=0_1")}}, "A answered total 4, want 5"},
+		{"two runners", []Queried{{"A", runsIt, ok(5, "a; task=0_1")}, {"B", runsIt, ok(5, "a; task=0_1")}}, "runs on [A B]"},
+		{"two servers", []Queried{{"A", runsIt, ok(5, "a; task=0_1")}, {"B", nil, ok(5, "b; task=0_1")}}, "served by 2 different instances"},
+		{"another task named", []Queried{{"A", runsIt, ok(5, "a; task=0_2")}}, "want it to name task 0_1"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got := CheckServed(tc.ms, want, taskOf)
+			if tc.wantBad == "" && got != "" || tc.wantBad != "" && !strings.Contains(got, tc.wantBad) {
+				t.Fatalf("CheckServed = %q, want %q", got, tc.wantBad)
 			}
 		})
 	}
