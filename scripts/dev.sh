@@ -14,7 +14,10 @@ DATA=${DATA:-./data}
 go build -o "$BIN" ./cmd/salesagg
 mkdir -p "$DATA"
 
-"$BIN" broker --data-dir "$DATA/broker" --listen "$BROKER" &
+# The broker runs in its own session, so that Ctrl-C (SIGINT to the whole
+# terminal process group) reaches only the service; the broker is stopped
+# after it, once the service has left the group.
+setsid "$BIN" broker --data-dir "$DATA/broker" --listen "$BROKER" &
 broker_pid=$!
 stop_broker() {
   kill -TERM "$broker_pid" 2>/dev/null || true
