@@ -66,7 +66,26 @@ type Config struct {
 	// without waiting for the session timeout. False keeps its tasks
 	// assigned until it returns, for a rolling restart.
 	LeaveGroupOnClose bool
-	LogLevel          string
+
+	// NumStandbyReplicas is how many standby copies of each task other
+	// members keep: they tail the task's changelog into a local store, so a
+	// failover restores only what they lack.
+	NumStandbyReplicas int
+	// AcceptableRecoveryLag is how far (changelog records) a member's store
+	// may be behind the changelog end and still count as caught up: the
+	// balancer gives an active task only to a caught-up member when one
+	// exists.
+	AcceptableRecoveryLag int64
+	// MaxWarmupReplicas bounds the warm-up copies built at once: a task
+	// whose balanced place is a cold member stays on a caught-up one while
+	// a warm-up copy catches up on the cold one.
+	MaxWarmupReplicas int
+	// ProbingRebalanceInterval is how often a member with warm-up copies
+	// rejoins to let the balancer move tasks to warm-ups that caught up
+	// (a warm-up that catches up rejoins at once).
+	ProbingRebalanceInterval time.Duration
+
+	LogLevel string
 	// LogFormat is json or console; empty chooses console when standard
 	// error is a terminal, json otherwise.
 	LogFormat string
@@ -171,6 +190,10 @@ var keys = []keyDef{
 	{"group.instance.id", kindString, "", "static group membership id, e.g. the pod name (default: derived from the process id in the state dir, so a restart on the same volume rejoins at once)"},
 	{"session.timeout.ms", kindInt, "45000", "consumer group session timeout"},
 	{"leave.group.on.close", kindBool, "true", "on a clean shutdown the member leaves the group at once (LeaveGroup with its group.instance.id), so its tasks move without waiting for the session timeout; false keeps its tasks for a rolling restart"},
+	{"num.standby.replicas", kindInt, "0", "standby copies of each task kept by other members, tailing its changelog, so a failover restores only what they lack"},
+	{"acceptable.recovery.lag", kindInt, "10000", "changelog records a member's store may lag and still count as caught up; active tasks go to caught-up members first"},
+	{"max.warmup.replicas", kindInt, "2", "warm-up copies built at once on members that should take a task over but are not caught up"},
+	{"probing.rebalance.interval.ms", kindInt, "600000", "how often a member with warm-up copies rejoins to let caught-up warm-ups take their tasks over (one that catches up rejoins at once)"},
 	{"log.level", kindString, "info", "debug, info, warn or error"},
 	{"log.format", kindString, "", "json or console (default: console on a terminal, json otherwise)"},
 }
@@ -419,6 +442,10 @@ func decode(v *viper.Viper) (Config, map[string]bool, []error) {
 	}
 	c.SessionTimeout = time.Duration(integer("session.timeout.ms", 1000, 3_600_000)) * time.Millisecond
 	c.LeaveGroupOnClose = boolean("leave.group.on.close")
+	c.NumStandbyReplicas = int(integer("num.standby.replicas", 0, 100))
+	c.AcceptableRecoveryLag = integer("acceptable.recovery.lag", 0, math.MaxInt64)
+	c.MaxWarmupReplicas = int(integer("max.warmup.replicas", 1, 10_000))
+	c.ProbingRebalanceInterval = time.Duration(integer("probing.rebalance.interval.ms", 1000, 24*3_600_000)) * time.Millisecond
 	c.LogLevel = strings.ToLower(str("log.level"))
 	c.LogFormat = strings.ToLower(str("log.format"))
 	if !v.IsSet("log.format") {
@@ -544,35 +571,39 @@ func (c Config) validate(skip map[string]bool) error {
 // start-up log line.
 func (c Config) Fields() map[string]any {
 	return map[string]any{
-		"application.id":         c.ApplicationID,
-		"bootstrap.servers":      strings.Join(c.BootstrapServers, ","),
-		"state.dir":              c.StateDir,
-		"input.topic":            c.InputTopic,
-		"notification.topic":     c.NotificationTopic,
-		"store.name":             c.StoreName,
-		"notification.threshold": c.NotificationThreshold,
-		"processing.guarantee":   c.ProcessingGuarantee,
-		"auto.offset.reset":      c.AutoOffsetReset,
-		"commit.interval.ms":     c.CommitInterval.Milliseconds(),
-		"topics.create":          c.TopicsCreate,
-		"topics.partitions":      c.TopicsPartitions,
-		"replication.factor":     c.ReplicationFactor,
-		"http.addr":              c.HTTPAddr,
-		"application.server":     c.ApplicationServer,
-		"dlq.topic":              c.DLQTopic,
-		"security.protocol":      c.Security.Protocol,
-		"sasl.mechanism":         c.Security.SASLMechanism,
-		"sasl.username":          c.Security.SASLUsername,
-		"sasl.password":          redact(c.Security.SASLPassword),
-		"sasl.password.file":     c.Security.SASLPasswordFile,
-		"ssl.ca.file":            c.Security.CAFile,
-		"ssl.cert.file":          c.Security.CertFile,
-		"ssl.key.file":           c.Security.KeyFile,
-		"group.instance.id":      c.GroupInstanceID,
-		"session.timeout.ms":     c.SessionTimeout.Milliseconds(),
-		"leave.group.on.close":   c.LeaveGroupOnClose,
-		"log.level":              c.LogLevel,
-		"log.format":             c.LogFormat,
+		"application.id":                c.ApplicationID,
+		"bootstrap.servers":             strings.Join(c.BootstrapServers, ","),
+		"state.dir":                     c.StateDir,
+		"input.topic":                   c.InputTopic,
+		"notification.topic":            c.NotificationTopic,
+		"store.name":                    c.StoreName,
+		"notification.threshold":        c.NotificationThreshold,
+		"processing.guarantee":          c.ProcessingGuarantee,
+		"auto.offset.reset":             c.AutoOffsetReset,
+		"commit.interval.ms":            c.CommitInterval.Milliseconds(),
+		"topics.create":                 c.TopicsCreate,
+		"topics.partitions":             c.TopicsPartitions,
+		"replication.factor":            c.ReplicationFactor,
+		"http.addr":                     c.HTTPAddr,
+		"application.server":            c.ApplicationServer,
+		"dlq.topic":                     c.DLQTopic,
+		"security.protocol":             c.Security.Protocol,
+		"sasl.mechanism":                c.Security.SASLMechanism,
+		"sasl.username":                 c.Security.SASLUsername,
+		"sasl.password":                 redact(c.Security.SASLPassword),
+		"sasl.password.file":            c.Security.SASLPasswordFile,
+		"ssl.ca.file":                   c.Security.CAFile,
+		"ssl.cert.file":                 c.Security.CertFile,
+		"ssl.key.file":                  c.Security.KeyFile,
+		"group.instance.id":             c.GroupInstanceID,
+		"session.timeout.ms":            c.SessionTimeout.Milliseconds(),
+		"leave.group.on.close":          c.LeaveGroupOnClose,
+		"num.standby.replicas":          c.NumStandbyReplicas,
+		"acceptable.recovery.lag":       c.AcceptableRecoveryLag,
+		"max.warmup.replicas":           c.MaxWarmupReplicas,
+		"probing.rebalance.interval.ms": c.ProbingRebalanceInterval.Milliseconds(),
+		"log.level":                     c.LogLevel,
+		"log.format":                    c.LogFormat,
 	}
 }
 
