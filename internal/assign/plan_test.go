@@ -100,7 +100,7 @@ func TestPlan(t *testing.T) {
 		opts: o(100_000, 2),
 		want: planWant{assignment: A{"a": {0}, "b": {1}, "c": {2}}, standbys: A{"a": {1, 2}, "b": {0, 2}, "c": {0, 1}}, warmups: A{}},
 	}, {
-		name: "more standbys asked than members: as many as there are other members",
+		name:    "more standbys asked than members: as many as there are other members",
 		members: []Member{at(mem("a", 0, 1), offs(0, R, 1, R)), at(mem("b", 2), offs(2, R))},
 		opts:    o(100_000, 3),
 		want:    planWant{assignment: A{"a": {0, 1}, "b": {2}}, standbys: A{"a": {2}, "b": {0, 1}}, warmups: A{}},
