@@ -112,8 +112,9 @@ type Result struct {
 	Excluded []Excluded
 	// Standbys has an entry for every member passed in (possibly empty):
 	// member ID -> the tasks it keeps a standby copy of, warm-ups included,
-	// sorted. A member never has a standby of a task it is assigned, holds
-	// or is the target of.
+	// sorted. A member never has a standby of a task it is assigned or
+	// holds; it has one of each task withheld for it (until the hand-over)
+	// and of no other task it is the target of.
 	Standbys map[string][]int32
 	// Warmups are the standbys that are warm-ups: copies on the member a
 	// task should end on, built while a caught-up member runs it. Member
@@ -490,6 +491,17 @@ func standbys(eligible []*member, holders [][]*member, partitions int32, o *Opti
 	load := map[*member]int{}
 	for _, m := range eligible {
 		m.standby = slices.Clone(warm[m])
+		// The target of a task still held elsewhere (withheld this round)
+		// keeps a copy of it until the hand-over: the copy it may have
+		// tailed, so that it restores only the last records.
+		for _, t := range m.target {
+			for _, h := range holders[t] {
+				if h != m {
+					m.standby = append(m.standby, t)
+					break
+				}
+			}
+		}
 		load[m] = len(m.target) + len(m.standby)
 	}
 	if o.Standbys < 1 {

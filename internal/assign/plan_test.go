@@ -117,7 +117,7 @@ func TestPlan(t *testing.T) {
 			at(mem("a", 0, 1), offs(0, R, 1, R)), at(mem("b", 2), offs(2, R)), at(mem("c"), offs(1, 95_000)),
 		},
 		opts: o(100_000, 0),
-		want: planWant{assignment: A{"a": {0}, "b": {2}, "c": {}}, withheld: []int32{1}, standbys: A{}, warmups: A{}},
+		want: planWant{assignment: A{"a": {0}, "b": {2}, "c": {}}, withheld: []int32{1}, standbys: A{"c": {1}}, warmups: A{}},
 	}, {
 		name: "the holder revoked it: the caught-up warm-up member gets it",
 		members: []Member{
@@ -146,14 +146,14 @@ func TestPlan(t *testing.T) {
 			at(mem("a", 0, 1, 2), offs(0, R, 1, R, 2, R)), at(mem("b"), offs()),
 		},
 		opts: Options{EndOffsets: ends(3, 0), AcceptableLag: 10_000, MaxWarmups: 2},
-		want: planWant{assignment: A{"a": {0, 1}, "b": {}}, withheld: []int32{2}, standbys: A{}, warmups: A{}},
+		want: planWant{assignment: A{"a": {0, 1}, "b": {}}, withheld: []int32{2}, standbys: A{"b": {2}}, warmups: A{}},
 	}, {
 		name: "end offsets unknown: plain sticky balance, no warm-ups",
 		members: []Member{
 			at(mem("a", 0, 1, 2), offs(0, R, 1, R, 2, R)), at(mem("b"), offs()),
 		},
 		opts: Options{AcceptableLag: 10_000, MaxWarmups: 2, Standbys: 1},
-		want: planWant{assignment: A{"a": {0, 1}, "b": {}}, withheld: []int32{2}, standbys: A{"b": {0, 1}}, warmups: A{}},
+		want: planWant{assignment: A{"a": {0, 1}, "b": {}}, withheld: []int32{2}, standbys: A{"b": {0, 1, 2}}, warmups: A{}},
 	}, {
 		name: "the warm-up budget bounds the copies built at once; the rest stays put",
 		members: []Member{
@@ -176,12 +176,12 @@ func TestPlan(t *testing.T) {
 		opts: o(100_000, 0),
 		want: planWant{assignment: A{"a": {0}, "b": {1, 2}}, standbys: A{}, warmups: A{}},
 	}, {
-		name: "a standby is never given to the member still holding a withheld task",
+		name: "a standby is never given to the member still holding a withheld task; its target keeps one",
 		members: []Member{
 			at(mem("a", 0, 1), offs(0, R, 1, R)), at(mem("b"), offs(1, 99_000)),
 		},
 		opts: Options{EndOffsets: ends(2, 100_000), AcceptableLag: 10_000, MaxWarmups: 2, Standbys: 1},
-		want: planWant{assignment: A{"a": {0}, "b": {}}, withheld: []int32{1}, standbys: A{"b": {0}}, warmups: A{}},
+		want: planWant{assignment: A{"a": {0}, "b": {}}, withheld: []int32{1}, standbys: A{"b": {0, 1}}, warmups: A{}},
 	}}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -249,7 +249,7 @@ func checkPlanInvariants(t *testing.T, members []Member, partitions int32, o Opt
 		}
 		for _, tk := range ts {
 			copies[tk]++
-			if res.Target[tk] == id || slices.Contains(res.Assignment[id], tk) {
+			if slices.Contains(res.Assignment[id], tk) || (res.Target[tk] == id && !slices.Contains(res.Withheld, tk)) {
 				t.Fatalf("member %s has both task %d and its standby", id, tk)
 			}
 			if slices.Contains(byID[id].owned, tk) {
@@ -258,9 +258,16 @@ func checkPlanInvariants(t *testing.T, members []Member, partitions int32, o Opt
 		}
 	}
 	for tk := range partitions {
-		// Warm-ups count towards the standbys: one more copy than asked
-		// only when none was asked.
-		if limit := o.Standbys; copies[tk] > limit && !(limit == 0 && warmed[tk] && copies[tk] == 1) {
+		// Warm-ups and the copy on a withheld task's target count towards
+		// the standbys: more copies than asked only when those are more.
+		base := 0
+		if warmed[tk] {
+			base++
+		}
+		if slices.Contains(res.Withheld, tk) {
+			base++
+		}
+		if copies[tk] > max(o.Standbys, base) {
 			t.Fatalf("task %d has %d standby copies, %d asked", tk, copies[tk], o.Standbys)
 		}
 		// Enough copies when enough members are free to take them.
@@ -272,6 +279,10 @@ func checkPlanInvariants(t *testing.T, members []Member, partitions int32, o Opt
 		}
 		if _, ok := res.Target[tk]; ok && copies[tk] < min(o.Standbys, free) {
 			t.Fatalf("task %d has %d standby copies, %d asked, %d members free", tk, copies[tk], o.Standbys, free)
+		}
+		// The target of a withheld task keeps a copy until the hand-over.
+		if slices.Contains(res.Withheld, tk) && !slices.Contains(res.Standbys[res.Target[tk]], tk) {
+			t.Fatalf("withheld task %d has no copy on its target %s: %v", tk, res.Target[tk], res.Standbys)
 		}
 		// Never an active task on a cold member when a warm one exists.
 		id, ok := res.Target[tk]

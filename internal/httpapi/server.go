@@ -34,6 +34,13 @@ type Backend interface {
 	TaskOf(product string) string
 	// Instances lists the group's members, their tasks and servers.
 	Instances() []stream.InstanceStatus
+	// StandbyTotal answers from this instance's standby copy of the
+	// product's task, within acceptable.recovery.lag; lag is how far behind
+	// it may be.
+	StandbyTotal(product string) (total int64, ok bool, lag int64, err error)
+	// StandbyServers are the other instances keeping a standby copy of the
+	// product's task.
+	StandbyServers(product string) []string
 }
 
 // Headers of the query routing.
@@ -45,6 +52,10 @@ const (
 	// (its value names the forwarder); a forwarded request is answered
 	// where it lands, never forwarded again.
 	ForwardedHeader = "X-Salesagg-Forwarded"
+	// StandbyLagHeader is on an answer from a standby copy: it may be
+	// stale by up to this many changelog records (the copy's lag when it
+	// answered). X-Served-By then ends in "; standby".
+	StandbyLagHeader = "X-Salesagg-Standby-Lag"
 )
 
 // forwardTimeout bounds a forwarded request.
@@ -113,23 +124,7 @@ func Handler(b Backend) http.Handler {
 	mux := http.NewServeMux()
 	fwd := &http.Client{Timeout: forwardTimeout}
 	mux.HandleFunc("GET /v1/products/{product}", func(w http.ResponseWriter, r *http.Request) {
-		product := r.PathValue("product")
-		total, ok, err := b.Total(product)
-		var nh *stream.NotHostedError
-		if errors.As(err, &nh) && nh.Server != "" && r.Header.Get(ForwardedHeader) == "" {
-			forwardProduct(w, r, fwd, b, nh, product)
-			return
-		}
-		w.Header().Set(ServedByHeader, b.InstanceID()+"; task="+b.TaskOf(product))
-		if err != nil {
-			writeError(w, err)
-			return
-		}
-		if !ok {
-			writeJSON(w, http.StatusNotFound, map[string]string{"error": "unknown product", "product": product})
-			return
-		}
-		writeJSON(w, http.StatusOK, map[string]any{"product": product, "total": total})
+		queryProduct(w, r, fwd, b, r.PathValue("product"))
 	})
 	mux.HandleFunc("GET /v1/products", func(w http.ResponseWriter, r *http.Request) {
 		limit := DefaultPageSize
@@ -206,43 +201,129 @@ func Handler(b Backend) http.Handler {
 	return http.MaxBytesHandler(mux, 1<<20)
 }
 
-// writeError answers a failed query. A product whose task runs on another
-// member is 404 with the task and the owner (ask it instead); 503 with
-// Retry-After when no owner is known yet (a rebalance) or the task is not
-// ready here.
-// forwardProduct answers a product query from the instance that runs its
-// task: one hop, bounded by forwardTimeout. An owner that cannot be reached
-// is a 503 naming it.
-func forwardProduct(w http.ResponseWriter, r *http.Request, cl *http.Client, b Backend, nh *stream.NotHostedError, product string) {
-	ctx, cancel := context.WithTimeout(r.Context(), forwardTimeout)
-	defer cancel()
-	u := "http://" + nh.Server + "/v1/products/" + url.PathEscape(product)
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u, nil)
+// queryProduct answers GET /v1/products/{product}:
+//  1. from this instance's active task;
+//  2. else, unless the request was forwarded to us, by one hop to the
+//     owner, whose answer is relayed unless it could not give one (it did
+//     not answer, or answered 503: restoring);
+//  3. else from this instance's standby copy, within
+//     acceptable.recovery.lag, marked stale (StandbyLagHeader);
+//  4. else, unless forwarded, by one hop to an instance with a standby copy;
+//  5. else an error: the owner's 503, or 503 naming an unreachable owner,
+//     or this instance's own answer (404 naming the owner, 503 while no
+//     owner is known).
+//
+// A forwarded request is answered where it lands (steps 1, 3, 5): never
+// forwarded again, so there are no loops.
+func queryProduct(w http.ResponseWriter, r *http.Request, fwd *http.Client, b Backend, product string) {
+	servedBy := b.InstanceID() + "; task=" + b.TaskOf(product)
+	total, ok, err := b.Total(product)
 	if err == nil {
-		req.Header.Set(ForwardedHeader, b.InstanceID())
-		var resp *http.Response
-		if resp, err = cl.Do(req); err == nil {
-			defer resp.Body.Close()
-			body, rerr := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
-			if rerr == nil {
-				for _, h := range []string{"Content-Type", ServedByHeader, "Retry-After"} {
-					if v := resp.Header.Get(h); v != "" {
-						w.Header().Set(h, v)
-					}
-				}
-				w.WriteHeader(resp.StatusCode)
-				_, _ = w.Write(body)
-				return
-			}
-			err = rerr
+		w.Header().Set(ServedByHeader, servedBy)
+		writeTotal(w, product, total, ok, nil)
+		return
+	}
+	forwarded := r.Header.Get(ForwardedHeader) != ""
+	var nh *stream.NotHostedError
+	var ownerAnswer *answer
+	var ownerErr error
+	if errors.As(err, &nh) && nh.Server != "" && !forwarded {
+		ownerAnswer, ownerErr = ask(r.Context(), fwd, b.InstanceID(), nh.Server, product)
+		if ownerErr == nil && ownerAnswer.code != http.StatusServiceUnavailable {
+			ownerAnswer.relay(w)
+			return
 		}
 	}
-	w.Header().Set(ServedByHeader, b.InstanceID()+"; task="+nh.Task)
-	w.Header().Set("Retry-After", "1")
-	writeJSON(w, http.StatusServiceUnavailable, map[string]any{
-		"error": fmt.Sprintf("the owner of task %s, %s at %s, did not answer: %v", nh.Task, nh.Owner, nh.Server, err),
-		"task":  nh.Task, "partition": nh.Partition, "owner": nh.Owner, "server": nh.Server,
-	})
+	if st, ok, lag, serr := b.StandbyTotal(product); serr == nil {
+		w.Header().Set(ServedByHeader, servedBy+"; standby")
+		w.Header().Set(StandbyLagHeader, strconv.FormatInt(lag, 10))
+		writeTotal(w, product, st, ok, &lag)
+		return
+	}
+	if !forwarded {
+		for _, server := range b.StandbyServers(product) {
+			a, err := ask(r.Context(), fwd, b.InstanceID(), server, product)
+			if err == nil && (a.code == http.StatusOK || a.code == http.StatusNotFound) {
+				a.relay(w)
+				return
+			}
+		}
+	}
+	switch {
+	case ownerAnswer != nil:
+		ownerAnswer.relay(w)
+	case ownerErr != nil:
+		w.Header().Set(ServedByHeader, servedBy)
+		w.Header().Set("Retry-After", "1")
+		writeJSON(w, http.StatusServiceUnavailable, map[string]any{
+			"error": fmt.Sprintf("the owner of task %s, %s at %s, did not answer: %v", nh.Task, nh.Owner, nh.Server, ownerErr),
+			"task":  nh.Task, "partition": nh.Partition, "owner": nh.Owner, "server": nh.Server,
+		})
+	default:
+		w.Header().Set(ServedByHeader, servedBy)
+		writeError(w, err)
+	}
+}
+
+// writeTotal writes a product's total (404 when unknown); staleBy, when not
+// nil, marks an answer from a standby copy.
+func writeTotal(w http.ResponseWriter, product string, total int64, ok bool, staleBy *int64) {
+	var body map[string]any
+	code := http.StatusOK
+	if ok {
+		body = map[string]any{"product": product, "total": total}
+	} else {
+		code = http.StatusNotFound
+		body = map[string]any{"error": "unknown product", "product": product}
+	}
+	if staleBy != nil {
+		body["stale"] = true
+		body["standby_lag"] = *staleBy
+	}
+	writeJSON(w, code, body)
+}
+
+// answer is another instance's answer to a product query.
+type answer struct {
+	code   int
+	header http.Header
+	body   []byte
+}
+
+// relayed are the headers of an answer that are passed on.
+var relayed = []string{"Content-Type", ServedByHeader, StandbyLagHeader, "Retry-After"}
+
+func (a *answer) relay(w http.ResponseWriter) {
+	for _, h := range relayed {
+		if v := a.header.Get(h); v != "" {
+			w.Header().Set(h, v)
+		}
+	}
+	w.WriteHeader(a.code)
+	_, _ = w.Write(a.body)
+}
+
+// ask forwards a product query to server: one hop, bounded by
+// forwardTimeout, marked forwarded so that it is answered where it lands.
+func ask(ctx context.Context, cl *http.Client, self, server, product string) (*answer, error) {
+	ctx, cancel := context.WithTimeout(ctx, forwardTimeout)
+	defer cancel()
+	u := "http://" + server + "/v1/products/" + url.PathEscape(product)
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u, nil)
+	if err != nil {
+		return nil, err
+	}
+	req.Header.Set(ForwardedHeader, self)
+	resp, err := cl.Do(req)
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+	if err != nil {
+		return nil, err
+	}
+	return &answer{code: resp.StatusCode, header: resp.Header, body: body}, nil
 }
 
 // fetchPage reads one page of GET /v1/products from another instance.
@@ -276,6 +357,10 @@ func fetchPage(ctx context.Context, cl *http.Client, self, server, after string,
 	return body.Products, body.Unavailable, nil
 }
 
+// writeError answers a failed query. A product whose task runs on another
+// member is 404 with the task and the owner (ask it instead); 503 with
+// Retry-After when no owner is known yet (a rebalance) or the task is not
+// ready here.
 func writeError(w http.ResponseWriter, err error) {
 	var nh *stream.NotHostedError
 	if errors.As(err, &nh) {
@@ -309,7 +394,14 @@ func writeMetrics(w http.ResponseWriter, b Backend) {
 	ready, _ := b.Ready()
 	fmt.Fprintf(w, "# HELP salesagg_ready Whether every assigned task is running.\n# TYPE salesagg_ready gauge\nsalesagg_ready %d\n", boolInt(ready))
 	fmt.Fprintf(w, "# HELP salesagg_bad_events_total Bad events skipped since start.\n# TYPE salesagg_bad_events_total counter\nsalesagg_bad_events_total %d\n", b.BadEvents())
-	ts := b.Tasks()
+	var ts, standbys []stream.TaskStatus
+	for _, t := range b.Tasks() {
+		if t.Role == "active" {
+			ts = append(ts, t)
+		} else {
+			standbys = append(standbys, t)
+		}
+	}
 	series := []struct {
 		name, help, typ string
 		val             func(stream.TaskStatus) int64
@@ -327,6 +419,12 @@ func writeMetrics(w http.ResponseWriter, b Backend) {
 		fmt.Fprintf(w, "# HELP %s %s\n# TYPE %s %s\n", s.name, s.help, s.name, s.typ)
 		for _, t := range ts {
 			fmt.Fprintf(w, "%s{task=%q,partition=\"%d\"} %d\n", s.name, t.Task, t.Partition, s.val(t))
+		}
+	}
+	fmt.Fprintf(w, "# HELP salesagg_standby_lag_records Changelog records a standby copy is behind.\n# TYPE salesagg_standby_lag_records gauge\n")
+	for _, t := range standbys {
+		if t.ChangelogLag != nil {
+			fmt.Fprintf(w, "salesagg_standby_lag_records{task=%q,partition=\"%d\",kind=%q} %d\n", t.Task, t.Partition, t.Role, *t.ChangelogLag)
 		}
 	}
 }

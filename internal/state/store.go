@@ -266,6 +266,18 @@ func (s *Store) Checkpoint() (Checkpoint, bool, error) {
 // changelog than the tail since the last commit). One sync per commit cycle
 // and per restored fetch is cheap next to the produce round trip.
 func (s *Store) Apply(updates []Update, cp Checkpoint) error {
+	return s.apply(updates, cp, pebble.Sync)
+}
+
+// ApplyUnsynced is Apply without the sync: a crash may lose the latest
+// batches, each with its checkpoint (a batch is atomic in Pebble's log), so
+// the store stays consistent and only falls behind. For a standby copy,
+// which the changelog can always bring forward again; Close syncs.
+func (s *Store) ApplyUnsynced(updates []Update, cp Checkpoint) error {
+	return s.apply(updates, cp, pebble.NoSync)
+}
+
+func (s *Store) apply(updates []Update, cp Checkpoint, opts *pebble.WriteOptions) error {
 	s.mu.RLock()
 	defer s.mu.RUnlock()
 	if s.mu.db == nil {
@@ -287,7 +299,7 @@ func (s *Store) Apply(updates []Update, cp Checkpoint) error {
 	if err := b.Set(checkpointKey, encodeCheckpoint(cp), nil); err != nil {
 		return fmt.Errorf("writing batch to %s: %w", s.path, err)
 	}
-	if err := b.Commit(pebble.Sync); err != nil {
+	if err := b.Commit(opts); err != nil {
 		return fmt.Errorf("committing batch to %s: %w", s.path, err)
 	}
 	return nil

@@ -1,13 +1,16 @@
 package stream
 
 import (
+	"context"
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"sort"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
@@ -33,6 +36,9 @@ import (
 //	processID   uint16 length + bytes: the state dir's process id
 //	appServer   uint16 length + bytes: application.server, host:port of its
 //	            HTTP server (absent from older members)
+//	offsets     uint16 count, then per task: int32 task, int64 the next
+//	            changelog offset its local store reflects, or -2 for an
+//	            active task it runs (version 2; absent from older members)
 //
 // Newer versions append fields; a reader takes the prefix it knows.
 //
@@ -45,6 +51,11 @@ import (
 //	            (the owner's group.instance.id, or member id when dynamic)
 //	servers     uint16 count, then per member: its name as in owners and its
 //	            application.server (absent from older leaders)
+//	standbys    uint16 count, then per member: its name, uint16 count, then
+//	            per task: int32 task, uint8 kind (0 standby, 1 warm-up)
+//	            (version 2)
+//	probe       uint8: 1 when tasks wait for warm-ups to catch up, so the
+//	            members building them rejoin when they have (version 2)
 //
 // so that every member knows which member owns each task (queries to a
 // non-owner name the owner).
@@ -58,13 +69,26 @@ type memberInfo struct {
 	partitions int32
 	processID  string
 	appServer  string
+	// offsets are the member's local stores (see assign.Member.Offsets);
+	// nil when an older member reported none.
+	offsets map[int32]int64
 }
 
 func encodeMemberInfo(m memberInfo) []byte {
 	b := []byte{byte(assign.Version)}
 	b = binary.BigEndian.AppendUint32(b, uint32(m.partitions))
 	b = appendString(b, m.processID)
-	return appendString(b, m.appServer)
+	b = appendString(b, m.appServer)
+	tasks := slices.Sorted(maps.Keys(m.offsets))
+	if len(tasks) > 0xffff {
+		tasks = tasks[:0xffff]
+	}
+	b = binary.BigEndian.AppendUint16(b, uint16(len(tasks)))
+	for _, t := range tasks {
+		b = binary.BigEndian.AppendUint32(b, uint32(t))
+		b = binary.BigEndian.AppendUint64(b, uint64(m.offsets[t]))
+	}
+	return b
 }
 
 func decodeMemberInfo(b []byte) (memberInfo, error) {
@@ -78,8 +102,20 @@ func decodeMemberInfo(b []byte) (memberInfo, error) {
 		return memberInfo{}, errors.New("unreadable member metadata: process id")
 	}
 	if len(rest) > 0 {
-		if m.appServer, _, ok = readString(rest); !ok {
+		if m.appServer, rest, ok = readString(rest); !ok {
 			return memberInfo{}, errors.New("unreadable member metadata: application server")
+		}
+	}
+	if len(rest) >= 2 {
+		n := int(binary.BigEndian.Uint16(rest))
+		rest = rest[2:]
+		if len(rest) < n*12 {
+			return memberInfo{}, errors.New("unreadable member metadata: store offsets")
+		}
+		m.offsets = make(map[int32]int64, n)
+		for range n {
+			m.offsets[int32(binary.BigEndian.Uint32(rest))] = int64(binary.BigEndian.Uint64(rest[4:]))
+			rest = rest[12:]
 		}
 	}
 	return m, nil
@@ -93,6 +129,19 @@ type assignmentInfo struct {
 	// servers maps each member (by its name in owners) to its
 	// application.server.
 	servers map[string]string
+	// standbys maps each member (by name) to its standby tasks: task ->
+	// whether the copy is a warm-up.
+	standbys map[string]map[int32]bool
+	// probe: some tasks wait for warm-ups to catch up.
+	probe bool
+}
+
+// standbyKind is a standby's kind byte on the wire.
+func standbyKind(warmup bool) byte {
+	if warmup {
+		return 1
+	}
+	return 0
 }
 
 func encodeAssignmentInfo(a assignmentInfo) []byte {
@@ -118,7 +167,21 @@ func encodeAssignmentInfo(a assignmentInfo) []byte {
 		b = appendString(b, n)
 		b = appendString(b, a.servers[n])
 	}
-	return b
+	names = slices.Sorted(maps.Keys(a.standbys))
+	b = binary.BigEndian.AppendUint16(b, uint16(len(names)))
+	for _, n := range names {
+		b = appendString(b, n)
+		tasks := slices.Sorted(maps.Keys(a.standbys[n]))
+		b = binary.BigEndian.AppendUint16(b, uint16(len(tasks)))
+		for _, t := range tasks {
+			b = binary.BigEndian.AppendUint32(b, uint32(t))
+			b = append(b, standbyKind(a.standbys[n][t]))
+		}
+	}
+	if a.probe {
+		return append(b, 1)
+	}
+	return append(b, 0)
 }
 
 func decodeAssignmentInfo(b []byte) (assignmentInfo, error) {
@@ -157,6 +220,30 @@ func decodeAssignmentInfo(b []byte) (assignmentInfo, error) {
 			b = rest
 		}
 	}
+	a.standbys = map[string]map[int32]bool{}
+	if len(b) >= 2 {
+		n := int(binary.BigEndian.Uint16(b))
+		b = b[2:]
+		for range n {
+			name, rest, ok := readString(b)
+			if !ok || len(rest) < 2 {
+				return assignmentInfo{}, errors.New("unreadable assignment info: standbys")
+			}
+			k := int(binary.BigEndian.Uint16(rest))
+			rest = rest[2:]
+			if len(rest) < k*5 {
+				return assignmentInfo{}, errors.New("unreadable assignment info: standby tasks")
+			}
+			tasks := make(map[int32]bool, k)
+			for range k {
+				tasks[int32(binary.BigEndian.Uint32(rest))] = rest[4] == 1
+				rest = rest[5:]
+			}
+			a.standbys[name] = tasks
+			b = rest
+		}
+		a.probe = len(b) >= 1 && b[0] == 1
+	}
 	return a, nil
 }
 
@@ -193,6 +280,15 @@ type taskBalancer struct {
 	// member that restarted on another port got its old assignment back
 	// without a rebalance, so the leader never saw its new metadata.
 	rejoin func()
+	// opts are the caught-up-first settings; the leader fills in the end
+	// offsets each round.
+	opts assign.Options
+	// offsets, if set, returns this member's local store checkpoints for
+	// its JoinGroup metadata (see assign.Member.Offsets).
+	offsets func() map[int32]int64
+	// endOffsets, if set, returns the changelog end offsets per task, for
+	// the leader's caught-up-first placement.
+	endOffsets func(context.Context) (map[int32]int64, error)
 
 	mu struct {
 		sync.Mutex
@@ -246,8 +342,12 @@ func (b *taskBalancer) JoinGroupMetadata(topics []string, current map[string][]i
 		meta.OwnedPartitions = append(meta.OwnedPartitions, owned)
 	}
 	b.mu.Lock()
-	meta.UserData = encodeMemberInfo(b.mu.self)
+	self := b.mu.self
 	b.mu.Unlock()
+	if b.offsets != nil {
+		self.offsets = b.offsets()
+	}
+	meta.UserData = encodeMemberInfo(self)
 	return meta.AppendTo(nil)
 }
 
@@ -328,6 +428,7 @@ func (b *taskBalancer) MemberBalancer(members []kmsg.JoinGroupResponseMember) (k
 		if info, err := decodeMemberInfo(meta.UserData); err == nil {
 			am.Version = info.version
 			am.Partitions = info.partitions
+			am.Offsets = info.offsets
 			if info.appServer != "" {
 				mb.servers = append(mb.servers, [2]string{m.MemberID, info.appServer})
 			}
@@ -359,7 +460,19 @@ func (mb *memberBalancer) BalanceOrError(topics map[string]int32) (kgo.IntoSyncA
 	if r, ok := topics[b.repartition]; !ok || r != n {
 		return nil, fmt.Errorf("balancing tasks: repartition topic %s has %d partitions but input topic %s has %d; they must match", b.repartition, r, b.input, n)
 	}
-	res, err := assign.Tasks(mb.members, n)
+	opts := b.opts
+	if b.endOffsets != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		ends, err := b.endOffsets(ctx)
+		cancel()
+		if err != nil {
+			// Without the ends nobody can be told caught up: a plain
+			// sticky balance this round.
+			b.log.Warn("Reading the changelog end offsets failed; assigning without caught-up-first placement this round", zap.Error(err))
+		}
+		opts.EndOffsets = ends
+	}
+	res, err := assign.Plan(mb.members, n, opts)
 	if err != nil {
 		return nil, fmt.Errorf("balancing tasks: %w", err)
 	}
@@ -382,7 +495,31 @@ func (mb *memberBalancer) BalanceOrError(topics map[string]int32) (kgo.IntoSyncA
 		}
 		summary = append(summary, fmt.Sprintf("%s=%v", name[m.ID], taskNames(tasks)))
 	}
-	b.log.Info("Assigned tasks", zap.Strings("members", summary), zap.Strings("withheld", taskNames(res.Withheld)), zap.Int32("partitions", n))
+	standbys := map[string]map[int32]bool{}
+	var standbySummary []string
+	for _, m := range mb.members {
+		sb := res.Standbys[m.ID]
+		if len(sb) == 0 {
+			continue
+		}
+		kinds := map[int32]bool{}
+		for _, t := range sb {
+			kinds[t] = false
+		}
+		for _, t := range res.Warmups[m.ID] {
+			kinds[t] = true
+		}
+		standbys[name[m.ID]] = kinds
+		standbySummary = append(standbySummary, fmt.Sprintf("%s=%v", name[m.ID], taskNames(sb)))
+	}
+	var warmSummary []string
+	for _, m := range mb.members {
+		if w := res.Warmups[m.ID]; len(w) > 0 {
+			warmSummary = append(warmSummary, fmt.Sprintf("%s=%v", name[m.ID], taskNames(w)))
+		}
+	}
+	b.log.Info("Assigned tasks", zap.Strings("members", summary), zap.Strings("withheld", taskNames(res.Withheld)),
+		zap.Strings("standbys", standbySummary), zap.Strings("warmups", warmSummary), zap.Int32("partitions", n))
 	// A withheld task is still run by its holder until it revokes it: name
 	// the holder, so queries reach it and the next owner knows where the
 	// task came from.
@@ -402,7 +539,7 @@ func (mb *memberBalancer) BalanceOrError(topics map[string]int32) (kgo.IntoSyncA
 	for _, ms := range mb.servers {
 		servers[name[ms[0]]] = ms[1]
 	}
-	info := encodeAssignmentInfo(assignmentInfo{partitions: n, owners: owners, servers: servers})
+	info := encodeAssignmentInfo(assignmentInfo{partitions: n, owners: owners, servers: servers, standbys: standbys, probe: res.Probe})
 	return &syncPlan{members: mb.members, res: res, input: b.input, repartition: b.repartition, info: info}, nil
 }
 

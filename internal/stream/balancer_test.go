@@ -77,10 +77,19 @@ func TestBalancerRoundTrip(t *testing.T) {
 func TestBalancerWireFormats(t *testing.T) {
 	// Scenario: member and assignment info round trip; truncated bytes are rejected; a newer
 	// member's appended fields are ignored.
-	m := memberInfo{version: 1, partitions: 12, processID: "0b8f-uuid", appServer: "salesagg-0.salesagg:8080"}
+	m := memberInfo{version: 2, partitions: 12, processID: "0b8f-uuid", appServer: "salesagg-0.salesagg:8080",
+		offsets: map[int32]int64{0: -2, 3: 1 << 40, 11: 0}}
 	got, err := decodeMemberInfo(encodeMemberInfo(m))
-	if err != nil || got != m {
+	if err != nil || !reflect.DeepEqual(got, m) {
 		t.Fatalf("member info = %+v, %v", got, err)
+	}
+	if _, err := decodeMemberInfo(encodeMemberInfo(m)[:len(encodeMemberInfo(m))-3]); err == nil {
+		t.Fatal("member info with truncated offsets decoded")
+	}
+	// A member of the version before store offsets: none (nil).
+	v1 := []byte{1, 0, 0, 0, 12, 0, 3, 'p', 'i', 'd', 0, 3, 'a', ':', '1'}
+	if got, err := decodeMemberInfo(v1); err != nil || got.appServer != "a:1" || got.offsets != nil {
+		t.Fatalf("version 1 member info = %+v, %v", got, err)
 	}
 	if _, err := decodeMemberInfo(encodeMemberInfo(m)[:6]); err == nil {
 		t.Fatal("truncated member info decoded")
@@ -95,10 +104,22 @@ func TestBalancerWireFormats(t *testing.T) {
 	if got, err := decodeMemberInfo(newer); err != nil || got.version != 7 || got.processID != m.processID {
 		t.Fatalf("newer member info = %+v, %v", got, err)
 	}
-	ai := assignmentInfo{version: 1, partitions: 3, owners: map[int32]string{0: "a", 2: "b"}, servers: map[string]string{"a": "10-a:8080", "b": "b.svc:8080"}}
+	ai := assignmentInfo{version: 2, partitions: 3, owners: map[int32]string{0: "a", 2: "b"}, servers: map[string]string{"a": "10-a:8080", "b": "b.svc:8080"},
+		standbys: map[string]map[int32]bool{"a": {2: false}, "b": {0: false, 1: true}}, probe: true}
 	gotA, err := decodeAssignmentInfo(encodeAssignmentInfo(ai))
 	if err != nil || !reflect.DeepEqual(gotA, ai) {
 		t.Fatalf("assignment info = %+v, %v", gotA, err)
+	}
+	enc := encodeAssignmentInfo(ai)
+	if _, err := decodeAssignmentInfo(enc[:len(enc)-4]); err == nil {
+		t.Fatal("assignment info with truncated standbys decoded")
+	}
+	// A leader of the version before standbys: none, no probe.
+	ai1 := assignmentInfo{version: 1, partitions: 3, owners: map[int32]string{0: "a"}, servers: map[string]string{"a": "a:1"}}
+	b1 := encodeAssignmentInfo(ai1)
+	b1 = b1[:len(b1)-3] // no standby count, no probe byte
+	if got, err := decodeAssignmentInfo(b1); err != nil || len(got.standbys) != 0 || got.probe || got.servers["a"] != "a:1" {
+		t.Fatalf("version 1 assignment info = %+v, %v", got, err)
 	}
 	if _, err := decodeAssignmentInfo(nil); err == nil {
 		t.Fatal("empty assignment info decoded")

@@ -34,7 +34,7 @@ func productOn(prefix string, p, n int32) string {
 func (in *instance) runningTasks() []string {
 	var out []string
 	for _, ts := range in.rt.Tasks() {
-		if ts.State == "running" {
+		if ts.Role == "active" && ts.State == "running" {
 			out = append(out, ts.Task)
 		}
 	}

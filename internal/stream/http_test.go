@@ -68,7 +68,7 @@ func TestRestoringTaskIsNotReadyAndOthersServe(t *testing.T) {
 	if code, body := get(t, in.http.URL+"/v1/products"); code != http.StatusOK || !strings.Contains(body, `"unavailable_tasks":["0_1"]`) || !strings.Contains(body, free) {
 		t.Fatalf("/v1/products while 0_1 restores = %d %s", code, body)
 	}
-	if code, body := get(t, in.http.URL+"/v1/tasks"); code != http.StatusOK || !strings.Contains(body, `"task":"0_1","partition":1,"state":"restoring"`) {
+	if code, body := get(t, in.http.URL+"/v1/tasks"); code != http.StatusOK || !strings.Contains(body, `"task":"0_1","partition":1,"role":"active","state":"restoring"`) {
 		t.Fatalf("/v1/tasks = %d %s", code, body)
 	}
 	release()

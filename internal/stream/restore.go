@@ -30,10 +30,7 @@ func (t *task) restore(ctx context.Context) error {
 		}
 	}
 	start := time.Now()
-	store, err := state.Open(t.rt.dir.TaskPath(t.partition), t.log, state.OpenOptions{})
-	if state.IsCorrupt(err) {
-		store, err = t.quarantine(err)
-	}
+	store, err := t.rt.openStore(t.partition, t.log)
 	if err != nil {
 		return err
 	}
@@ -77,6 +74,11 @@ func (t *task) restore(ctx context.Context) error {
 		t.stats.restoreMillis.Store(d.Milliseconds())
 		t.log.Info(fmt.Sprintf("Finished restoring changelog %s to store %s with a total number of %d records", tp, t.rt.cfg.StoreName, n),
 			zap.Int64("records", n), zap.Duration("duration", d))
+		if t.standbyAt >= 0 {
+			behind := max(0, to-t.standbyAt)
+			t.log.Info(fmt.Sprintf("task [%s] standby was %d records behind; restored %d records", t.name, behind, n),
+				zap.Int64("behind", behind), zap.Int64("records", n), zap.Duration("duration", d))
+		}
 		if from := t.rt.balancer.cameFrom(t.partition); from != "" && from != t.rt.instanceID {
 			t.log.Info(fmt.Sprintf("task [%s] Took over from %s: restored %d records in %s", t.name, from, n, d.Round(time.Millisecond)),
 				zap.String("from", from), zap.Int64("records", n), zap.Duration("duration", d))
@@ -86,11 +88,16 @@ func (t *task) restore(ctx context.Context) error {
 	}
 }
 
-// changelogBounds returns the log start and end offsets of the task's
-// changelog partition, retrying for a while: right after the topic is
+// changelogBounds returns the log start and end (last stable) offsets of
+// changelog partition p, retrying for a while: right after the topic is
 // created, or while a broker restarts, the partition can be briefly unknown.
 func (t *task) changelogBounds(ctx context.Context, tp string) (logStart, end int64, err error) {
-	cl := t.rt.cfg.ChangelogTopic()
+	return t.rt.changelogBounds(ctx, t.partition, t.log)
+}
+
+func (rt *Runtime) changelogBounds(ctx context.Context, p int32, log *zap.Logger) (logStart, end int64, err error) {
+	cl := rt.cfg.ChangelogTopic()
+	tp := fmt.Sprintf("%s-%d", cl, p)
 	lookup := func(list func(context.Context, ...string) (kadm.ListedOffsets, error)) (int64, error) {
 		offs, err := list(ctx, cl)
 		if err == nil {
@@ -99,7 +106,7 @@ func (t *task) changelogBounds(ctx context.Context, tp string) (logStart, end in
 		if err != nil {
 			return 0, err
 		}
-		o, ok := offs.Lookup(cl, t.partition)
+		o, ok := offs.Lookup(cl, p)
 		if !ok {
 			return 0, kerr.UnknownTopicOrPartition
 		}
@@ -107,10 +114,10 @@ func (t *task) changelogBounds(ctx context.Context, tp string) (logStart, end in
 	}
 	wait := 100 * time.Millisecond
 	for attempt := 1; ; attempt++ {
-		logStart, err = lookup(t.rt.admin.ListStartOffsets)
+		logStart, err = lookup(rt.admin.ListStartOffsets)
 		if err == nil {
 			// The last stable offset: restore reads committed records only.
-			end, err = lookup(t.rt.admin.ListCommittedOffsets)
+			end, err = lookup(rt.admin.ListCommittedOffsets)
 		}
 		if err == nil {
 			return logStart, end, nil
@@ -119,7 +126,7 @@ func (t *task) changelogBounds(ctx context.Context, tp string) (logStart, end in
 			return 0, 0, fmt.Errorf("listing offsets of changelog %s: %w", tp, err)
 		}
 		if attempt%10 == 0 {
-			t.log.Warn("Listing changelog offsets; retrying", zap.String("changelog", tp), zap.Error(err))
+			log.Warn("Listing changelog offsets; retrying", zap.String("changelog", tp), zap.Error(err))
 		}
 		select {
 		case <-ctx.Done():
@@ -128,6 +135,24 @@ func (t *task) changelogBounds(ctx context.Context, tp string) (logStart, end in
 		}
 		wait = min(2*wait, 2*time.Second)
 	}
+}
+
+// changelogEnds returns the end (last stable) offset of every changelog
+// partition, for the balancer's caught-up-first placement.
+func (rt *Runtime) changelogEnds(ctx context.Context) (map[int32]int64, error) {
+	cl := rt.cfg.ChangelogTopic()
+	offs, err := rt.admin.ListCommittedOffsets(ctx, cl)
+	if err == nil {
+		err = offs.Error()
+	}
+	if err != nil {
+		return nil, fmt.Errorf("listing end offsets of changelog %s: %w", cl, err)
+	}
+	out := map[int32]int64{}
+	for p, o := range offs[cl] {
+		out[p] = o.Offset
+	}
+	return out, nil
 }
 
 // waitStableOffsets waits until the group has no pending transactional
@@ -170,13 +195,27 @@ func (t *task) waitStableOffsets(ctx context.Context) error {
 // quarantine moves the task's corrupted store aside, with a warning naming
 // where, and opens an empty one in its place. The store must be closed.
 func (t *task) quarantine(cause error) (*state.Store, error) {
-	to, err := t.rt.dir.Quarantine(t.partition)
+	return t.rt.quarantine(t.partition, t.log, cause)
+}
+
+func (rt *Runtime) quarantine(p int32, log *zap.Logger, cause error) (*state.Store, error) {
+	to, err := rt.dir.Quarantine(p)
 	if err != nil {
 		return nil, errors.Join(cause, err)
 	}
-	t.log.Warn(fmt.Sprintf("task [%s] Store is corrupted; moved it to %s and restoring it from the changelog", t.name, to),
+	log.Warn(fmt.Sprintf("task [%s] Store is corrupted; moved it to %s and restoring it from the changelog", state.TaskName(p), to),
 		zap.String("quarantined_to", to), zap.Error(cause))
-	return state.Open(t.rt.dir.TaskPath(t.partition), t.log, state.OpenOptions{})
+	return state.Open(rt.dir.TaskPath(p), log, state.OpenOptions{})
+}
+
+// openStore opens task p's store, quarantining it and opening an empty one
+// when it is corrupted.
+func (rt *Runtime) openStore(p int32, log *zap.Logger) (*state.Store, error) {
+	store, err := state.Open(rt.dir.TaskPath(p), log, state.OpenOptions{})
+	if state.IsCorrupt(err) {
+		store, err = rt.quarantine(p, log, err)
+	}
+	return store, err
 }
 
 // restoreRange validates the checkpoint against the changelog and returns
@@ -199,32 +238,44 @@ func (t *task) restoreRange(ctx context.Context, tp string) (from, to int64, err
 	if err != nil {
 		return 0, 0, err
 	}
-	var zeroID [16]byte
-	switch {
-	case !found:
-		t.log.Info(fmt.Sprintf("task [%s] State store %s did not find checkpoint offset, hence would default to the starting offset at changelog %s",
-			t.name, t.rt.cfg.StoreName, tp))
-		t.cp = state.Checkpoint{ChangelogOffset: logStart, InputOffset: -1, ChangelogTopicID: t.rt.topo.changelogID}
-		return logStart, end, nil
-	case cp.ChangelogTopicID != zeroID && cp.ChangelogTopicID != t.rt.topo.changelogID:
-		t.log.Warn(fmt.Sprintf("task [%s] Changelog %s was recreated since the checkpoint was written; wiping the store and restoring from the start", t.name, tp),
-			zap.Int64("checkpoint", cp.ChangelogOffset))
-	case cp.ChangelogOffset > end:
-		t.log.Warn(fmt.Sprintf("task [%s] Checkpoint offset %d is beyond the end offset %d of changelog %s; wiping the store and restoring from the start", t.name, cp.ChangelogOffset, end, tp),
-			zap.Int64("checkpoint", cp.ChangelogOffset), zap.Int64("end_offset", end))
-	case cp.ChangelogOffset < logStart:
-		t.log.Warn(fmt.Sprintf("task [%s] Checkpoint offset %d is below the start offset %d of changelog %s; wiping the store and restoring from the start", t.name, cp.ChangelogOffset, logStart, tp),
-			zap.Int64("checkpoint", cp.ChangelogOffset), zap.Int64("start_offset", logStart))
-	default:
+	if from, ok := t.rt.checkCheckpoint(t.log, t.name, tp, cp, found, logStart, end); ok {
 		t.cp = cp
 		t.stats.checkpoint.Store(cp.ChangelogOffset)
-		return cp.ChangelogOffset, end, nil
+		return from, end, nil
 	}
-	if err := t.wipe(); err != nil {
-		return 0, 0, err
+	if found {
+		if err := t.wipe(); err != nil {
+			return 0, 0, err
+		}
 	}
 	t.cp = state.Checkpoint{ChangelogOffset: logStart, InputOffset: -1, ChangelogTopicID: t.rt.topo.changelogID}
 	return logStart, end, nil
+}
+
+// checkCheckpoint tells whether a store's checkpoint can be resumed from
+// against the changelog's [logStart, end): ok with the offset to resume
+// at, or not, logged (a store without checkpoint starts at the log start; a
+// checkpoint of a recreated changelog, beyond its end or below its start
+// makes the store void: wipe it).
+func (rt *Runtime) checkCheckpoint(log *zap.Logger, name, tp string, cp state.Checkpoint, found bool, logStart, end int64) (int64, bool) {
+	var zeroID [16]byte
+	switch {
+	case !found:
+		log.Info(fmt.Sprintf("task [%s] State store %s did not find checkpoint offset, hence would default to the starting offset at changelog %s",
+			name, rt.cfg.StoreName, tp))
+	case cp.ChangelogTopicID != zeroID && cp.ChangelogTopicID != rt.topo.changelogID:
+		log.Warn(fmt.Sprintf("task [%s] Changelog %s was recreated since the checkpoint was written; wiping the store and restoring from the start", name, tp),
+			zap.Int64("checkpoint", cp.ChangelogOffset))
+	case cp.ChangelogOffset > end:
+		log.Warn(fmt.Sprintf("task [%s] Checkpoint offset %d is beyond the end offset %d of changelog %s; wiping the store and restoring from the start", name, cp.ChangelogOffset, end, tp),
+			zap.Int64("checkpoint", cp.ChangelogOffset), zap.Int64("end_offset", end))
+	case cp.ChangelogOffset < logStart:
+		log.Warn(fmt.Sprintf("task [%s] Checkpoint offset %d is below the start offset %d of changelog %s; wiping the store and restoring from the start", name, cp.ChangelogOffset, logStart, tp),
+			zap.Int64("checkpoint", cp.ChangelogOffset), zap.Int64("start_offset", logStart))
+	default:
+		return cp.ChangelogOffset, true
+	}
+	return logStart, false
 }
 
 // wipe deletes the task's store and opens an empty one.
@@ -323,26 +374,9 @@ func (t *task) replay(ctx context.Context, from, to int64) (int64, error) {
 				return
 			}
 			n++
-			u := state.Update{Product: string(r.Key)}
-			if r.Value == nil {
-				u.Delete = true
+			if u, ok := changelogUpdate(r, t.log, tp); ok {
 				updates = append(updates, u)
-				return
 			}
-			total, err := sales.DecodeTotal(r.Value)
-			if err != nil {
-				t.log.Warn("Skipping unreadable changelog record", zap.String("changelog", tp), zap.Int64("offset", r.Offset), zap.Error(err))
-				return
-			}
-			u.Entry.Total = total
-			for _, h := range r.Headers {
-				if h.Key == sales.OffsetsHeader {
-					if offs, err := sales.DecodeOffsets(h.Value); err == nil {
-						u.Entry.Offsets = offs
-					}
-				}
-			}
-			updates = append(updates, u)
 		})
 		if len(updates) > 0 || next > t.cp.ChangelogOffset {
 			cp := t.cp
@@ -367,4 +401,29 @@ func (t *task) replay(ctx context.Context, from, to int64) (int64, error) {
 		}
 	}
 	return n, nil
+}
+
+// changelogUpdate is the store update a changelog record makes: the total
+// with the input offsets it reflects, or a deletion for a tombstone. An
+// unreadable record is logged and skipped (false).
+func changelogUpdate(r *kgo.Record, log *zap.Logger, tp string) (state.Update, bool) {
+	u := state.Update{Product: string(r.Key)}
+	if r.Value == nil {
+		u.Delete = true
+		return u, true
+	}
+	total, err := sales.DecodeTotal(r.Value)
+	if err != nil {
+		log.Warn("Skipping unreadable changelog record", zap.String("changelog", tp), zap.Int64("offset", r.Offset), zap.Error(err))
+		return u, false
+	}
+	u.Entry.Total = total
+	for _, h := range r.Headers {
+		if h.Key == sales.OffsetsHeader {
+			if offs, err := sales.DecodeOffsets(h.Value); err == nil {
+				u.Entry.Offsets = offs
+			}
+		}
+	}
+	return u, true
 }

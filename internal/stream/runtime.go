@@ -21,6 +21,7 @@ import (
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 
+	"github.com/salesagg/salesagg/internal/assign"
 	"github.com/salesagg/salesagg/internal/config"
 	"github.com/salesagg/salesagg/internal/state"
 )
@@ -110,8 +111,21 @@ type Runtime struct {
 		restoring  map[int32]bool
 		restoreAll []string
 		restoreAt  time.Time
+		// standbys are the standby (and warm-up) copies running here.
+		standbys map[int32]*standby
+		// closing are the done channels of tasks stopping here: a standby
+		// of the same task opens the store once they are closed.
+		closing map[int32]<-chan struct{}
 	}
-	wg sync.WaitGroup // task goroutines
+	wg sync.WaitGroup // task and standby goroutines
+
+	// local are the checkpoints the stores on disk were last closed with,
+	// for the offsets this member reports to the balancer.
+	localMu sync.Mutex
+	local   map[int32]state.Checkpoint
+	// lastProbe is when this member last asked for a rebalance itself.
+	probeMu   sync.Mutex
+	lastProbe time.Time
 
 	// failed is closed, with failure set, when a task fails; the poll loop
 	// then stops and Run returns the failure.
@@ -133,7 +147,13 @@ func New(cfg config.Config, log *zap.Logger, dir *state.Dir, knobs Knobs) *Runti
 		dropLog: rateLimiter{every: 10 * time.Second, burst: 3}}
 	rt.mu.tasks = make(map[int32]*task)
 	rt.mu.held = make(map[int32]uint8)
-	rt.balancer = &taskBalancer{input: cfg.InputTopic, repartition: cfg.RepartitionTopic(), log: log.Named("balancer")}
+	rt.mu.standbys = make(map[int32]*standby)
+	rt.mu.closing = make(map[int32]<-chan struct{})
+	rt.local = make(map[int32]state.Checkpoint)
+	rt.balancer = &taskBalancer{input: cfg.InputTopic, repartition: cfg.RepartitionTopic(), log: log.Named("balancer"),
+		opts: assign.Options{AcceptableLag: cfg.AcceptableRecoveryLag, Standbys: cfg.NumStandbyReplicas, MaxWarmups: cfg.MaxWarmupReplicas}}
+	rt.balancer.offsets = rt.storeOffsets
+	rt.balancer.endOffsets = rt.changelogEnds
 	rt.appServer = cfg.AdvertisedServer("")
 	rt.instanceID = cfg.GroupInstanceID
 	if rt.instanceID == "" {
@@ -214,6 +234,7 @@ func (rt *Runtime) Run(ctx context.Context) error {
 	}
 	defer adminClient.Close()
 	rt.admin = kadm.NewClient(adminClient)
+	rt.scanLocal()
 
 	for {
 		err := rt.runGroup(ctx, work, cancelWork)
@@ -313,6 +334,12 @@ func (rt *Runtime) runGroup(ctx, work context.Context, cancelWork context.Cancel
 		rt.watchTopology(pollCtx, cancelPoll)
 	}()
 	defer func() { <-watchDone }()
+	probeDone := make(chan struct{})
+	go func() {
+		defer close(probeDone)
+		rt.probeLoop(pollCtx)
+	}()
+	defer func() { <-probeDone }()
 	defer cancelPoll(nil)
 
 	if rt.eos {
@@ -457,9 +484,12 @@ func (rt *Runtime) stopped(work context.Context) {
 	rt.log.Info("Stopped")
 }
 
+// beginStopping marks the runtime stopping (no task or standby starts any
+// more) and stops the standbys.
 func (rt *Runtime) beginStopping() {
 	rt.mu.Lock()
 	rt.mu.stopping = true
+	rt.stopStandbysLocked()
 	rt.mu.Unlock()
 }
 
@@ -618,6 +648,7 @@ func (rt *Runtime) heldBit(topic string) uint8 {
 // partition count is refused: logged, paused, never processed, and the
 // process is not ready.
 func (rt *Runtime) assigned(_ context.Context, cl *kgo.Client, parts map[string][]int32) {
+	defer rt.reconcileStandbys()
 	rt.mu.Lock()
 	defer rt.mu.Unlock()
 	if rt.mu.stopping {
@@ -666,6 +697,9 @@ func (rt *Runtime) assigned(_ context.Context, cl *kgo.Client, parts map[string]
 	rt.mu.restoreAt = time.Now()
 	for _, p := range started {
 		t := newTask(rt, p)
+		// A standby copy here stops first: the task takes its store over
+		// and restores only what it lacked.
+		t.standbyAt = rt.takeStandbyLocked(p)
 		rt.mu.tasks[p] = t
 		rt.mu.restoring[p] = true
 		rt.mu.restoreAll = append(rt.mu.restoreAll, t.name)
@@ -728,6 +762,7 @@ func (rt *Runtime) revoked(ctx context.Context, cl *kgo.Client, parts map[string
 		if err := rt.stopTasks(ps, false); err != nil {
 			rt.log.Error("Stopping revoked tasks", zap.Error(err))
 		}
+		rt.reconcileStandbys()
 		return
 	}
 	if err := rt.stopTasks(ps, true); err != nil {
@@ -736,6 +771,7 @@ func (rt *Runtime) revoked(ctx context.Context, cl *kgo.Client, parts map[string
 	if err := rt.committer.commit(ctx, cl); err != nil {
 		rt.log.Error("Committing offsets of revoked partitions", zap.Error(err))
 	}
+	rt.reconcileStandbys()
 }
 
 // lost drops the tasks of lost partitions without committing: another
@@ -750,6 +786,7 @@ func (rt *Runtime) lost(_ context.Context, _ *kgo.Client, parts map[string][]int
 	}
 	rt.committer.forget(rt.cfg.InputTopic, ps)
 	rt.committer.forget(rt.cfg.RepartitionTopic(), ps)
+	rt.reconcileStandbys()
 }
 
 // release records that the group took parts back and returns the tasks
@@ -805,6 +842,7 @@ func (rt *Runtime) stopTasks(ps []int32, flush bool) error {
 			ts = append(ts, t)
 			delete(rt.mu.tasks, p)
 			delete(rt.mu.restoring, p)
+			rt.mu.closing[p] = t.done
 		}
 	}
 	if len(rt.mu.tasks) == 0 {
@@ -821,7 +859,18 @@ func (rt *Runtime) stopTasks(ps []int32, flush bool) error {
 			errs = append(errs, fmt.Errorf("task %s failed", t.name))
 		}
 		t.log.Info(fmt.Sprintf("task [%s] Closed", t.name), zap.Bool("flushed", flush))
+		if t.State() == TaskClosed && t.cp.ChangelogTopicID == rt.topo.changelogID && t.stats.checkpoint.Load() >= 0 {
+			// The task goroutine is done: its checkpoint is final.
+			rt.noteLocal(t.partition, t.cp)
+		}
 	}
+	rt.mu.Lock()
+	for _, t := range ts {
+		if rt.mu.closing[t.partition] == (<-chan struct{})(t.done) {
+			delete(rt.mu.closing, t.partition)
+		}
+	}
+	rt.mu.Unlock()
 	return errors.Join(errs...)
 }
 

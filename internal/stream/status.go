@@ -83,6 +83,45 @@ type NotHostedError struct {
 	Server string
 }
 
+// StandbyTotal returns product's total from this instance's standby copy
+// of its task, when one runs here within acceptable.recovery.lag; lag is how
+// many changelog records the copy may be behind. It fails (ErrNotHosted,
+// ErrNotReady) otherwise.
+func (rt *Runtime) StandbyTotal(product string) (total int64, ok bool, lag int64, err error) {
+	rt.mu.Lock()
+	n := rt.topo.partitions
+	rt.mu.Unlock()
+	if n == 0 {
+		return 0, false, 0, ErrNotReady
+	}
+	return rt.standbyTotal(sales.Partition([]byte(product), n), product)
+}
+
+// StandbyServers returns the application.server of every other member
+// keeping a standby copy of product's task, by name.
+func (rt *Runtime) StandbyServers(product string) []string {
+	rt.mu.Lock()
+	n := rt.topo.partitions
+	rt.mu.Unlock()
+	if n == 0 {
+		return nil
+	}
+	p := sales.Partition([]byte(product), n)
+	info := rt.balancer.assignment()
+	var names []string
+	for name, tasks := range info.standbys {
+		if _, ok := tasks[p]; ok && name != rt.instanceID && info.servers[name] != "" {
+			names = append(names, name)
+		}
+	}
+	sort.Strings(names)
+	out := make([]string, len(names))
+	for i, name := range names {
+		out[i] = info.servers[name]
+	}
+	return out
+}
+
 func (e *NotHostedError) Error() string {
 	if e.Owner == "" {
 		return fmt.Sprintf("%v: task %s (partition %d) has no known owner yet (a rebalance is in progress)", ErrNotHosted, e.Task, e.Partition)
@@ -122,7 +161,9 @@ type InstanceStatus struct {
 	// Server is its application.server ("" when it advertised none).
 	Server string   `json:"server"`
 	Tasks  []string `json:"tasks"`
-	Self   bool     `json:"self"`
+	// Standbys are the tasks it keeps standby (or warm-up) copies of.
+	Standbys []string `json:"standbys"`
+	Self     bool     `json:"self"`
 }
 
 // Instances returns the group's members and their tasks from the latest
@@ -134,7 +175,7 @@ func (rt *Runtime) Instances() []InstanceStatus {
 		if is, ok := byName[name]; ok {
 			return is
 		}
-		is := &InstanceStatus{Name: name, Server: info.servers[name], Tasks: []string{}, Self: name == rt.instanceID}
+		is := &InstanceStatus{Name: name, Server: info.servers[name], Tasks: []string{}, Standbys: []string{}, Self: name == rt.instanceID}
 		byName[name] = is
 		return is
 	}
@@ -151,6 +192,13 @@ func (rt *Runtime) Instances() []InstanceStatus {
 	for _, t := range tasks {
 		is := get(info.owners[t])
 		is.Tasks = append(is.Tasks, state.TaskName(t))
+	}
+	for name, sb := range info.standbys {
+		is := get(name)
+		for t := range sb {
+			is.Standbys = append(is.Standbys, state.TaskName(t))
+		}
+		sort.Slice(is.Standbys, func(i, j int) bool { return taskLess(is.Standbys[i], is.Standbys[j]) })
 	}
 	out := make([]InstanceStatus, 0, len(byName))
 	for _, is := range byName {
@@ -171,11 +219,22 @@ func (rt *Runtime) tasks() []*task {
 	return ts
 }
 
-// TaskStatus describes one task for operators.
+// taskLess orders task names by partition ("0_2" before "0_10").
+func taskLess(a, b string) bool {
+	if len(a) != len(b) {
+		return len(a) < len(b)
+	}
+	return a < b
+}
+
+// TaskStatus describes one task, active or standby copy, for operators.
 type TaskStatus struct {
 	Task      string `json:"task"`
 	Partition int32  `json:"partition"`
-	State     string `json:"state"`
+	// Role is "active", "standby" or "warmup" (a standby built where the
+	// task should move once it caught up).
+	Role  string `json:"role"`
+	State string `json:"state"`
 	// Checkpoint is the next changelog offset the store reflects (-1: none yet).
 	Checkpoint int64         `json:"checkpoint"`
 	Restore    RestoreStatus `json:"restore"`
@@ -187,6 +246,10 @@ type TaskStatus struct {
 	Duplicates int64 `json:"duplicates_skipped"`
 	BadEvents  int64 `json:"bad_events"`
 	Forwarded  int64 `json:"forwarded"`
+	// ChangelogLag is, for a standby copy, how many changelog records it
+	// is behind the last stable offset it saw (absent for an active task,
+	// or while unknown).
+	ChangelogLag *int64 `json:"changelog_lag,omitempty"`
 }
 
 // RestoreStatus is a task's restore progress.
@@ -211,6 +274,7 @@ func (rt *Runtime) Tasks() []TaskStatus {
 		out = append(out, TaskStatus{
 			Task:       t.name,
 			Partition:  t.partition,
+			Role:       "active",
 			State:      st.String(),
 			Checkpoint: t.stats.checkpoint.Load(),
 			Restore: RestoreStatus{
@@ -227,6 +291,28 @@ func (rt *Runtime) Tasks() []TaskStatus {
 			BadEvents:  t.stats.bad.Load(),
 			Forwarded:  t.stats.forwarded.Load(),
 		})
+	}
+	rt.mu.Lock()
+	sbs := make([]*standby, 0, len(rt.mu.standbys))
+	for _, sb := range rt.mu.standbys {
+		sbs = append(sbs, sb)
+	}
+	rt.mu.Unlock()
+	sort.Slice(sbs, func(i, j int) bool { return sbs[i].partition < sbs[j].partition })
+	for _, sb := range sbs {
+		ts := TaskStatus{
+			Task:       sb.name,
+			Partition:  sb.partition,
+			Role:       sb.kind(),
+			State:      TaskState(sb.state.Load()).String(),
+			Checkpoint: sb.position.Load(),
+			Restore:    RestoreStatus{Restored: sb.applied.Load()},
+			Position:   -1,
+		}
+		if lag := sb.lag(); lag >= 0 {
+			ts.ChangelogLag = &lag
+		}
+		out = append(out, ts)
 	}
 	return out
 }

@@ -114,6 +114,9 @@ type task struct {
 	memberLog rateLimiter
 
 	stats taskStats
+	// standbyAt is the changelog offset the standby copy this task took
+	// over had reached (-1: none), for the promotion log line.
+	standbyAt int64
 }
 
 // taskStats are counters read by status queries.
@@ -146,6 +149,7 @@ func newTask(rt *Runtime, partition int32) *task {
 		badLog:     rateLimiter{every: 10 * time.Second, burst: 5},
 		retryLog:   rateLimiter{every: 30 * time.Second, burst: 1},
 		memberLog:  rateLimiter{every: 10 * time.Second, burst: 1},
+		standbyAt:  -1,
 	}
 	t.log = rt.log.With(zap.String("task", t.name), zap.Int32("partition", partition))
 	t.stats.inputPos.Store(-1)

@@ -1,0 +1,238 @@
+package stream_test
+
+import (
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/salesagg/salesagg/internal/stream"
+)
+
+// copies returns the instance's standby copies by task: role and
+// changelog lag (-1 unknown).
+func (in *instance) copies() map[string]stream.TaskStatus {
+	out := map[string]stream.TaskStatus{}
+	for _, ts := range in.rt.Tasks() {
+		if ts.Role != "active" {
+			out[ts.Task] = ts
+		}
+	}
+	return out
+}
+
+// caughtUpCopies returns the tasks of the standby copies that are tailing
+// with no lag.
+func (in *instance) caughtUpCopies() []string {
+	var out []string
+	for task, ts := range in.copies() {
+		if ts.State == "running" && ts.ChangelogLag != nil && *ts.ChangelogLag == 0 {
+			out = append(out, task)
+		}
+	}
+	return out
+}
+
+// spread produces n events for each of products products per partition
+// (of 3) and returns the totals.
+func spread(h *harness, prefix string, products, n int) map[string]int64 {
+	want := map[string]int64{}
+	var recs []*kgo.Record
+	for p := range int32(3) {
+		for i := range products {
+			name := productOn(fmt.Sprintf("%s%d-%d-", prefix, p, i), p, 3)
+			for v := range n {
+				recs = append(recs, event(name, name, int64(v+1)))
+				want[name] += int64(v + 1)
+			}
+		}
+	}
+	h.produce(recs...)
+	return want
+}
+
+// promotions returns the "standby was N records behind; restored M
+// records" lines logged: task -> records restored.
+func (in *instance) promotions() map[string]int64 {
+	out := map[string]int64{}
+	for _, e := range in.logs.FilterMessageSnippet("standby was").All() {
+		out[e.ContextMap()["task"].(string)] = e.ContextMap()["records"].(int64)
+	}
+	return out
+}
+
+func TestStandbyTailsServesAndIsPromoted(t *testing.T) {
+	// Scenario: two instances with num.standby.replicas=1 share the three tasks, each task with a
+	// standby copy on the other instance (never on its own). The copies tail the changelog to its
+	// end, /v1/tasks lists them with their lag; when an owner's HTTP server is down, the other
+	// instance answers its products from the standby copy, marked stale; when the owner stops,
+	// the other takes its tasks over from the copies: it logs "standby was N records behind" and
+	// restores a small tail instead of the whole changelog, with exact totals.
+	h := newHarness(t)
+	h.createInput(3)
+	h.cfg.NumStandbyReplicas = 1
+	cfgA, cfgB := h.cfg, h.cfg
+	cfgA.StateDir = filepath.Join(h.stateDir, "a")
+	cfgB.StateDir = filepath.Join(h.stateDir, "b")
+	a := h.start(cfgA)
+	a.waitReady()
+	b := h.start(cfgB)
+	waitFor(t, 30*time.Second, "the tasks to spread over A and B", func() bool {
+		return len(a.runningTasks())+len(b.runningTasks()) == 3 && len(b.runningTasks()) >= 1 && len(a.runningTasks()) >= 1
+	})
+	want := spread(h, "s", 40, 5) // 600 events, 120 products
+	waitFor(t, 30*time.Second, "a standby copy of every task, caught up, on the instance not running it", func() bool {
+		got := map[string]bool{}
+		for _, in := range []*instance{a, b} {
+			running := strings.Join(in.runningTasks(), ",")
+			for _, task := range in.caughtUpCopies() {
+				if strings.Contains(running, task) {
+					return false
+				}
+				got[task] = true
+			}
+		}
+		return len(got) == 3
+	})
+	a.waitTotals(want)
+	for task, ts := range b.copies() {
+		if ts.Checkpoint <= 0 || ts.Role != "standby" {
+			t.Fatalf("B's copy of %s = %+v, want a standby at a checkpoint > 0", task, ts)
+		}
+	}
+
+	// A's HTTP server goes away while A runs its tasks: B answers A's
+	// products from its copies, marked stale by the copy's lag.
+	a.http.Close()
+	aTasks := a.runningTasks()
+	checked := 0
+	for p, w := range want {
+		task := a.rt.TaskOf(p)
+		if !strings.Contains(strings.Join(aTasks, ","), task) {
+			continue
+		}
+		resp, err := http.Get(b.http.URL + "/v1/products/" + p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var body struct {
+			Total int64 `json:"total"`
+			Stale bool  `json:"stale"`
+		}
+		_ = json.NewDecoder(resp.Body).Decode(&body)
+		resp.Body.Close()
+		served, lag := resp.Header.Get("X-Served-By"), resp.Header.Get("X-Salesagg-Standby-Lag")
+		if resp.StatusCode != http.StatusOK || body.Total != w || !body.Stale ||
+			served != b.rt.InstanceID()+"; task="+task+"; standby" || lag != "0" {
+			t.Fatalf("%s asked to B while its owner's server is down: %d total %d stale %v, X-Served-By %q, lag %q; want 200 %d from B's standby, lag 0",
+				p, resp.StatusCode, body.Total, body.Stale, served, lag, w)
+		}
+		checked++
+	}
+	if checked == 0 {
+		t.Fatal("no product of A's tasks was checked")
+	}
+
+	// More events, then A stops: B takes A's tasks over from its copies.
+	more := spread(h, "s", 40, 2)
+	for p, v := range more {
+		want[p] += v
+	}
+	b.waitTotals(onlyOn(b, want))
+	_, changelogRecords, _ := h.changelog(h.cfg)
+	if err := a.stop(); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 30*time.Second, "B to run all three tasks", func() bool { return len(b.runningTasks()) == 3 })
+	b.waitTotals(want)
+	promoted := b.promotions()
+	var restored int64
+	for _, task := range aTasks {
+		n, ok := promoted[task]
+		if !ok {
+			t.Fatalf("B took %s over without a standby promotion line; promotions %v", task, promoted)
+		}
+		restored += n
+	}
+	// A full restore of A's tasks would replay about len(aTasks)/3 of the
+	// changelog; the copies leave only what A wrote after they last read.
+	if full := int64(changelogRecords) * int64(len(aTasks)) / 3; restored*4 > full {
+		t.Fatalf("B restored %d records taking %v over from its copies; a full restore is about %d", restored, aTasks, full)
+	}
+	if c := b.copies(); len(c) != 0 {
+		t.Fatalf("B alone keeps standby copies %v; a standby never runs beside its active task", c)
+	}
+}
+
+// onlyOn returns the products of want whose task runs on in.
+func onlyOn(in *instance, want map[string]int64) map[string]int64 {
+	running := strings.Join(in.runningTasks(), ",")
+	out := map[string]int64{}
+	for p, w := range want {
+		if strings.Contains(running, in.rt.TaskOf(p)) {
+			out[p] = w
+		}
+	}
+	return out
+}
+
+func TestWarmupTakesOverOnceCaughtUp(t *testing.T) {
+	// Scenario: A runs the three tasks with a changelog well past acceptable.recovery.lag; B joins
+	// with no state. Caught-up first: B is given no active task at once but a warm-up copy of the
+	// task it should run; once the copy caught up, B asks for a rebalance itself, and the task
+	// moves to B, which restores only the small tail the copy lacked (never the whole task). The
+	// totals are exact on both.
+	h := newHarness(t)
+	h.createInput(3)
+	h.cfg.AcceptableRecoveryLag = 100
+	h.cfg.ProbingRebalanceInterval = time.Hour // only the warm-up's own rejoin can move the task
+	cfgA, cfgB := h.cfg, h.cfg
+	cfgA.StateDir = filepath.Join(h.stateDir, "a")
+	cfgB.StateDir = filepath.Join(h.stateDir, "b")
+	a := h.start(cfgA)
+	a.waitReady()
+	want := spread(h, "w", 200, 2) // 1,200 events: ~400 changelog records per task
+	a.waitTotals(want)
+
+	b := h.start(cfgB)
+	waitFor(t, 30*time.Second, "B to build a warm-up copy", func() bool {
+		for _, ts := range b.copies() {
+			if ts.Role == "warmup" {
+				return true
+			}
+		}
+		return len(b.promotions()) > 0
+	})
+	if r := b.runningTasks(); len(r) != 0 && len(b.promotions()) == 0 {
+		t.Fatalf("B runs %v before any warm-up caught up", r)
+	}
+	waitFor(t, 30*time.Second, "a task to move to B", func() bool { return len(b.runningTasks()) == 1 && len(a.runningTasks()) == 2 })
+	if _, ok := logTime(b.logs, "Rejoining the group so that the balancer can move tasks"); !ok {
+		t.Fatal("B did not ask for the rebalance that moved the task")
+	}
+	task := b.runningTasks()[0]
+	n, ok := b.promotions()[task]
+	if !ok {
+		t.Fatalf("B took %s over without a standby promotion line", task)
+	}
+	if n > 100 {
+		t.Fatalf("B restored %d records of %s from its warm-up; acceptable.recovery.lag is 100", n, task)
+	}
+	for _, e := range b.logs.FilterMessageSnippet("Finished restoring changelog").All() {
+		if r := e.ContextMap()["records"].(int64); r > 200 {
+			t.Fatalf("B restored %d records at once (%s): a cold restore, not a warm-up hand-over", r, e.Message)
+		}
+	}
+	more := spread(h, "w", 200, 1)
+	for p, v := range more {
+		want[p] += v
+	}
+	for _, in := range []*instance{a, b} {
+		in.waitTotals(want)
+	}
+}
