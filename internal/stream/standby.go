@@ -309,10 +309,17 @@ func (rt *Runtime) reconcileStandbys() {
 		return
 	}
 	for p, sb := range rt.mu.standbys {
-		if _, ok := want[p]; !ok || rt.mu.tasks[p] != nil {
-			delete(rt.mu.standbys, p)
-			sb.stop()
+		if _, ok := want[p]; ok && rt.mu.tasks[p] == nil {
+			continue
 		}
+		if rt.mu.tasks[p] == nil && info.owners[p] == rt.instanceID {
+			// The task comes here: its start takes the copy over
+			// (takeStandbyLocked), which the revoke callback running
+			// first must not stop.
+			continue
+		}
+		delete(rt.mu.standbys, p)
+		sb.stop()
 	}
 	ps := make([]int32, 0, len(want))
 	for p := range want {

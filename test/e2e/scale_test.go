@@ -165,11 +165,13 @@ type scaleMember struct {
 	*service
 }
 
-// taskStates reads GET /v1/tasks: task → state.
+// taskStates reads GET /v1/tasks: active task → state (standby copies are
+// left out).
 func (m *scaleMember) taskStates() (map[string]string, error) {
 	var body struct {
 		Tasks []struct {
 			Task  string `json:"task"`
+			Role  string `json:"role"`
 			State string `json:"state"`
 		} `json:"tasks"`
 	}
@@ -178,7 +180,34 @@ func (m *scaleMember) taskStates() (map[string]string, error) {
 	}
 	out := map[string]string{}
 	for _, t := range body.Tasks {
-		out[t.Task] = t.State
+		if t.Role == "active" || t.Role == "" {
+			out[t.Task] = t.State
+		}
+	}
+	return out, nil
+}
+
+// copies reads GET /v1/tasks: standby copy → changelog lag (-1 unknown).
+func (m *scaleMember) copies() (map[string]int64, error) {
+	var body struct {
+		Tasks []struct {
+			Task  string `json:"task"`
+			Role  string `json:"role"`
+			State string `json:"state"`
+			Lag   *int64 `json:"changelog_lag"`
+		} `json:"tasks"`
+	}
+	if _, err := m.get("/v1/tasks", &body); err != nil {
+		return nil, err
+	}
+	out := map[string]int64{}
+	for _, t := range body.Tasks {
+		if t.Role == "standby" || t.Role == "warmup" {
+			out[t.Task] = -1
+			if t.Lag != nil && t.State == "running" {
+				out[t.Task] = *t.Lag
+			}
+		}
 	}
 	return out, nil
 }
