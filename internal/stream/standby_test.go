@@ -1,6 +1,7 @@
 package stream_test
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"net/http"
@@ -235,4 +236,79 @@ func TestWarmupTakesOverOnceCaughtUp(t *testing.T) {
 	for _, in := range []*instance{a, b} {
 		in.waitTotals(want)
 	}
+}
+
+func TestStandbyAnswersWhileTheOwnerRestores(t *testing.T) {
+	// Scenario: A and B with num.standby.replicas=1; A stops and B runs every task; A starts again
+	// on its state dir, gets its tasks back (caught up) but its restore is held. A query to B for
+	// a product of A's tasks is forwarded to A, which answers 503 (restoring), so B answers from
+	// the standby copy it kept when it gave the task back, marked stale; A itself answers the same
+	// way by forwarding to B. Once A's restore is let go, A answers from its own task.
+	h := newHarness(t)
+	h.createInput(3)
+	h.cfg.NumStandbyReplicas = 1
+	cfgA, cfgB := h.cfg, h.cfg
+	cfgA.StateDir = filepath.Join(h.stateDir, "a")
+	cfgB.StateDir = filepath.Join(h.stateDir, "b")
+	a := h.start(cfgA)
+	a.waitReady()
+	b := h.start(cfgB)
+	waitFor(t, 30*time.Second, "the tasks to spread over A and B", func() bool {
+		return len(a.runningTasks()) >= 1 && len(b.runningTasks()) >= 1 && len(a.runningTasks())+len(b.runningTasks()) == 3
+	})
+	want := spread(h, "r", 20, 3)
+	a.waitTotals(want)
+	if err := a.stop(); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 30*time.Second, "B to run all three tasks", func() bool { return len(b.runningTasks()) == 3 })
+
+	hold := make(chan struct{})
+	a2 := h.startWith(cfgA, stream.Knobs{BeforeRestore: func(ctx context.Context, _ int32) {
+		select {
+		case <-hold:
+		case <-ctx.Done():
+		}
+	}})
+	var aTask, product string
+	waitFor(t, 30*time.Second, "A to get a task back and hold its restore, B to keep a copy of it", func() bool {
+		for _, ts := range a2.rt.Tasks() {
+			if ts.Role == "active" && ts.State == "restoring" {
+				if c, ok := b.copies()[ts.Task]; ok && c.State == "running" && c.ChangelogLag != nil && *c.ChangelogLag == 0 {
+					aTask = ts.Task
+					return true
+				}
+			}
+		}
+		return false
+	})
+	for p := range want {
+		if a2.rt.TaskOf(p) == aTask {
+			product = p
+			break
+		}
+	}
+	for _, in := range []*instance{b, a2} {
+		resp, err := http.Get(in.http.URL + "/v1/products/" + product)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var body struct {
+			Total int64 `json:"total"`
+			Stale bool  `json:"stale"`
+		}
+		_ = json.NewDecoder(resp.Body).Decode(&body)
+		resp.Body.Close()
+		served := resp.Header.Get("X-Served-By")
+		if resp.StatusCode != http.StatusOK || body.Total != want[product] || !body.Stale || served != b.rt.InstanceID()+"; task="+aTask+"; standby" {
+			t.Fatalf("%s (task %s restoring on A) asked to %s: %d total %d stale %v X-Served-By %q; want 200 %d from B's standby",
+				product, aTask, in.rt.InstanceID(), resp.StatusCode, body.Total, body.Stale, served, want[product])
+		}
+	}
+	close(hold)
+	a2.waitReady()
+	waitFor(t, 30*time.Second, "A to answer from its own task", func() bool {
+		code, total, served := a2.query(t, product)
+		return code == http.StatusOK && total == want[product] && served == a2.rt.InstanceID()+"; task="+aTask
+	})
 }
