@@ -18,3 +18,15 @@ func BenchmarkPartition(b *testing.B) {
 		_ = Partition(key, 3)
 	}
 }
+
+// BenchmarkDecodeGeneral is BenchmarkDecode through encoding/json only, the
+// path every event took before the canonical decoder.
+func BenchmarkDecodeGeneral(b *testing.B) {
+	key, value := []byte("product42"), []byte(`{"product":"product42","value":1000}`)
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := decodeGeneral(key, value); err != nil {
+			b.Fatal(err)
+		}
+	}
+}

@@ -91,6 +91,14 @@ func Decode(key, value []byte) (Event, error) {
 	if !utf8.Valid(key) {
 		return Event{}, bad(ReasonInvalidUTF8, "record key is not valid UTF-8")
 	}
+	if ev, ok := decodeCanonical(value); ok {
+		return withKey(ev, key)
+	}
+	return decodeJSON(key, value)
+}
+
+// decodeJSON is Decode's general path: any JSON, through encoding/json.
+func decodeJSON(key, value []byte) (Event, error) {
 	if value[0] != '{' {
 		if json.Valid(value) {
 			return Event{}, bad(ReasonNotObject, "value is JSON but not an object")
@@ -116,9 +124,19 @@ func Decode(key, value []byte) (Event, error) {
 		return Event{}, err
 	}
 	ev.Value = n
-	ev.Key = string(key)
-	if ev.Key == "" {
+	return withKey(ev, key)
+}
+
+// withKey sets the event's group key, the record key or else the product,
+// and checks it.
+func withKey(ev Event, key []byte) (Event, error) {
+	switch {
+	case len(key) == 0:
 		ev.Key = ev.Product
+	case string(key) == ev.Product:
+		ev.Key = ev.Product // no copy
+	default:
+		ev.Key = string(key)
 	}
 	if ev.Key == "" {
 		return Event{}, bad(ReasonNoKey, "record key and product are both empty")
@@ -164,4 +182,118 @@ func Add(total, v int64) (int64, error) {
 		return total, bad(ReasonOverflow, "%d + %d overflows a 64-bit total", total, v)
 	}
 	return total + v, nil
+}
+
+// decodeCanonical decodes the shape producers write,
+// {"product":"...","value":N} (either order, whitespace allowed), without
+// reflection or maps: a product string without escapes and a JSON integer
+// that fits int64. Anything else, valid or not, returns false and goes to
+// the general path, so both give the same result for every input (a fuzz
+// test holds them to it). value is trimmed and not empty.
+func decodeCanonical(value []byte) (Event, bool) {
+	var ev Event
+	i := 0
+	skip := func() {
+		for i < len(value) && (value[i] == ' ' || value[i] == '\t' || value[i] == '\n' || value[i] == '\r') {
+			i++
+		}
+	}
+	expect := func(c byte) bool {
+		skip()
+		if i < len(value) && value[i] == c {
+			i++
+			return true
+		}
+		return false
+	}
+	// str reads a string without escapes or control characters; valid
+	// UTF-8 (encoding/json would replace invalid bytes).
+	str := func() ([]byte, bool) {
+		if !expect('"') {
+			return nil, false
+		}
+		start := i
+		for i < len(value) {
+			c := value[i]
+			switch {
+			case c == '"':
+				s := value[start:i]
+				i++
+				return s, utf8.Valid(s)
+			case c == '\\' || c < 0x20:
+				return nil, false
+			}
+			i++
+		}
+		return nil, false
+	}
+	if !expect('{') {
+		return ev, false
+	}
+	var haveProduct, haveValue bool
+	for field := 0; field < 2; field++ {
+		if field == 1 && !expect(',') {
+			return ev, false
+		}
+		name, ok := str()
+		if !ok || !expect(':') {
+			return ev, false
+		}
+		switch string(name) {
+		case "product":
+			p, ok := str()
+			if !ok || haveProduct {
+				return ev, false
+			}
+			ev.Product, haveProduct = string(p), true
+		case "value":
+			skip()
+			n, end, ok := parseJSONInt(value, i)
+			if !ok || haveValue {
+				return ev, false
+			}
+			ev.Value, haveValue, i = n, true, end
+		default:
+			return ev, false
+		}
+	}
+	if !expect('}') {
+		return ev, false
+	}
+	skip()
+	return ev, i == len(value) && haveProduct && haveValue
+}
+
+// parseJSONInt reads a JSON integer at b[i:] (-?(0|[1-9][0-9]*), not
+// followed by a fraction or exponent) that fits int64, and returns it and
+// the index after it.
+func parseJSONInt(b []byte, i int) (int64, int, bool) {
+	neg := i < len(b) && b[i] == '-'
+	if neg {
+		i++
+	}
+	digits := i
+	var u uint64
+	for i < len(b) && b[i] >= '0' && b[i] <= '9' {
+		d := uint64(b[i] - '0')
+		if u > (math.MaxUint64-d)/10 {
+			return 0, 0, false
+		}
+		u = u*10 + d
+		i++
+	}
+	n := i - digits
+	if n == 0 || (n > 1 && b[digits] == '0') || n > 19 {
+		return 0, 0, false
+	}
+	if i < len(b) && (b[i] == '.' || b[i] == 'e' || b[i] == 'E') {
+		return 0, 0, false
+	}
+	switch {
+	case neg && u <= 1<<63:
+		return int64(-u), i, true // -(1<<63) wraps to MinInt64
+	case !neg && u <= math.MaxInt64:
+		return int64(u), i, true
+	}
+	return 0, 0, false
 }

@@ -1,12 +1,14 @@
 package sales
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"math"
 	"math/rand/v2"
 	"strings"
 	"testing"
+	"unicode/utf8"
 
 	"github.com/twmb/franz-go/pkg/kgo"
 )
@@ -174,4 +176,56 @@ func TestWireFormats(t *testing.T) {
 	if _, err := DecodeOffsets([]byte{1, 2, 3}); err == nil {
 		t.Fatal("DecodeOffsets accepted 3 bytes")
 	}
+}
+
+// decodeGeneral is Decode with only the general (encoding/json) path: the
+// reference the canonical decoder must agree with.
+func decodeGeneral(key, value []byte) (Event, error) {
+	trimmed := bytes.TrimSpace(value)
+	if len(trimmed) == 0 || len(trimmed) > MaxEventSize || len(key) > MaxKeySize || !utf8.Valid(key) {
+		return Decode(key, value) // the checks before either path
+	}
+	return decodeJSON(key, trimmed)
+}
+
+// sameDecode fails t unless Decode and the general path agree on key and
+// value: the same event, or errors of the same reason.
+func sameDecode(t *testing.T, key, value []byte) {
+	t.Helper()
+	got, gotErr := Decode(key, value)
+	want, wantErr := decodeGeneral(key, value)
+	if (gotErr == nil) != (wantErr == nil) || (gotErr != nil && Reason(gotErr) != Reason(wantErr)) || got != want {
+		t.Fatalf("Decode(%q, %q) = %+v, %v; the general decoder gives %+v, %v", key, value, got, gotErr, want, wantErr)
+	}
+}
+
+func TestCanonicalDecoderAgrees(t *testing.T) {
+	// Scenario: the canonical fast path and encoding/json give the same event, or the same bad
+	// event reason, for the canonical shape and every near miss of it.
+	values := []string{
+		`{"product":"p1","value":1000}`, `{"value":1000,"product":"p1"}`, ` { "product" : "p1" , "value" : -7 } `,
+		`{"product":"p1","value":0}`, `{"product":"p1","value":-0}`, `{"product":"p1","value":01}`,
+		`{"product":"p1","value":9223372036854775807}`, `{"product":"p1","value":9223372036854775808}`,
+		`{"product":"p1","value":-9223372036854775808}`, `{"product":"p1","value":-9223372036854775809}`,
+		`{"product":"p1","value":99999999999999999999}`, `{"product":"p1","value":1.0}`, `{"product":"p1","value":1e3}`,
+		`{"product":"p1","value":"1"}`, `{"product":"p1","value":null}`, `{"product":null,"value":1}`,
+		`{"product":"p1"}`, `{"value":1}`, `{"product":"p1","value":1,"extra":2}`, `{"product":"p1","product":"p2","value":1}`,
+		`{"product":"p1","value":1,"value":2}`, `{"product":"p\u00e9","value":1}`, `{"product":"p\"q","value":1}`,
+		"{\"product\":\"p\x01\",\"value\":1}", "{\"product\":\"p\xff\",\"value\":1}", `{"product":"p1","value":1}x`,
+		`{"product":"p1","value":1`, `{"product":"p1" "value":1}`, `{"Product":"p1","value":1}`, `{"product":1,"value":1}`,
+		`{"product":"","value":1}`, `{"product":"p1","value":-}`, `{"product":"p1","value":1 }`, `[1]`, `"x"`, `{}`,
+		"{\"product\":\"p1\",\n\t\"value\":5}\r\n",
+	}
+	for _, key := range []string{"", "p1", "other", "p\u00e9"} {
+		for _, v := range values {
+			sameDecode(t, []byte(key), []byte(v))
+		}
+	}
+}
+
+func FuzzCanonicalDecoderAgrees(f *testing.F) {
+	f.Add([]byte("p"), []byte(`{"product":"p","value":1}`))
+	f.Add([]byte(""), []byte(`{"value":-1,"product":"q"}`))
+	f.Add([]byte("k"), []byte(`{"product":"p\u0041","value":12e1}`))
+	f.Fuzz(func(t *testing.T, key, value []byte) { sameDecode(t, key, value) })
 }
