@@ -85,6 +85,10 @@ type Config struct {
 	// (a warm-up that catches up rejoins at once).
 	ProbingRebalanceInterval time.Duration
 
+	// CacheMaxBytes bounds the entries kept in memory in front of the
+	// stores, over all tasks (0: no cache).
+	CacheMaxBytes int64
+
 	LogLevel string
 	// LogFormat is json or console; empty chooses console when standard
 	// error is a terminal, json otherwise.
@@ -194,6 +198,7 @@ var keys = []keyDef{
 	{"acceptable.recovery.lag", kindInt, "10000", "changelog records a member's store may lag and still count as caught up; active tasks go to caught-up members first"},
 	{"max.warmup.replicas", kindInt, "2", "warm-up copies built at once on members that should take a task over but are not caught up"},
 	{"probing.rebalance.interval.ms", kindInt, "600000", "how often a member with warm-up copies rejoins to let caught-up warm-ups take their tasks over (one that catches up rejoins at once)"},
+	{"cache.max.bytes", kindInt, "67108864", "bytes of product totals kept in memory in front of the stores, over all tasks, so hot products read no disk (0: none)"},
 	{"log.level", kindString, "info", "debug, info, warn or error"},
 	{"log.format", kindString, "", "json or console (default: console on a terminal, json otherwise)"},
 }
@@ -445,6 +450,7 @@ func decode(v *viper.Viper) (Config, map[string]bool, []error) {
 	c.NumStandbyReplicas = int(integer("num.standby.replicas", 0, 100))
 	c.AcceptableRecoveryLag = integer("acceptable.recovery.lag", 0, math.MaxInt64)
 	c.MaxWarmupReplicas = int(integer("max.warmup.replicas", 1, 10_000))
+	c.CacheMaxBytes = integer("cache.max.bytes", 0, 1<<40)
 	c.ProbingRebalanceInterval = time.Duration(integer("probing.rebalance.interval.ms", 1000, 24*3_600_000)) * time.Millisecond
 	c.LogLevel = strings.ToLower(str("log.level"))
 	c.LogFormat = strings.ToLower(str("log.format"))

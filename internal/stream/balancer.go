@@ -52,8 +52,9 @@ import (
 //	servers     uint16 count, then per member: its name as in owners and its
 //	            application.server (absent from older leaders)
 //	standbys    uint16 count, then per member: its name, uint16 count, then
-//	            per task: int32 task, uint8 kind (0 standby, 1 warm-up)
-//	            (version 2)
+//	            per task: int32 task, uint8 kind (0 standby, 1 warm-up,
+//	            2 incoming: the task is withheld for this member until its
+//	            holder let go) (version 2)
 //	probe       uint8: 1 when tasks wait for warm-ups to catch up, so the
 //	            members building them rejoin when they have (version 2)
 //
@@ -129,19 +130,35 @@ type assignmentInfo struct {
 	// servers maps each member (by its name in owners) to its
 	// application.server.
 	servers map[string]string
-	// standbys maps each member (by name) to its standby tasks: task ->
-	// whether the copy is a warm-up.
-	standbys map[string]map[int32]bool
+	// standbys maps each member (by name) to its standby tasks and their
+	// kind.
+	standbys map[string]map[int32]copyKind
 	// probe: some tasks wait for warm-ups to catch up.
 	probe bool
 }
 
-// standbyKind is a standby's kind byte on the wire.
-func standbyKind(warmup bool) byte {
-	if warmup {
-		return 1
+// copyKind is what a standby copy is for (its byte on the wire).
+type copyKind byte
+
+const (
+	// kindStandby: a standby replica (num.standby.replicas).
+	kindStandby copyKind = iota
+	// kindWarmup: a warm-up on the member a task should move to once it
+	// caught up.
+	kindWarmup
+	// kindIncoming: the copy kept on the member a withheld task goes to,
+	// until its holder let go of it.
+	kindIncoming
+)
+
+func (k copyKind) String() string {
+	switch k {
+	case kindWarmup:
+		return "warmup"
+	case kindIncoming:
+		return "incoming"
 	}
-	return 0
+	return "standby"
 }
 
 func encodeAssignmentInfo(a assignmentInfo) []byte {
@@ -175,7 +192,7 @@ func encodeAssignmentInfo(a assignmentInfo) []byte {
 		b = binary.BigEndian.AppendUint16(b, uint16(len(tasks)))
 		for _, t := range tasks {
 			b = binary.BigEndian.AppendUint32(b, uint32(t))
-			b = append(b, standbyKind(a.standbys[n][t]))
+			b = append(b, byte(a.standbys[n][t]))
 		}
 	}
 	if a.probe {
@@ -220,7 +237,7 @@ func decodeAssignmentInfo(b []byte) (assignmentInfo, error) {
 			b = rest
 		}
 	}
-	a.standbys = map[string]map[int32]bool{}
+	a.standbys = map[string]map[int32]copyKind{}
 	if len(b) >= 2 {
 		n := int(binary.BigEndian.Uint16(b))
 		b = b[2:]
@@ -234,9 +251,13 @@ func decodeAssignmentInfo(b []byte) (assignmentInfo, error) {
 			if len(rest) < k*5 {
 				return assignmentInfo{}, errors.New("unreadable assignment info: standby tasks")
 			}
-			tasks := make(map[int32]bool, k)
+			tasks := make(map[int32]copyKind, k)
 			for range k {
-				tasks[int32(binary.BigEndian.Uint32(rest))] = rest[4] == 1
+				kind := copyKind(rest[4])
+				if kind > kindIncoming {
+					kind = kindStandby // a newer kind: still a copy
+				}
+				tasks[int32(binary.BigEndian.Uint32(rest))] = kind
 				rest = rest[5:]
 			}
 			a.standbys[name] = tasks
@@ -457,9 +478,12 @@ func (mb *memberBalancer) BalanceOrError(topics map[string]int32) (kgo.IntoSyncA
 	if !ok || n < 1 {
 		return nil, fmt.Errorf("balancing tasks: no partition count for input topic %s", b.input)
 	}
-	if r, ok := topics[b.repartition]; !ok || r != n {
+	if r := topics[b.repartition]; r != 0 && r != n {
 		return nil, fmt.Errorf("balancing tasks: repartition topic %s has %d partitions but input topic %s has %d; they must match", b.repartition, r, b.input, n)
 	}
+	// A repartition topic unknown to the leader's metadata yet was just
+	// created by another member, with the input's partition count (every
+	// member checks it at start): balance on the input's.
 	opts := b.opts
 	if b.endOffsets != nil {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
@@ -495,19 +519,22 @@ func (mb *memberBalancer) BalanceOrError(topics map[string]int32) (kgo.IntoSyncA
 		}
 		summary = append(summary, fmt.Sprintf("%s=%v", name[m.ID], taskNames(tasks)))
 	}
-	standbys := map[string]map[int32]bool{}
+	standbys := map[string]map[int32]copyKind{}
 	var standbySummary []string
 	for _, m := range mb.members {
 		sb := res.Standbys[m.ID]
 		if len(sb) == 0 {
 			continue
 		}
-		kinds := map[int32]bool{}
+		kinds := map[int32]copyKind{}
 		for _, t := range sb {
-			kinds[t] = false
+			kinds[t] = kindStandby
+			if res.Target[t] == m.ID && slices.Contains(res.Withheld, t) {
+				kinds[t] = kindIncoming
+			}
 		}
 		for _, t := range res.Warmups[m.ID] {
-			kinds[t] = true
+			kinds[t] = kindWarmup
 		}
 		standbys[name[m.ID]] = kinds
 		standbySummary = append(standbySummary, fmt.Sprintf("%s=%v", name[m.ID], taskNames(sb)))

@@ -105,7 +105,7 @@ func TestBalancerWireFormats(t *testing.T) {
 		t.Fatalf("newer member info = %+v, %v", got, err)
 	}
 	ai := assignmentInfo{version: 2, partitions: 3, owners: map[int32]string{0: "a", 2: "b"}, servers: map[string]string{"a": "10-a:8080", "b": "b.svc:8080"},
-		standbys: map[string]map[int32]bool{"a": {2: false}, "b": {0: false, 1: true}}, probe: true}
+		standbys: map[string]map[int32]copyKind{"a": {2: kindStandby}, "b": {0: kindIncoming, 1: kindWarmup}}, probe: true}
 	gotA, err := decodeAssignmentInfo(encodeAssignmentInfo(ai))
 	if err != nil || !reflect.DeepEqual(gotA, ai) {
 		t.Fatalf("assignment info = %+v, %v", gotA, err)

@@ -76,8 +76,8 @@ func (t *task) restore(ctx context.Context) error {
 			zap.Int64("records", n), zap.Duration("duration", d))
 		if t.standbyAt >= 0 {
 			behind := max(0, to-t.standbyAt)
-			t.log.Info(fmt.Sprintf("task [%s] standby was %d records behind; restored %d records", t.name, behind, n),
-				zap.Int64("behind", behind), zap.Int64("records", n), zap.Duration("duration", d))
+			t.log.Info(fmt.Sprintf("task [%s] standby was %d records behind; restored %d records (the copy had applied %d since it started)", t.name, behind, n, t.standbyApplied),
+				zap.Int64("behind", behind), zap.Int64("records", n), zap.Int64("copy_applied", t.standbyApplied), zap.Duration("duration", d))
 		}
 		if from := t.rt.balancer.cameFrom(t.partition); from != "" && from != t.rt.instanceID {
 			t.log.Info(fmt.Sprintf("task [%s] Took over from %s: restored %d records in %s", t.name, from, n, d.Round(time.Millisecond)),

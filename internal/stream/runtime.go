@@ -699,7 +699,7 @@ func (rt *Runtime) assigned(_ context.Context, cl *kgo.Client, parts map[string]
 		t := newTask(rt, p)
 		// A standby copy here stops first: the task takes its store over
 		// and restores only what it lacked.
-		t.standbyAt = rt.takeStandbyLocked(p)
+		t.standbyAt, t.standbyApplied = rt.takeStandbyLocked(p)
 		rt.mu.tasks[p] = t
 		rt.mu.restoring[p] = true
 		rt.mu.restoreAll = append(rt.mu.restoreAll, t.name)

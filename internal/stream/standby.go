@@ -45,8 +45,8 @@ type standby struct {
 	partition int32
 	name      string
 	log       *zap.Logger
-	// warmup: this copy is a warm-up (set by the reconciler).
-	warmup atomic.Bool
+	// kind is what the copy is for (set by the reconciler): a copyKind.
+	kind atomic.Uint32
 	// probed: the catching up of this warm-up was reported (a rejoin
 	// asked for) since it was last (re)assigned.
 	probed atomic.Bool
@@ -70,22 +70,20 @@ type standby struct {
 	cp state.Checkpoint // owned by the goroutine
 }
 
-func newStandby(rt *Runtime, p int32, warmup bool, after <-chan struct{}) *standby {
+func newStandby(rt *Runtime, p int32, kind copyKind, after <-chan struct{}) *standby {
 	s := &standby{rt: rt, partition: p, name: state.TaskName(p), after: after, quit: make(chan struct{}), done: make(chan struct{})}
 	s.log = rt.log.With(zap.String("task", s.name), zap.Int32("partition", p), zap.String("role", "standby"))
-	s.warmup.Store(warmup)
+	s.kind.Store(uint32(kind))
 	s.position.Store(-1)
 	s.end.Store(-1)
 	return s
 }
 
-// kind names the copy in logs and status: "standby" or "warmup".
-func (s *standby) kind() string {
-	if s.warmup.Load() {
-		return "warmup"
-	}
-	return "standby"
-}
+// role names the copy in logs and status: "standby", "warmup" or
+// "incoming".
+func (s *standby) role() string { return copyKind(s.kind.Load()).String() }
+
+func (s *standby) isWarmup() bool { return copyKind(s.kind.Load()) == kindWarmup }
 
 // lag is how many changelog offsets the store is behind the last stable
 // offset last seen (-1: unknown yet).
@@ -125,7 +123,7 @@ func (s *standby) run(ctx context.Context) {
 		case <-ctx.Done():
 		}
 	}()
-	s.log.Info(fmt.Sprintf("task [%s] Starting %s copy", s.name, s.kind()))
+	s.log.Info(fmt.Sprintf("task [%s] Starting %s copy", s.name, s.role()))
 	for {
 		err := s.tail(ctx)
 		if st := s.store.Swap(nil); st != nil {
@@ -137,7 +135,7 @@ func (s *standby) run(ctx context.Context) {
 		}
 		if ctx.Err() != nil {
 			s.state.Store(int32(TaskClosed))
-			s.log.Info(fmt.Sprintf("task [%s] Closed %s copy at changelog offset %d", s.name, s.kind(), s.position.Load()),
+			s.log.Info(fmt.Sprintf("task [%s] Closed %s copy at changelog offset %d", s.name, s.role(), s.position.Load()),
 				zap.Int64("checkpoint", s.position.Load()), zap.Int64("applied", s.applied.Load()))
 			return
 		}
@@ -202,7 +200,7 @@ func (s *standby) tail(ctx context.Context) error {
 	}
 	defer client.Close()
 	s.state.Store(int32(TaskRunning))
-	s.log.Info(fmt.Sprintf("task [%s] %s copy tailing changelog %s from offset %d (%d behind)", s.name, s.kind(), tp, from, max(0, end-from)),
+	s.log.Info(fmt.Sprintf("task [%s] %s copy tailing changelog %s from offset %d (%d behind)", s.name, s.role(), tp, from, max(0, end-from)),
 		zap.Int64("from", from), zap.Int64("end_offset", end))
 	s.checkCaughtUp()
 
@@ -268,7 +266,7 @@ func (s *standby) tail(ctx context.Context) error {
 // acceptable recovery lag (the margin keeps the leader, which reads the
 // changelog end a moment later, from disagreeing).
 func (s *standby) checkCaughtUp() {
-	if !s.warmup.Load() || s.probed.Load() {
+	if !s.isWarmup() || s.probed.Load() {
 		return
 	}
 	if lag := s.lag(); lag >= 0 && lag <= s.rt.cfg.AcceptableRecoveryLag/2 {
@@ -327,22 +325,20 @@ func (rt *Runtime) reconcileStandbys() {
 	}
 	sort.Slice(ps, func(i, j int) bool { return ps[i] < ps[j] })
 	for _, p := range ps {
-		warm := want[p]
+		kind := want[p]
 		if p < 0 || p >= rt.topo.partitions || rt.mu.tasks[p] != nil {
 			continue
 		}
 		if sb := rt.mu.standbys[p]; sb != nil {
-			if sb.warmup.Swap(warm) != warm {
-				sb.log.Info(fmt.Sprintf("task [%s] Copy is now a %s", sb.name, sb.kind()))
+			if copyKind(sb.kind.Swap(uint32(kind))) != kind {
+				sb.log.Info(fmt.Sprintf("task [%s] Copy is now a %s copy", sb.name, sb.role()))
 			}
 			// A new assignment: a warm-up reports catching up again.
 			sb.probed.Store(false)
-			if warm {
-				sb.checkCaughtUp()
-			}
+			sb.checkCaughtUp()
 			continue
 		}
-		sb := newStandby(rt, p, warm, rt.mu.closing[p])
+		sb := newStandby(rt, p, kind, rt.mu.closing[p])
 		rt.mu.standbys[p] = sb
 		rt.wg.Add(1)
 		go func() {
@@ -352,17 +348,18 @@ func (rt *Runtime) reconcileStandbys() {
 	}
 }
 
-// takeStandby stops task p's standby, if one runs here, and returns the
-// changelog offset its store reflects (-1: none ran). Called with rt.mu
-// held, before the active task p starts.
-func (rt *Runtime) takeStandbyLocked(p int32) int64 {
+// takeStandbyLocked stops task p's standby, if one runs here, and returns
+// the changelog offset its store reflects (-1: none ran) and the records it
+// applied since it started. Called with rt.mu held, before the active task
+// p starts.
+func (rt *Runtime) takeStandbyLocked(p int32) (at, applied int64) {
 	sb := rt.mu.standbys[p]
 	if sb == nil {
-		return -1
+		return -1, 0
 	}
 	delete(rt.mu.standbys, p)
 	sb.stop()
-	return sb.position.Load()
+	return sb.position.Load(), sb.applied.Load()
 }
 
 // stopStandbysLocked stops every standby. Called with rt.mu held.
@@ -469,7 +466,7 @@ func (rt *Runtime) probeLoop(ctx context.Context) {
 		rt.mu.Lock()
 		var warm []string
 		for _, sb := range rt.mu.standbys {
-			if sb.warmup.Load() {
+			if sb.isWarmup() {
 				warm = append(warm, sb.name)
 			}
 		}

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"sort"
+	"strings"
 
 	"github.com/salesagg/salesagg/internal/sales"
 	"github.com/salesagg/salesagg/internal/state"
@@ -246,10 +247,20 @@ type TaskStatus struct {
 	Duplicates int64 `json:"duplicates_skipped"`
 	BadEvents  int64 `json:"bad_events"`
 	Forwarded  int64 `json:"forwarded"`
+	// Cache is the task's entry cache: hits, misses, evictions, bytes.
+	Cache *CacheStatus `json:"cache,omitempty"`
 	// ChangelogLag is, for a standby copy, how many changelog records it
 	// is behind the last stable offset it saw (absent for an active task,
 	// or while unknown).
 	ChangelogLag *int64 `json:"changelog_lag,omitempty"`
+}
+
+// CacheStatus is a task's entry cache.
+type CacheStatus struct {
+	Hits      int64 `json:"hits"`
+	Misses    int64 `json:"misses"`
+	Evictions int64 `json:"evictions"`
+	Bytes     int64 `json:"bytes"`
 }
 
 // RestoreStatus is a task's restore progress.
@@ -290,6 +301,8 @@ func (rt *Runtime) Tasks() []TaskStatus {
 			Duplicates: t.stats.duplicates.Load(),
 			BadEvents:  t.stats.bad.Load(),
 			Forwarded:  t.stats.forwarded.Load(),
+			Cache: &CacheStatus{Hits: t.cache.hits.Load(), Misses: t.cache.misses.Load(),
+				Evictions: t.cache.evictions.Load(), Bytes: t.cache.bytes.Load()},
 		})
 	}
 	rt.mu.Lock()
@@ -303,7 +316,7 @@ func (rt *Runtime) Tasks() []TaskStatus {
 		ts := TaskStatus{
 			Task:       sb.name,
 			Partition:  sb.partition,
-			Role:       sb.kind(),
+			Role:       sb.role(),
 			State:      TaskState(sb.state.Load()).String(),
 			Checkpoint: sb.position.Load(),
 			Restore:    RestoreStatus{Restored: sb.applied.Load()},
@@ -337,6 +350,21 @@ func (rt *Runtime) Ready() (bool, string) {
 		if st := t.State(); st != TaskRunning {
 			return false, fmt.Sprintf("task %s is %s", t.name, st)
 		}
+	}
+	// A task withheld for this member is about to run here: not ready
+	// until it does, so that a rolling restart waiting for readiness does
+	// not stop the next instance before this one has its tasks back.
+	rt.mu.Lock()
+	var incoming []string
+	for _, sb := range rt.mu.standbys {
+		if copyKind(sb.kind.Load()) == kindIncoming {
+			incoming = append(incoming, sb.name)
+		}
+	}
+	rt.mu.Unlock()
+	if len(incoming) > 0 {
+		sort.Slice(incoming, func(i, j int) bool { return taskLess(incoming[i], incoming[j]) })
+		return false, fmt.Sprintf("tasks %s are being handed over to this instance", strings.Join(incoming, ", "))
 	}
 	return true, "all tasks running"
 }

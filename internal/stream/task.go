@@ -117,6 +117,11 @@ type task struct {
 	// standbyAt is the changelog offset the standby copy this task took
 	// over had reached (-1: none), for the promotion log line.
 	standbyAt int64
+	// standbyApplied are the changelog records that copy applied since it
+	// started (its catch-up), for the same line.
+	standbyApplied int64
+	// cache holds entries the store holds, in front of it.
+	cache *entryCache
 }
 
 // taskStats are counters read by status queries.
@@ -150,6 +155,7 @@ func newTask(rt *Runtime, partition int32) *task {
 		retryLog:   rateLimiter{every: 30 * time.Second, burst: 1},
 		memberLog:  rateLimiter{every: 10 * time.Second, burst: 1},
 		standbyAt:  -1,
+		cache:      newEntryCache(rt.cacheBytesPerTask()),
 	}
 	t.log = rt.log.With(zap.String("task", t.name), zap.Int32("partition", partition))
 	t.stats.inputPos.Store(-1)
@@ -350,11 +356,13 @@ func (t *task) process(ctx context.Context, topic string, r *kgo.Record) error {
 	}
 	e, ok := t.dirty[ev.Key]
 	if !ok {
-		stored, _, err := t.store.Load().Get(ev.Key)
-		if err != nil {
-			return err
+		if e, ok = t.cache.get(ev.Key); !ok {
+			stored, _, err := t.store.Load().Get(ev.Key)
+			if err != nil {
+				return err
+			}
+			e = stored
 		}
-		e = stored
 	}
 	if e.Offsets.Reflects(srcTopic, srcPart, srcOff) {
 		t.stats.duplicates.Add(1)
@@ -497,6 +505,9 @@ func (t *task) apply(updates []state.Update, maxOffset, inputNext int64) error {
 	}
 	if err := t.store.Load().Apply(updates, cp); err != nil {
 		return err
+	}
+	for _, u := range updates {
+		t.cache.put(u.Product, u.Entry)
 	}
 	t.cp = cp
 	t.stats.checkpoint.Store(cp.ChangelogOffset)
