@@ -195,9 +195,7 @@ func Handler(b Backend) http.Handler {
 		}
 		writeJSON(w, code, map[string]any{"ready": ready, "reason": reason})
 	})
-	mux.HandleFunc("GET /metrics", func(w http.ResponseWriter, _ *http.Request) {
-		writeMetrics(w, b)
-	})
+	mux.Handle("GET /metrics", metricsHandler(b))
 	return http.MaxBytesHandler(mux, 1<<20)
 }
 
@@ -388,50 +386,4 @@ func writeJSON(w http.ResponseWriter, code int, v any) {
 	_ = json.NewEncoder(w).Encode(v)
 }
 
-// writeMetrics writes the task counters in the Prometheus text format.
-func writeMetrics(w http.ResponseWriter, b Backend) {
-	w.Header().Set("Content-Type", "text/plain; version=0.0.4")
-	ready, _ := b.Ready()
-	fmt.Fprintf(w, "# HELP salesagg_ready Whether every assigned task is running.\n# TYPE salesagg_ready gauge\nsalesagg_ready %d\n", boolInt(ready))
-	fmt.Fprintf(w, "# HELP salesagg_bad_events_total Bad events skipped since start.\n# TYPE salesagg_bad_events_total counter\nsalesagg_bad_events_total %d\n", b.BadEvents())
-	var ts, standbys []stream.TaskStatus
-	for _, t := range b.Tasks() {
-		if t.Role == "active" {
-			ts = append(ts, t)
-		} else {
-			standbys = append(standbys, t)
-		}
-	}
-	series := []struct {
-		name, help, typ string
-		val             func(stream.TaskStatus) int64
-	}{
-		{"salesagg_task_running", "Whether the task is running.", "gauge", func(t stream.TaskStatus) int64 { return int64(boolInt(t.State == "running")) }},
-		{"salesagg_task_processed_total", "Events folded since the task started.", "counter", func(t stream.TaskStatus) int64 { return t.Processed }},
-		{"salesagg_task_duplicates_skipped_total", "Redelivered events skipped.", "counter", func(t stream.TaskStatus) int64 { return t.Duplicates }},
-		{"salesagg_task_forwarded_total", "Events forwarded to the owning task.", "counter", func(t stream.TaskStatus) int64 { return t.Forwarded }},
-		{"salesagg_task_bad_events_total", "Bad events skipped.", "counter", func(t stream.TaskStatus) int64 { return t.BadEvents }},
-		{"salesagg_task_restored_records", "Changelog records restored at the task's start.", "gauge", func(t stream.TaskStatus) int64 { return t.Restore.Restored }},
-		{"salesagg_task_input_lag", "Input records not yet processed.", "gauge", func(t stream.TaskStatus) int64 { return t.Lag }},
-		{"salesagg_task_checkpoint_offset", "Next changelog offset the store reflects.", "gauge", func(t stream.TaskStatus) int64 { return t.Checkpoint }},
-	}
-	for _, s := range series {
-		fmt.Fprintf(w, "# HELP %s %s\n# TYPE %s %s\n", s.name, s.help, s.name, s.typ)
-		for _, t := range ts {
-			fmt.Fprintf(w, "%s{task=%q,partition=\"%d\"} %d\n", s.name, t.Task, t.Partition, s.val(t))
-		}
-	}
-	fmt.Fprintf(w, "# HELP salesagg_standby_lag_records Changelog records a standby copy is behind.\n# TYPE salesagg_standby_lag_records gauge\n")
-	for _, t := range standbys {
-		if t.ChangelogLag != nil {
-			fmt.Fprintf(w, "salesagg_standby_lag_records{task=%q,partition=\"%d\",kind=%q} %d\n", t.Task, t.Partition, t.Role, *t.ChangelogLag)
-		}
-	}
-}
 
-func boolInt(b bool) int {
-	if b {
-		return 1
-	}
-	return 0
-}

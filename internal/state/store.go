@@ -305,6 +305,17 @@ func (s *Store) apply(updates []Update, cp Checkpoint, opts *pebble.WriteOptions
 	return nil
 }
 
+// DiskUsage returns the bytes the store takes on disk (its tables, logs
+// and manifests), 0 once closed.
+func (s *Store) DiskUsage() int64 {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	if s.mu.db == nil {
+		return 0
+	}
+	return int64(s.mu.db.Metrics().DiskSpaceUsage())
+}
+
 // Total is one product's total, as listed by Scan.
 type Total struct {
 	Product string `json:"product"`

@@ -161,6 +161,8 @@ func (rt *Runtime) pollEOS(ctx context.Context) error {
 
 // transact runs prepare, End and finish for every running task.
 func (rt *Runtime) transact(ctx context.Context) error {
+	began := time.Now()
+	defer func() { rt.metrics.commitSeconds.Observe(time.Since(began).Seconds()) }()
 	var ts []*task
 	for _, t := range rt.tasks() {
 		if t.State() == TaskRunning {
@@ -192,7 +194,14 @@ func (rt *Runtime) transact(ctx context.Context) error {
 	if len(errs) > 0 {
 		try = kgo.TryAbort
 	}
+	endBegan := time.Now()
 	committed, endErr := rt.session.End(ctx, try)
+	rt.metrics.txnEndSeconds.Observe(time.Since(endBegan).Seconds())
+	if endErr == nil && committed {
+		rt.metrics.txnCommitted.Add(1)
+	} else {
+		rt.metrics.txnAborted.Add(1)
+	}
 	if endErr == nil && committed {
 		rt.crashPoint("transaction-committed")
 	}

@@ -82,7 +82,8 @@ func TestRestoringTaskIsNotReadyAndOthersServe(t *testing.T) {
 		t.Fatalf("limit=0 = %d, want 400", code)
 	}
 	code, body := get(t, in.http.URL+"/metrics")
-	for _, want := range []string{"salesagg_ready 1", `salesagg_task_processed_total{task="0_1",partition="1"} 1`, "# TYPE salesagg_task_input_lag gauge"} {
+	for _, want := range []string{"salesagg_ready 1", `salesagg_events_processed_total{task="0_1"} 1`, "# TYPE salesagg_input_lag_records gauge",
+		"# TYPE go_goroutines gauge", "process_resident_memory_bytes"} {
 		if code != http.StatusOK || !strings.Contains(body, want) {
 			t.Fatalf("/metrics lacks %q:\n%s", want, body)
 		}

@@ -84,6 +84,8 @@ type Runtime struct {
 
 	committer committer
 	badEvents atomic.Int64
+	// metrics are the observed instruments (see metrics.go).
+	metrics *instruments
 	// kafkaDown is set while a transaction cannot be ended for want of
 	// Kafka; the process is then not ready.
 	kafkaDown atomic.Bool
@@ -147,6 +149,7 @@ func New(cfg config.Config, log *zap.Logger, dir *state.Dir, knobs Knobs) *Runti
 		dropLog: rateLimiter{every: 10 * time.Second, burst: 3}}
 	rt.mu.tasks = make(map[int32]*task)
 	rt.mu.held = make(map[int32]uint8)
+	rt.metrics = newInstruments(cfg.ProcessingGuarantee)
 	rt.mu.standbys = make(map[int32]*standby)
 	rt.mu.closing = make(map[int32]<-chan struct{})
 	rt.local = make(map[int32]state.Checkpoint)

@@ -137,6 +137,7 @@ type taskStats struct {
 	restored      atomic.Int64
 	restoreMillis atomic.Int64
 	checkpoint    atomic.Int64
+	badReasons    badReasons
 }
 
 func newTask(rt *Runtime, partition int32) *task {
@@ -440,6 +441,7 @@ func (t *task) produce(ctx context.Context, rec *kgo.Record, done func(*kgo.Reco
 			t.produceErr.CompareAndSwap(nil, &err)
 			return
 		}
+		t.rt.metrics.produced[t.rt.producedKind(r.Topic)].Add(1)
 		if done != nil {
 			done(r)
 		}
@@ -530,6 +532,7 @@ func (t *task) flush(ctx context.Context) error {
 			return nil
 		}
 	}
+	began := time.Now()
 	t.rt.crashPoint("flush-start")
 	updates, maxOffset := t.produceDirty(ctx)
 	t.rt.crashPoint("changelog-produced")
@@ -552,6 +555,9 @@ func (t *task) flush(ctx context.Context) error {
 	}
 	t.rt.crashPoint("store-written")
 	t.reportOffsets(b)
+	if len(updates) > 0 {
+		t.rt.metrics.commitSeconds.Observe(time.Since(began).Seconds())
+	}
 	return nil
 }
 
@@ -629,6 +635,7 @@ func (t *task) retryStalled(ctx context.Context) error {
 // no bad event is lost.
 func (t *task) badEvent(ctx context.Context, topic string, r *kgo.Record, err error, reason string) {
 	t.stats.bad.Add(1)
+	t.stats.badReasons.add(reason)
 	t.rt.badEvents.Add(1)
 	if dlq := t.rt.cfg.DLQTopic; dlq != "" {
 		headers := append(append([]kgo.RecordHeader(nil), r.Headers...),
