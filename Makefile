@@ -4,7 +4,7 @@ GO        ?= go
 BIN       ?= bin/salesagg
 export KAFKA_DIR ?= $(CURDIR)/.kafka
 
-.PHONY: help build test test-e2e run bench bench-compare lint kafka-up kafka-down clean
+.PHONY: help build test test-e2e run bench bench-compare bench-failover lint kafka-up kafka-down clean
 
 help: ## list the targets
 	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-14s %s\n", $$1, $$2}'
@@ -27,6 +27,9 @@ bench: ## micro-benchmarks (go test -bench)
 
 bench-compare: ## side-by-side benchmark against Kafka Streams on a real broker (not in CI)
 	$(GO) run ./bench/compare
+
+bench-failover: ## failover benchmark: kill -9, rolling restart, scale-out on Apache Kafka (not in CI)
+	$(GO) run ./bench/failover
 
 lint: ## gofmt and go vet
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || (gofmt -l $$(git ls-files '*.go'); exit 1)

@@ -1,0 +1,193 @@
+// Command failover is the failover benchmark of salesagg: three instances of
+// one application on one real Apache Kafka broker, events flowing at a steady
+// rate, and how long products stay unanswerable and how many changelog
+// records are restored when an instance is killed with SIGKILL, when all
+// three are restarted one after another, and when the group grows from two
+// instances to three.
+//
+//	go run ./bench/failover [flags]      (quick run: --products 20000 --rate 2000)
+//
+// Each run (scenario × settings) uses its own application id and topics and
+// runs alone. See bench/README.md ("Failover benchmark") for the figures.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"time"
+)
+
+const (
+	scKill    = "kill"
+	scRolling = "rolling"
+	scScale   = "scale"
+
+	// partitions of the input topic, hence tasks 0_0..0_2.
+	partitions = 3
+	// instances of the group (kill, rolling); scale goes from 2 to 3.
+	instances = 3
+	guarantee = "exactly_once_v2"
+)
+
+type options struct {
+	products       int
+	rate           int
+	scenarios      []string
+	bootstrap      string
+	keepTmp        bool
+	outDir, repo   string
+	sessionTimeout time.Duration
+	commitInterval time.Duration
+	steady         time.Duration // events flow this long before each disruption
+	timeout        time.Duration // bound of every wait
+	stopTimeout    time.Duration // SIGTERM → SIGKILL
+	poll           time.Duration // probe period
+	seed           uint64
+}
+
+func main() { os.Exit(run()) }
+
+func run() int {
+	var o options
+	var scenarios string
+	fs := flag.NewFlagSet("failover", flag.ContinueOnError)
+	fs.IntVar(&o.products, "products", 1_000_000, "distinct products preloaded (one event each), i.e. the state of each run")
+	fs.IntVar(&o.rate, "rate", 5000, "events/s produced during each measurement (keys product-<i>, i uniform over --products)")
+	fs.StringVar(&scenarios, "scenarios", scKill+","+scRolling+","+scScale, "comma-separated scenarios: kill, rolling, scale")
+	fs.StringVar(&o.bootstrap, "bootstrap", "", "use this Kafka broker (host:port) instead of starting one with test/kafka/kafka.sh; the run's topics and groups are deleted at the end")
+	fs.BoolVar(&o.keepTmp, "keep-tmp", false, "keep the temporary directory (process logs, state dirs) after a successful run")
+	fs.StringVar(&o.outDir, "out", "", "directory for the JSON results (default <repo>/bench/results)")
+	fs.StringVar(&o.repo, "repo", "", "repository root (default: found from the working directory)")
+	sessionMs := fs.Int("session-timeout-ms", 10000, "session.timeout.ms given to every instance")
+	commitMs := fs.Int("commit-interval-ms", 100, "commit.interval.ms given to every instance")
+	fs.DurationVar(&o.steady, "steady", 3*time.Second, "how long events flow with every instance serving before each disruption")
+	fs.DurationVar(&o.timeout, "timeout", 10*time.Minute, "upper bound of every wait (readiness, catch-up, failover, settling)")
+	fs.DurationVar(&o.stopTimeout, "stop-timeout", 60*time.Second, "time given to a process to exit after SIGTERM before SIGKILL")
+	fs.DurationVar(&o.poll, "poll", 50*time.Millisecond, "period of the product probes")
+	fs.Uint64Var(&o.seed, "seed", 20240601, "seed of the steady producer's product choice")
+	fs.Usage = func() {
+		fmt.Fprintf(fs.Output(), "Usage: go run ./bench/failover [flags]    (quick run: --products 20000 --rate 2000)\n\n")
+		fs.PrintDefaults()
+	}
+	if err := fs.Parse(os.Args[1:]); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return 0
+		}
+		return 2
+	}
+	if fs.NArg() > 0 {
+		fmt.Fprintf(os.Stderr, "failover: unexpected arguments %q\n", fs.Args())
+		return 2
+	}
+	o.sessionTimeout = time.Duration(*sessionMs) * time.Millisecond
+	o.commitInterval = time.Duration(*commitMs) * time.Millisecond
+	o.scenarios = splitList(scenarios)
+	if err := o.validate(); err != nil {
+		fmt.Fprintf(os.Stderr, "failover: %v\n", err)
+		return 2
+	}
+	if o.repo == "" {
+		r, err := findRepo()
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "failover: %v (pass --repo)\n", err)
+			return 2
+		}
+		o.repo = r
+	}
+	if o.outDir == "" {
+		o.outDir = filepath.Join(o.repo, "bench", "results")
+	}
+
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+	if err := benchmark(ctx, o); err != nil {
+		fmt.Fprintf(os.Stderr, "failover: %v\n", err)
+		return 1
+	}
+	return 0
+}
+
+func (o *options) validate() error {
+	var problems []string
+	if o.products < partitions*10 {
+		problems = append(problems, fmt.Sprintf("--products must be at least %d", partitions*10))
+	}
+	if o.rate < 1 || o.rate > 1_000_000 {
+		problems = append(problems, "--rate must be from 1 to 1000000 events/s")
+	}
+	if len(o.scenarios) == 0 {
+		problems = append(problems, "--scenarios is empty")
+	}
+	seen := map[string]bool{}
+	for _, s := range o.scenarios {
+		if s != scKill && s != scRolling && s != scScale {
+			problems = append(problems, fmt.Sprintf("--scenarios: unknown scenario %q (allowed: %s, %s, %s)", s, scKill, scRolling, scScale))
+		}
+		if seen[s] {
+			problems = append(problems, fmt.Sprintf("--scenarios: %q listed twice", s))
+		}
+		seen[s] = true
+	}
+	if o.sessionTimeout < time.Second {
+		problems = append(problems, "--session-timeout-ms must be at least 1000")
+	}
+	if o.commitInterval <= 0 {
+		problems = append(problems, "--commit-interval-ms must be positive")
+	}
+	if o.timeout < 10*time.Second {
+		problems = append(problems, "--timeout must be at least 10s")
+	}
+	if o.stopTimeout < time.Second {
+		problems = append(problems, "--stop-timeout must be at least 1s")
+	}
+	if o.poll < 5*time.Millisecond || o.poll > 5*time.Second {
+		problems = append(problems, "--poll must be from 5ms to 5s")
+	}
+	if o.steady < 0 {
+		problems = append(problems, "--steady must not be negative")
+	}
+	if len(problems) > 0 {
+		return errors.New(strings.Join(problems, "\nfailover: "))
+	}
+	return nil
+}
+
+func splitList(s string) []string {
+	var out []string
+	for _, p := range strings.Split(s, ",") {
+		if p = strings.TrimSpace(p); p != "" {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+// findRepo walks up from the working directory to the salesagg module root.
+func findRepo() (string, error) {
+	dir, err := os.Getwd()
+	if err != nil {
+		return "", err
+	}
+	for {
+		b, err := os.ReadFile(filepath.Join(dir, "go.mod"))
+		if err == nil && strings.Contains(string(b), "module github.com/salesagg/salesagg\n") {
+			return dir, nil
+		}
+		parent := filepath.Dir(dir)
+		if parent == dir {
+			return "", errors.New("not inside the salesagg repository (no go.mod of github.com/salesagg/salesagg above the working directory)")
+		}
+		dir = parent
+	}
+}
+
+func logf(format string, args ...any) {
+	fmt.Fprintf(os.Stderr, "%s failover: %s\n", time.Now().Format("15:04:05.000"), fmt.Sprintf(format, args...))
+}
