@@ -121,6 +121,15 @@ func (rt *Runtime) pollEOS(ctx context.Context) error {
 	next := time.Now().Add(rt.cfg.CommitInterval)
 	for {
 		pctx, pcancel := context.WithDeadline(ctx, next)
+		go func() {
+			// A task past maxDirty cuts the poll short.
+			select {
+			case <-rt.commitNow:
+				rt.commitSoon.Store(true)
+				pcancel()
+			case <-pctx.Done():
+			}
+		}()
 		fetches := rt.session.PollRecords(pctx, 10_000)
 		pcancel()
 		if rt.knobs.AfterPoll != nil {
@@ -144,9 +153,12 @@ func (rt *Runtime) pollEOS(ctx context.Context) error {
 				return nil
 			}
 		}
-		if time.Now().Before(next) {
+		if time.Now().Before(next) && !rt.commitSoon.Load() {
 			continue
 		}
+		// A task past maxDirty asked for the cycle early: the changed
+		// products of one transaction stay bounded in memory.
+		rt.commitSoon.Store(false)
 		// The cycle runs under the work context: a shutdown beginning
 		// now must not cut a transaction short.
 		if err := rt.transact(rt.work); err != nil {

@@ -134,6 +134,11 @@ type Runtime struct {
 	// abortCycle makes the exactly-once cycle in progress abort; owned by
 	// the poll loop.
 	abortCycle bool
+	// commitSoon: a task has maxDirty changed products; exactly-once, the
+	// poll loop runs the transaction cycle without waiting for the
+	// interval.
+	commitSoon atomic.Bool
+	commitNow  chan struct{} // buffered 1: wakes the poll loop for it
 	// dropLog rate-limits the warning about records polled for a task
 	// that is not running; used by the poll loop only.
 	dropLog rateLimiter
@@ -150,6 +155,7 @@ func New(cfg config.Config, log *zap.Logger, dir *state.Dir, knobs Knobs) *Runti
 	rt.mu.tasks = make(map[int32]*task)
 	rt.mu.held = make(map[int32]uint8)
 	rt.metrics = newInstruments(cfg.ProcessingGuarantee)
+	rt.commitNow = make(chan struct{}, 1)
 	rt.mu.standbys = make(map[int32]*standby)
 	rt.mu.closing = make(map[int32]<-chan struct{})
 	rt.local = make(map[int32]state.Checkpoint)

@@ -312,3 +312,37 @@ func TestStandbyAnswersWhileTheOwnerRestores(t *testing.T) {
 		return code == http.StatusOK && total == want[product] && served == a2.rt.InstanceID()+"; task="+aTask
 	})
 }
+
+func TestExactlyOnceBoundsItsChangedProducts(t *testing.T) {
+	// Scenario: exactly-once with a commit interval of a minute, 110,000 distinct products
+	// arrive on one partition: past 100,000 changed products the task asks for the transaction
+	// cycle early, so their totals are committed and answered well before the interval ends
+	// (without the bound they would all wait in memory for the minute).
+	h := newHarness(t)
+	h.createInput(3)
+	h.cfg.CommitInterval = time.Minute
+	in := h.start(h.cfg)
+	in.waitReady()
+	const n = 110_000
+	var recs []*kgo.Record
+	first := ""
+	for i := 0; len(recs) < n; i++ {
+		name := fmt.Sprintf("d%d", i)
+		if a := in.rt.TaskOf(name); a != "0_0" {
+			continue
+		}
+		if first == "" {
+			first = name
+		}
+		recs = append(recs, event(name, name, 1))
+	}
+	began := time.Now()
+	h.produce(recs...)
+	waitFor(t, 40*time.Second, "the first products committed before the commit interval", func() bool {
+		got, _ := in.total(first)
+		return got == 1
+	})
+	if d := time.Since(began); d >= time.Minute {
+		t.Fatalf("committed after %s: the commit interval, not the bound", d)
+	}
+}

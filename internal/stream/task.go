@@ -54,7 +54,9 @@ func (s TaskState) String() string {
 }
 
 // maxDirty bounds the products a task keeps changed in memory between
-// commits; past it the task flushes early.
+// commits; past it the task flushes early (at-least-once) or asks the poll
+// loop for the transaction cycle now (exactly-once; the products folded
+// until that cycle prepares add at most the task's inbox).
 const maxDirty = 100_000
 
 // batch is records of one partition handed from the poll loop to a task.
@@ -324,7 +326,16 @@ func (t *task) processBatch(ctx context.Context, b batch) error {
 			return err
 		}
 	}
-	if len(t.dirty) >= maxDirty && !t.rt.eos {
+	if len(t.dirty) >= maxDirty {
+		if t.rt.eos {
+			// The poll loop runs the transaction cycle at its next turn.
+			t.rt.commitSoon.Store(true)
+			select {
+			case t.rt.commitNow <- struct{}{}:
+			default:
+			}
+			return nil
+		}
 		return t.flush(ctx)
 	}
 	return nil
