@@ -381,7 +381,14 @@ func (t *task) replay(ctx context.Context, from, to int64) (int64, error) {
 		if len(updates) > 0 || next > t.cp.ChangelogOffset {
 			cp := t.cp
 			cp.ChangelogOffset = min(next, to)
-			if err := t.store.Load().Apply(updates, cp); err != nil {
+			// Unsynced until the last fetch: a crash loses whole batches
+			// with their checkpoints (the changelog has them again), and
+			// the final synced write makes everything before it durable.
+			apply := t.store.Load().ApplyUnsynced
+			if next >= to {
+				apply = t.store.Load().Apply
+			}
+			if err := apply(updates, cp); err != nil {
 				return n, err
 			}
 			t.cp = cp
