@@ -369,7 +369,7 @@ func (rt *Runtime) runGroup(ctx, work context.Context, cancelWork context.Cancel
 	deadline := time.AfterFunc(GracePeriod, cancelWork)
 	defer deadline.Stop()
 	rt.beginStopping()
-	stopErr := rt.stopTasks(rt.allPartitions(), true)
+	stopErr := rt.stopTasks(rt.allPartitions(), true, "flushed and committed")
 	stopCommits()
 	<-commitDone
 	commitErr := rt.committer.commit(work, rt.client)
@@ -428,7 +428,7 @@ func (rt *Runtime) runEOS(pollCtx, ctx, work context.Context, cancelWork context
 		lastErr = rt.transact(work)
 	}
 	rt.beginStopping()
-	stopErr := rt.stopTasks(rt.allPartitions(), false)
+	stopErr := rt.stopTasks(rt.allPartitions(), false, "committed with the last transaction")
 	rt.session.Close()
 	if changed != nil {
 		rt.wg.Wait()
@@ -768,13 +768,13 @@ func (rt *Runtime) revoked(ctx context.Context, cl *kgo.Client, parts map[string
 		// A rebalance can come at any time: the session aborts the open
 		// transaction, so the revoked tasks' uncommitted totals are dropped
 		// and their stores hold the committed state.
-		if err := rt.stopTasks(ps, false); err != nil {
+		if err := rt.stopTasks(ps, false, "revoked; the open transaction is aborted, the store holds the committed state"); err != nil {
 			rt.log.Error("Stopping revoked tasks", zap.Error(err))
 		}
 		rt.reconcileStandbys()
 		return
 	}
-	if err := rt.stopTasks(ps, true); err != nil {
+	if err := rt.stopTasks(ps, true, "revoked; flushed and committed"); err != nil {
 		rt.log.Error("Stopping revoked tasks", zap.Error(err))
 	}
 	if err := rt.committer.commit(ctx, cl); err != nil {
@@ -790,7 +790,7 @@ func (rt *Runtime) lost(_ context.Context, _ *kgo.Client, parts map[string][]int
 	if len(ps) > 0 {
 		rt.log.Warn("Lost tasks (the group moved on without this member); dropping them without committing", zap.Strings("tasks", taskNames(ps)))
 	}
-	if err := rt.stopTasks(ps, false); err != nil {
+	if err := rt.stopTasks(ps, false, "dropped: partitions lost, nothing committed"); err != nil {
 		rt.log.Warn("Dropping lost tasks", zap.Error(err))
 	}
 	rt.committer.forget(rt.cfg.InputTopic, ps)
@@ -843,7 +843,9 @@ func (rt *Runtime) allPartitions() []int32 {
 // stopTasks stops the tasks of ps and waits for them. A task still restoring
 // cancels its restore at once; the wait is bounded by that, not by the
 // restore's length.
-func (rt *Runtime) stopTasks(ps []int32, flush bool) error {
+//
+// outcome says, in the Closed line, what became of the tasks' last changes.
+func (rt *Runtime) stopTasks(ps []int32, flush bool, outcome string) error {
 	rt.mu.Lock()
 	var ts []*task
 	for _, p := range ps {
@@ -867,7 +869,11 @@ func (rt *Runtime) stopTasks(ps []int32, flush bool) error {
 		if s := t.State(); s == TaskFailed {
 			errs = append(errs, fmt.Errorf("task %s failed", t.name))
 		}
-		t.log.Info(fmt.Sprintf("task [%s] Closed", t.name), zap.Bool("flushed", flush))
+		if t.State() == TaskFailed {
+			t.log.Info(fmt.Sprintf("task [%s] Closed after a failure", t.name))
+		} else {
+			t.log.Info(fmt.Sprintf("task [%s] Closed: %s", t.name, outcome), zap.String("outcome", outcome))
+		}
 		if t.State() == TaskClosed && t.cp.ChangelogTopicID == rt.topo.changelogID && t.stats.checkpoint.Load() >= 0 {
 			// The task goroutine is done: its checkpoint is final.
 			rt.noteLocal(t.partition, t.cp)
