@@ -85,6 +85,9 @@ type Config struct {
 	// (a warm-up that catches up rejoins at once).
 	ProbingRebalanceInterval time.Duration
 
+	// CompressionType is the compression of the records produced (changelog,
+	// notifications, repartition): none, gzip, snappy, lz4 or zstd.
+	CompressionType string
 	// CacheMaxBytes bounds the entries kept in memory in front of the
 	// stores, over all tasks (0: no cache).
 	CacheMaxBytes int64
@@ -198,6 +201,7 @@ var keys = []keyDef{
 	{"acceptable.recovery.lag", kindInt, "10000", "changelog records a member's store may lag and still count as caught up; active tasks go to caught-up members first"},
 	{"max.warmup.replicas", kindInt, "2", "warm-up copies built at once on members that should take a task over but are not caught up"},
 	{"probing.rebalance.interval.ms", kindInt, "600000", "how often a member with warm-up copies rejoins to let caught-up warm-ups take their tasks over (one that catches up rejoins at once)"},
+	{"compression.type", kindString, "none", "compression of produced batches (changelog, notifications, repartition): none, gzip, snappy, lz4 or zstd"},
 	{"cache.max.bytes", kindInt, "67108864", "bytes of product totals kept in memory in front of the stores, over all tasks, so hot products read no disk (0: none)"},
 	{"log.level", kindString, "info", "debug, info, warn or error"},
 	{"log.format", kindString, "", "json or console (default: console on a terminal, json otherwise)"},
@@ -451,6 +455,7 @@ func decode(v *viper.Viper) (Config, map[string]bool, []error) {
 	c.AcceptableRecoveryLag = integer("acceptable.recovery.lag", 0, math.MaxInt64)
 	c.MaxWarmupReplicas = int(integer("max.warmup.replicas", 1, 10_000))
 	c.CacheMaxBytes = integer("cache.max.bytes", 0, 1<<40)
+	c.CompressionType = strings.ToLower(str("compression.type"))
 	c.ProbingRebalanceInterval = time.Duration(integer("probing.rebalance.interval.ms", 1000, 24*3_600_000)) * time.Millisecond
 	c.LogLevel = strings.ToLower(str("log.level"))
 	c.LogFormat = strings.ToLower(str("log.format"))
@@ -536,6 +541,9 @@ func (c Config) validate(skip map[string]bool) error {
 	if c.ProcessingGuarantee != AtLeastOnce && c.ProcessingGuarantee != ExactlyOnceV2 {
 		bad("processing.guarantee", c.ProcessingGuarantee, "allowed: exactly_once_v2, at_least_once")
 	}
+	if !slices.Contains([]string{"none", "gzip", "snappy", "lz4", "zstd"}, c.CompressionType) {
+		bad("compression.type", c.CompressionType, "allowed: none, gzip, snappy, lz4, zstd")
+	}
 	if c.AutoOffsetReset != "earliest" && c.AutoOffsetReset != "latest" {
 		bad("auto.offset.reset", c.AutoOffsetReset, "allowed: earliest, latest")
 	}
@@ -608,6 +616,8 @@ func (c Config) Fields() map[string]any {
 		"acceptable.recovery.lag":       c.AcceptableRecoveryLag,
 		"max.warmup.replicas":           c.MaxWarmupReplicas,
 		"probing.rebalance.interval.ms": c.ProbingRebalanceInterval.Milliseconds(),
+		"cache.max.bytes":               c.CacheMaxBytes,
+		"compression.type":              c.CompressionType,
 		"log.level":                     c.LogLevel,
 		"log.format":                    c.LogFormat,
 	}

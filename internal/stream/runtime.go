@@ -308,6 +308,7 @@ func (rt *Runtime) runGroup(ctx, work context.Context, cancelWork context.Cancel
 		// restore waits for the fetch in flight to return.
 		kgo.FetchMaxWait(500 * time.Millisecond),
 		kgo.ProducerLinger(5 * time.Millisecond),
+		kgo.ProducerBatchCompression(compression(rt.cfg.CompressionType)),
 		kgo.MaxBufferedRecords(100_000),
 	}
 	if !rt.eos {
@@ -724,6 +725,21 @@ func (rt *Runtime) assigned(_ context.Context, cl *kgo.Client, parts map[string]
 		}()
 	}
 	rt.log.Info("Assigned partitions", zap.Strings("tasks", rt.mu.restoreAll), zap.Int32("generation", generation(cl)))
+}
+
+// compression returns the producer codec of compression.type.
+func compression(name string) kgo.CompressionCodec {
+	switch name {
+	case "gzip":
+		return kgo.GzipCompression()
+	case "snappy":
+		return kgo.SnappyCompression()
+	case "lz4":
+		return kgo.Lz4Compression()
+	case "zstd":
+		return kgo.ZstdCompression()
+	}
+	return kgo.NoCompression()
 }
 
 // generation returns the group generation cl's member is in (-1: none).
