@@ -85,6 +85,9 @@ type Config struct {
 	// (a warm-up that catches up rejoins at once).
 	ProbingRebalanceInterval time.Duration
 
+	// TransactionTimeoutSet is transaction.timeout.ms when set (0: derived,
+	// see TransactionTimeout).
+	TransactionTimeoutSet time.Duration
 	// CompressionType is the compression of the records produced (changelog,
 	// notifications, repartition): none, gzip, snappy, lz4 or zstd.
 	CompressionType string
@@ -133,10 +136,17 @@ func (s Security) SASL() bool {
 const MaxTransactionTimeout = 15 * time.Minute
 
 // TransactionTimeout returns the timeout of the transactions under
-// exactly_once_v2: 10 × commit.interval.ms, and at least 60 s, so that a
-// slow commit cycle is not aborted by the broker.
+// exactly_once_v2: transaction.timeout.ms, or by default 10 × commit.interval.ms
+// and at least 10 s (Kafka Streams' default). It bounds how long the
+// transaction of a killed process holds up the new owner of its tasks (the
+// committed offsets are not stable until the broker aborts it), and how
+// long Kafka may be unreachable before the broker aborts the open
+// transaction (the process then starts a new producer session).
 func (c Config) TransactionTimeout() time.Duration {
-	return max(60*time.Second, 10*c.CommitInterval)
+	if c.TransactionTimeoutSet > 0 {
+		return c.TransactionTimeoutSet
+	}
+	return max(10*time.Second, 10*c.CommitInterval)
 }
 
 // ChangelogTopic returns <application.id>-<store.name>-changelog.
@@ -201,6 +211,7 @@ var keys = []keyDef{
 	{"acceptable.recovery.lag", kindInt, "10000", "changelog records a member's store may lag and still count as caught up; active tasks go to caught-up members first"},
 	{"max.warmup.replicas", kindInt, "2", "warm-up copies built at once on members that should take a task over but are not caught up"},
 	{"probing.rebalance.interval.ms", kindInt, "600000", "how often a member with warm-up copies rejoins to let caught-up warm-ups take their tasks over (one that catches up rejoins at once)"},
+	{"transaction.timeout.ms", kindInt, "", "exactly-once transaction timeout (default 10 × commit.interval.ms, at least 10000): how long a killed instance's open transaction holds up the new owner of its tasks, and how long Kafka may be unreachable before the open transaction is aborted and the producer session restarts"},
 	{"compression.type", kindString, "none", "compression of produced batches (changelog, notifications, repartition): none, gzip, snappy, lz4 or zstd"},
 	{"cache.max.bytes", kindInt, "67108864", "bytes of product totals kept in memory in front of the stores, over all tasks, so hot products read no disk (0: none)"},
 	{"log.level", kindString, "info", "debug, info, warn or error"},
@@ -456,6 +467,9 @@ func decode(v *viper.Viper) (Config, map[string]bool, []error) {
 	c.MaxWarmupReplicas = int(integer("max.warmup.replicas", 1, 10_000))
 	c.CacheMaxBytes = integer("cache.max.bytes", 0, 1<<40)
 	c.CompressionType = strings.ToLower(str("compression.type"))
+	if v.IsSet("transaction.timeout.ms") {
+		c.TransactionTimeoutSet = time.Duration(integer("transaction.timeout.ms", 1000, MaxTransactionTimeout.Milliseconds())) * time.Millisecond
+	}
 	c.ProbingRebalanceInterval = time.Duration(integer("probing.rebalance.interval.ms", 1000, 24*3_600_000)) * time.Millisecond
 	c.LogLevel = strings.ToLower(str("log.level"))
 	c.LogFormat = strings.ToLower(str("log.format"))
@@ -549,7 +563,10 @@ func (c Config) validate(skip map[string]bool) error {
 	}
 	if c.CommitInterval <= 0 {
 		bad("commit.interval.ms", c.CommitInterval.Milliseconds(), "must be from 1 to 3600000")
-	} else if c.ProcessingGuarantee == ExactlyOnceV2 && c.TransactionTimeout() > MaxTransactionTimeout {
+	} else if c.TransactionTimeoutSet > 0 && c.TransactionTimeoutSet < 2*c.CommitInterval {
+		bad("transaction.timeout.ms", c.TransactionTimeoutSet.Milliseconds(), fmt.Sprintf(
+			"must be at least twice commit.interval.ms (%d), or a transaction would be aborted before its cycle ends", c.CommitInterval.Milliseconds()))
+	} else if c.ProcessingGuarantee == ExactlyOnceV2 && c.TransactionTimeoutSet == 0 && c.TransactionTimeout() > MaxTransactionTimeout {
 		bad("commit.interval.ms", c.CommitInterval.Milliseconds(), fmt.Sprintf(
 			"at most %d with processing.guarantee %s (the transaction timeout, 10 × commit.interval.ms, must stay within the broker's transaction.max.timeout.ms of %s)",
 			(MaxTransactionTimeout/10).Milliseconds(), ExactlyOnceV2, fmt.Sprintf("%g min", MaxTransactionTimeout.Minutes())))
@@ -618,6 +635,7 @@ func (c Config) Fields() map[string]any {
 		"probing.rebalance.interval.ms": c.ProbingRebalanceInterval.Milliseconds(),
 		"cache.max.bytes":               c.CacheMaxBytes,
 		"compression.type":              c.CompressionType,
+		"transaction.timeout.ms":        c.TransactionTimeout().Milliseconds(),
 		"log.level":                     c.LogLevel,
 		"log.format":                    c.LogFormat,
 	}

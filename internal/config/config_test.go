@@ -37,7 +37,7 @@ func TestDefaults(t *testing.T) {
 		c.NotificationThreshold != 2000 || c.ProcessingGuarantee != ExactlyOnceV2 || c.AutoOffsetReset != "earliest" ||
 		c.CommitInterval != 100*time.Millisecond || !c.TopicsCreate || c.TopicsPartitions != 3 || c.ReplicationFactor != 1 ||
 		c.HTTPAddr != ":8080" || c.LogLevel != "info" || c.LogFormat != "" || !c.LeaveGroupOnClose || c.GroupInstanceID != "" ||
-		c.TransactionTimeout() != 60*time.Second {
+		c.TransactionTimeout() != 10*time.Second {
 		t.Fatalf("defaults: %+v", c)
 	}
 	if got := c.ChangelogTopic(); got != "sales-aggregator-PRODUCT_AGGREGATED_SALES-changelog" {
@@ -273,7 +273,7 @@ func TestTransactionTimeout(t *testing.T) {
 		commit time.Duration
 		want   time.Duration
 	}{
-		{100 * time.Millisecond, 60 * time.Second},
+		{100 * time.Millisecond, 10 * time.Second},
 		{6 * time.Second, 60 * time.Second},
 		{10 * time.Second, 100 * time.Second},
 		{90 * time.Second, 15 * time.Minute},
@@ -410,5 +410,22 @@ func TestApplicationServer(t *testing.T) {
 				t.Fatalf("AdvertisedServer(%q) = %q, want %q", tc.bound, got, tc.want)
 			}
 		})
+	}
+}
+
+func TestTransactionTimeoutKey(t *testing.T) {
+	// Scenario: transaction.timeout.ms overrides the derived timeout; one shorter than two commit
+	// intervals, or past the broker's maximum, is refused naming the key.
+	c, err := load(t, "", nil, "--transaction.timeout.ms", "5000")
+	if err != nil || c.TransactionTimeout() != 5*time.Second {
+		t.Fatalf("transaction.timeout.ms 5000: %v, %v", c.TransactionTimeout(), err)
+	}
+	for _, args := range [][]string{
+		{"--transaction.timeout.ms", "1500", "--commit.interval.ms", "1000"},
+		{"--transaction.timeout.ms", "900001"},
+	} {
+		if _, err := load(t, "", nil, args...); err == nil || !strings.Contains(err.Error(), "transaction.timeout.ms") {
+			t.Fatalf("%v: %v, want an error naming transaction.timeout.ms", args, err)
+		}
 	}
 }

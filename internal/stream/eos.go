@@ -165,7 +165,7 @@ func (rt *Runtime) pollEOS(ctx context.Context) error {
 			return err
 		}
 		if err := rt.session.Begin(); err != nil {
-			return fmt.Errorf("beginning transaction: %w", err)
+			return fmt.Errorf("beginning transaction: %w", fenced(err))
 		}
 		next = time.Now().Add(rt.cfg.CommitInterval)
 	}
@@ -229,7 +229,7 @@ func (rt *Runtime) transact(ctx context.Context) error {
 	}
 	if endErr != nil {
 		if fatalTxnError(endErr) {
-			errs = append(errs, fmt.Errorf("ending transaction: %w", endErr))
+			errs = append(errs, fmt.Errorf("ending transaction: %w", fenced(endErr)))
 		} else if err := rt.abortUntilKafkaAnswers(ctx, endErr); err != nil {
 			errs = append(errs, err)
 		}
@@ -237,11 +237,27 @@ func (rt *Runtime) transact(ctx context.Context) error {
 	return errors.Join(errs...)
 }
 
-// fatalTxnError reports whether a transaction error ends this process:
-// another process took over its transactional id, or it is not allowed one.
+// fatalTxnError reports whether a transaction error ends this producer
+// session: it was fenced (the broker aborted its transaction after
+// transaction.timeout.ms, or another process took over its transactional
+// id), or it is not allowed a transactional id.
 func fatalTxnError(err error) bool {
 	return errors.Is(err, kerr.ProducerFenced) || errors.Is(err, kerr.InvalidProducerEpoch) ||
 		errors.Is(err, kerr.TransactionalIDAuthorizationFailed) || errors.Is(err, kgo.ErrClientClosed)
+}
+
+// errSessionFenced ends a group session whose transactional producer was
+// fenced. Its open transaction is aborted, the tasks' stores hold the
+// committed state, so the runtime starts a new session (a new producer
+// epoch) instead of exiting; see Run.
+var errSessionFenced = errors.New("stream: the transactional producer was fenced")
+
+// fenced wraps err with errSessionFenced when it is a fencing.
+func fenced(err error) error {
+	if errors.Is(err, kerr.ProducerFenced) || errors.Is(err, kerr.InvalidProducerEpoch) {
+		return fmt.Errorf("%w: %w", errSessionFenced, err)
+	}
+	return err
 }
 
 // abortUntilKafkaAnswers handles an End that failed (Kafka unreachable, a
@@ -260,7 +276,7 @@ func (rt *Runtime) abortUntilKafkaAnswers(ctx context.Context, cause error) erro
 			return nil
 		}
 		if fatalTxnError(err) {
-			return fmt.Errorf("aborting transaction: %w", err)
+			return fmt.Errorf("aborting transaction: %w", fenced(err))
 		}
 		if attempt%10 == 0 {
 			rt.log.Warn("Still waiting for Kafka to abort the transaction", zap.Int("attempts", attempt), zap.Error(err))

@@ -245,15 +245,38 @@ func (rt *Runtime) Run(ctx context.Context) error {
 	rt.admin = kadm.NewClient(adminClient)
 	rt.scanLocal()
 
+	var fencings []time.Time
 	for {
 		err := rt.runGroup(ctx, work, cancelWork)
-		if !errors.Is(err, errTopologyChanged) {
+		switch {
+		case errors.Is(err, errTopologyChanged):
+			rt.log.Warn("Input topic changed while running; rejoining the group on the new topic", zap.String("input", rt.cfg.InputTopic), zap.Error(err))
+		case errors.Is(err, errSessionFenced) && ctx.Err() == nil:
+			// A broker that aborted the open transaction after
+			// transaction.timeout.ms (Kafka was unreachable that long) fences
+			// once; another process using this transactional id fences
+			// every new session: give up after a few in a short time.
+			fencings = append(fencings, time.Now())
+			if len(fencings) > maxFencings {
+				fencings = fencings[1:]
+				if time.Since(fencings[0]) < fencingWindow {
+					return fmt.Errorf("fenced %d times within %s (another process with this transactional id?): %w", maxFencings+1, fencingWindow, err)
+				}
+			}
+			rt.log.Warn("The transactional producer was fenced; the open transaction is aborted and the stores hold the committed state; starting a new session",
+				zap.Duration("transaction_timeout", rt.cfg.TransactionTimeout()), zap.Error(err))
+		default:
 			return err
 		}
-		rt.log.Warn("Input topic changed while running; rejoining the group on the new topic", zap.String("input", rt.cfg.InputTopic), zap.Error(err))
 		rt.reset()
 	}
 }
+
+// A session fenced more than maxFencings times within fencingWindow ends Run.
+const (
+	maxFencings   = 3
+	fencingWindow = 10 * time.Minute
+)
 
 // reset clears what one group session left, before the next.
 func (rt *Runtime) reset() {
@@ -264,6 +287,8 @@ func (rt *Runtime) reset() {
 	rt.mu.assigned = false
 	rt.mu.stopping = false
 	rt.committer.forgetAll()
+	rt.abortCycle = false
+	rt.commitSoon.Store(false)
 }
 
 // errTopologyChanged stops a group session: the input topic was recreated or
@@ -427,6 +452,15 @@ func (rt *Runtime) runEOS(pollCtx, ctx, work context.Context, cancelWork context
 	var lastErr error
 	if pollErr == nil {
 		lastErr = rt.transact(work)
+	}
+	if errors.Is(pollErr, errSessionFenced) && ctx.Err() == nil {
+		// Start over without leaving the group (as for a topology change):
+		// the new session rejoins under the same instance id at once.
+		rt.beginStopping()
+		stopErr := rt.stopTasks(rt.allPartitions(), false, "dropped: the producer was fenced, the store holds the committed state")
+		rt.session.Close()
+		rt.wg.Wait()
+		return errors.Join(pollErr, stopErr)
 	}
 	rt.beginStopping()
 	stopErr := rt.stopTasks(rt.allPartitions(), false, "committed with the last transaction")
