@@ -162,6 +162,12 @@ func (o *Options) lag(m *member, t int32) int64 {
 	return end
 }
 
+// Lag is how many changelog records m's store of task t is behind the end,
+// as Plan counts it (0 when the end is unknown).
+func (o Options) Lag(m Member, t int32) int64 {
+	return o.lag(&member{Member: m, owned: inRange(m.Owned, t+1)}, t)
+}
+
 func (o *Options) caughtUp(m *member, t int32) bool { return o.lag(m, t) <= o.AcceptableLag }
 
 // Tasks balances partitions tasks (0..partitions-1) over members. It is a

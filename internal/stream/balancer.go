@@ -542,7 +542,11 @@ func (mb *memberBalancer) BalanceOrError(topics map[string]int32) (kgo.IntoSyncA
 	var warmSummary []string
 	for _, m := range mb.members {
 		if w := res.Warmups[m.ID]; len(w) > 0 {
-			warmSummary = append(warmSummary, fmt.Sprintf("%s=%v", name[m.ID], taskNames(w)))
+			var parts []string
+			for _, t := range w {
+				parts = append(parts, fmt.Sprintf("0_%d (%d behind)", t, opts.Lag(m, t)))
+			}
+			warmSummary = append(warmSummary, fmt.Sprintf("%s=[%s]", name[m.ID], strings.Join(parts, " ")))
 		}
 	}
 	b.log.Info("Assigned tasks", zap.Strings("members", summary), zap.Strings("withheld", taskNames(res.Withheld)),

@@ -271,8 +271,13 @@ func (s *standby) checkCaughtUp() {
 	}
 	if lag := s.lag(); lag >= 0 && lag <= s.rt.cfg.AcceptableRecoveryLag/2 {
 		s.probed.Store(true)
-		// Not inline: the caller may hold the runtime's lock.
-		go s.rt.probe(fmt.Sprintf("warm-up copy of task %s caught up (%d behind)", s.name, lag))
+		// Not inline: the caller may hold the runtime's lock. A probe the
+		// rate limit refused is asked again by the probe loop.
+		go func() {
+			if !s.rt.probe(fmt.Sprintf("warm-up copy of task %s caught up (%d behind)", s.name, lag)) {
+				s.probed.Store(false)
+			}
+		}()
 	}
 }
 
@@ -432,48 +437,65 @@ func (rt *Runtime) storeOffsets() map[int32]int64 {
 }
 
 // probe asks the group for a rebalance (this member rejoins), at most once
-// per probeGap: a warm-up caught up, or the probing interval passed.
-func (rt *Runtime) probe(reason string) {
+// per probeGap: a warm-up caught up, or the probing interval passed. It
+// reports whether it asked.
+func (rt *Runtime) probe(reason string) bool {
+	cl := rt.groupClient.Load()
+	if cl == nil {
+		return false
+	}
 	rt.probeMu.Lock()
 	if time.Since(rt.lastProbe) < probeGap {
 		rt.probeMu.Unlock()
-		return
+		return false
 	}
 	rt.lastProbe = time.Now()
 	rt.probeMu.Unlock()
-	cl := rt.groupClient.Load()
-	if cl == nil {
-		return
-	}
 	rt.log.Info("Rejoining the group so that the balancer can move tasks to caught-up copies", zap.String("reason", reason))
 	cl.ForceRebalance()
+	return true
 }
 
 // probeGap is the least time between two rebalances this member asks for.
 const probeGap = 5 * time.Second
 
 // probeLoop asks for a probing rebalance every probing.rebalance.interval.ms
-// while this member builds warm-ups that have not reported catching up.
+// while this member builds warm-ups, and every probeGap checks the warm-ups
+// again: one that caught up while its changelog was idle, or whose report
+// the rate limit refused, reports now.
 func (rt *Runtime) probeLoop(ctx context.Context) {
-	tick := time.NewTicker(rt.cfg.ProbingRebalanceInterval)
-	defer tick.Stop()
+	check := time.NewTicker(probeGap)
+	defer check.Stop()
+	next := time.Now().Add(rt.cfg.ProbingRebalanceInterval)
 	for {
 		select {
 		case <-ctx.Done():
 			return
-		case <-tick.C:
+		case <-check.C:
 		}
 		rt.mu.Lock()
-		var warm []string
+		var warm []*standby
 		for _, sb := range rt.mu.standbys {
 			if sb.isWarmup() {
-				warm = append(warm, sb.name)
+				warm = append(warm, sb)
 			}
 		}
 		rt.mu.Unlock()
-		if len(warm) > 0 {
-			sort.Strings(warm)
-			rt.probe(fmt.Sprintf("probing rebalance for warm-ups %v", warm))
+		if len(warm) == 0 {
+			next = time.Now().Add(rt.cfg.ProbingRebalanceInterval)
+			continue
+		}
+		for _, sb := range warm {
+			sb.checkCaughtUp()
+		}
+		if time.Now().After(next) {
+			next = time.Now().Add(rt.cfg.ProbingRebalanceInterval)
+			names := make([]string, len(warm))
+			for i, sb := range warm {
+				names[i] = sb.name
+			}
+			sort.Strings(names)
+			rt.probe(fmt.Sprintf("probing rebalance for warm-ups %v", names))
 		}
 	}
 }
