@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kerr"
@@ -77,6 +78,19 @@ func ensureTopics(ctx context.Context, adm *kadm.Client, cfg config.Config, log 
 	return topo, nil
 }
 
+// Waiting for a topic that another client created meanwhile: describeFresh
+// tries up to alreadyExistsAttempts times, backing off from
+// alreadyExistsBackoff, doubling up to alreadyExistsMaxBackoff (about 1.4 s
+// in all). On KRaft the controller answers TOPIC_ALREADY_EXISTS as soon as it
+// knows the topic, and the broker's metadata has it some milliseconds later
+// (up to about 100 ms measured on a one-node Apache Kafka 4.4); past the
+// bound, ensure fails with a retriable error and prepareTopics starts over.
+const (
+	alreadyExistsAttempts   = 30
+	alreadyExistsBackoff    = 10 * time.Millisecond
+	alreadyExistsMaxBackoff = 50 * time.Millisecond
+)
+
 // ensure returns a topic's id and partition count, creating it (when
 // topics.create is on) with the given partitions and configs if missing.
 func ensure(ctx context.Context, adm *kadm.Client, cfg config.Config, log *zap.Logger, topic string, partitions int32, configs map[string]*string) (topicInfo, error) {
@@ -98,7 +112,7 @@ func ensure(ctx context.Context, adm *kadm.Client, cfg config.Config, log *zap.L
 	}
 	if errors.Is(err, kerr.TopicAlreadyExists) {
 		// Created meanwhile by another instance: describe it again.
-		return ensure(ctx, adm, cfg, log, topic, partitions, configs)
+		return describeFresh(ctx, adm, log, topic)
 	}
 	if err != nil {
 		return topicInfo{}, fmt.Errorf("creating topic %s (%d partitions, replication %d): %w", topic, partitions, cfg.ReplicationFactor, err)
@@ -109,4 +123,55 @@ func ensure(ctx context.Context, adm *kadm.Client, cfg config.Config, log *zap.L
 		n = partitions
 	}
 	return topicInfo{id: resp.ID, partitions: n}, nil
+}
+
+// describeFresh describes a topic that CreateTopics just said exists, asking
+// the broker rather than the client's metadata cache, and retries a few times
+// while the broker does not know it yet.
+//
+// adm.Metadata answers from kgo's cache (kadm metadata.go: RequestCachedMetadata
+// with limit 0, that is MetadataMinAge, 5 s by default), and the cache keeps
+// the UNKNOWN_TOPIC_OR_PARTITION that ensure's first look got: describing
+// again through it would see the topic missing until that entry is 5 s old.
+// kadm bypasses the cache when the context asks for authorized operations
+// (WithAuthorizedOps), the only cache-less metadata request a kadm.Client
+// issues; kgo stores its answer in the cache, so later cached looks see the
+// topic too.
+func describeFresh(ctx context.Context, adm *kadm.Client, log *zap.Logger, topic string) (topicInfo, error) {
+	fresh := kadm.WithAuthorizedOps(ctx)
+	backoff := alreadyExistsBackoff
+	var last error
+	for attempt := 1; ; attempt++ {
+		md, err := adm.Metadata(fresh, topic)
+		if err != nil {
+			return topicInfo{}, fmt.Errorf("describing topic %s: %w", topic, err)
+		}
+		d, ok := md.Topics[topic]
+		switch {
+		case ok && d.Err == nil && len(d.Partitions) > 0:
+			if attempt > 1 {
+				log.Debug("Topic created by another client is described now", zap.String("topic", topic), zap.Int("attempts", attempt))
+			}
+			return topicInfo{id: d.ID, partitions: int32(len(d.Partitions))}, nil
+		case !ok:
+			last = kerr.UnknownTopicOrPartition
+		case d.Err != nil && !errors.Is(d.Err, kerr.UnknownTopicOrPartition) && !kerr.IsRetriable(d.Err):
+			return topicInfo{}, fmt.Errorf("describing topic %s: %w", topic, d.Err)
+		case d.Err != nil:
+			last = d.Err // unknown to this broker yet, or e.g. LEADER_NOT_AVAILABLE
+		default:
+			last = kerr.LeaderNotAvailable // no partitions yet
+		}
+		if attempt == alreadyExistsAttempts {
+			return topicInfo{}, fmt.Errorf("describing topic %s: it already exists (created by another client) but the broker still does not describe it after %d attempts: %w", topic, attempt, last)
+		}
+		log.Debug("Topic already exists (created by another client) but is not described yet; waiting",
+			zap.String("topic", topic), zap.Int("attempt", attempt), zap.Duration("backoff", backoff), zap.NamedError("reason", last))
+		select {
+		case <-ctx.Done():
+			return topicInfo{}, fmt.Errorf("describing topic %s: %w", topic, ctx.Err())
+		case <-time.After(backoff):
+		}
+		backoff = min(2*backoff, alreadyExistsMaxBackoff)
+	}
 }

@@ -1,0 +1,243 @@
+package stream
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+	"go.uber.org/zap/zaptest/observer"
+
+	"github.com/salesagg/salesagg/internal/config"
+)
+
+// topicsCluster is a one-broker kfake cluster and a config on it.
+func topicsCluster(t *testing.T) (*kfake.Cluster, config.Config) {
+	t.Helper()
+	c, err := kfake.NewCluster(kfake.NumBrokers(1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Close)
+	cfg := config.Default()
+	cfg.BootstrapServers = c.ListenAddrs()
+	cfg.TopicsCreate = true
+	return c, cfg
+}
+
+// topicsAdmin is an admin client with default kgo options, as the runtime's
+// (closed before the cluster: cleanups run last in, first out).
+func topicsAdmin(t *testing.T, cfg config.Config) *kadm.Client {
+	t.Helper()
+	cl, err := kgo.NewClient(kgo.SeedBrokers(cfg.BootstrapServers...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(cl.Close)
+	return kadm.NewClient(cl)
+}
+
+func TestEnsureTopicCreatedMeanwhile(t *testing.T) {
+	// Scenario: an instance looks the input topic up and finds it missing (kgo caches that
+	// answer for MetadataMinAge, 5 s), another instance creates it, and the first one's
+	// CreateTopics says TOPIC_ALREADY_EXISTS: ensure describes it past the cache at once,
+	// with the creator's id and partitions, instead of seeing it missing for 5 s.
+	_, cfg := topicsCluster(t)
+	ctx := context.Background()
+	adm := topicsAdmin(t, cfg)
+	md, err := adm.Metadata(ctx, cfg.InputTopic)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d := md.Topics[cfg.InputTopic]; !errors.Is(d.Err, kerr.UnknownTopicOrPartition) {
+		t.Fatalf("before creating: topic error %v, want UNKNOWN_TOPIC_OR_PARTITION", d.Err)
+	}
+	created, err := topicsAdmin(t, cfg).CreateTopic(ctx, 5, 1, nil, cfg.InputTopic)
+	if err == nil {
+		err = created.Err
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	core, logs := observer.New(zapcore.DebugLevel)
+	start := time.Now()
+	info, err := ensure(ctx, adm, cfg, zap.New(core), cfg.InputTopic, 3, nil)
+	took := time.Since(start)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if took > 2*time.Second {
+		t.Errorf("ensure took %v on a topic created meanwhile, want well under a second", took)
+	}
+	if info.id != created.ID || info.partitions != 5 {
+		t.Errorf("ensure = id %s, %d partitions; want the creator's id %s, 5 partitions",
+			kadm.TopicID(info.id), info.partitions, created.ID)
+	}
+	if n := logs.FilterMessage("Created topic").Len(); n != 0 {
+		t.Errorf("ensure logged Created topic %d times for a topic another client created", n)
+	}
+}
+
+func TestEnsureTopicsRacing(t *testing.T) {
+	// Scenario: three instances of a new application start together. Every CreateTopics is
+	// held until all three have asked for the same topic, so each topic is created by one of
+	// them and the other two find it missing first and are answered TOPIC_ALREADY_EXISTS:
+	// all three learn the same topology in well under a second, not 5 s a topic.
+	const racers = 3
+	c, cfg := topicsCluster(t)
+	cfg.DLQTopic = "sales-dlq"
+
+	var mu sync.Mutex
+	asked := make(map[string]int)
+	all := make(map[string]chan struct{})
+	c.ControlKey(int16(kmsg.CreateTopics), func(kreq kmsg.Request) (kmsg.Response, error, bool) {
+		c.KeepControl()
+		req := kreq.(*kmsg.CreateTopicsRequest)
+		if len(req.Topics) != 1 {
+			return nil, nil, false
+		}
+		topic := req.Topics[0].Topic
+		mu.Lock()
+		asked[topic]++
+		n := asked[topic]
+		ch := all[topic]
+		if ch == nil {
+			ch = make(chan struct{})
+			all[topic] = ch
+		}
+		if n == racers {
+			close(ch)
+		}
+		mu.Unlock()
+		if n < racers {
+			c.SleepControl(func() {
+				select {
+				case <-ch:
+				case <-time.After(5 * time.Second): // a racer failed before creating
+				}
+			})
+		}
+		return nil, nil, false // the cluster handles it: one creates, the others are told it exists
+	})
+
+	adms := make([]*kadm.Client, racers)
+	for i := range adms {
+		adms[i] = topicsAdmin(t, cfg)
+	}
+	core, logs := observer.New(zapcore.DebugLevel)
+	topos := make([]topology, racers)
+	errs := make([]error, racers)
+	took := make([]time.Duration, racers)
+	var wg sync.WaitGroup
+	for i := range racers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+			defer cancel()
+			start := time.Now()
+			topos[i], errs[i] = ensureTopics(ctx, adms[i], cfg, zap.New(core).With(zap.Int("racer", i)))
+			took[i] = time.Since(start)
+		}()
+	}
+	wg.Wait()
+
+	for i := range racers {
+		if errs[i] != nil {
+			t.Fatalf("racer %d: %v", i, errs[i])
+		}
+		if took[i] > 2*time.Second {
+			t.Errorf("racer %d: ensureTopics took %v, want well under a second", i, took[i])
+		}
+		if topos[i] != topos[0] {
+			t.Errorf("racer %d: topology %+v, racer 0: %+v", i, topos[i], topos[0])
+		}
+	}
+	topics := []string{cfg.InputTopic, cfg.ChangelogTopic(), cfg.RepartitionTopic(), cfg.NotificationTopic, cfg.DLQTopic}
+	mu.Lock()
+	for _, topic := range topics {
+		// Not more: told TOPIC_ALREADY_EXISTS, a racer describes the topic, it does not
+		// ask again.
+		if asked[topic] != racers {
+			t.Errorf("CreateTopics for %s: %d, want %d (one per racer)", topic, asked[topic], racers)
+		}
+	}
+	mu.Unlock()
+	if n := logs.FilterMessage("Created topic").Len(); n != len(topics) {
+		t.Errorf("Created topic logged %d times, want %d (each topic once)", n, len(topics))
+	}
+	if topos[0].partitions != cfg.TopicsPartitions || topos[0].changelogID == [16]byte{} || topos[0].inputID == [16]byte{} {
+		t.Errorf("topology %+v: want %d partitions and the topic ids", topos[0], cfg.TopicsPartitions)
+	}
+}
+
+func TestEnsureTopicAlreadyExistsBounded(t *testing.T) {
+	// Scenario: CreateTopics says TOPIC_ALREADY_EXISTS but the broker never describes the
+	// topic. ensure does not ask again and again (it used to recurse without limit or
+	// pause): it retries the description a bounded number of times, logging at debug what
+	// it waits for, then fails with a retriable error, so prepareTopics starts over.
+	c, cfg := topicsCluster(t)
+	var mu sync.Mutex
+	creates := 0
+	c.ControlKey(int16(kmsg.CreateTopics), func(kreq kmsg.Request) (kmsg.Response, error, bool) {
+		c.KeepControl()
+		req := kreq.(*kmsg.CreateTopicsRequest)
+		mu.Lock()
+		creates++
+		mu.Unlock()
+		resp := req.ResponseKind().(*kmsg.CreateTopicsResponse)
+		resp.Version = req.Version
+		for _, rt := range req.Topics {
+			st := kmsg.NewCreateTopicsResponseTopic()
+			st.Topic = rt.Topic
+			st.ErrorCode = kerr.TopicAlreadyExists.Code
+			st.NumPartitions = -1
+			st.ReplicationFactor = -1
+			resp.Topics = append(resp.Topics, st)
+		}
+		return resp, nil, true
+	})
+
+	core, logs := observer.New(zapcore.DebugLevel)
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+	defer cancel()
+	start := time.Now()
+	_, err := ensure(ctx, topicsAdmin(t, cfg), cfg, zap.New(core), cfg.InputTopic, 3, nil)
+	took := time.Since(start)
+	if err == nil {
+		t.Fatal("ensure succeeded on a topic the broker never describes")
+	}
+	if !errors.Is(err, kerr.UnknownTopicOrPartition) || !strings.HasPrefix(err.Error(), "describing topic "+cfg.InputTopic+": ") {
+		t.Errorf("error %q: want describing topic %s: ... UNKNOWN_TOPIC_OR_PARTITION", err, cfg.InputTopic)
+	}
+	if !retriable(err) {
+		t.Errorf("error %v is not retriable: prepareTopics would give up", err)
+	}
+	if took > 5*time.Second {
+		t.Errorf("ensure gave up after %v, want about %v", took, 1400*time.Millisecond)
+	}
+	mu.Lock()
+	if creates != 1 {
+		t.Errorf("CreateTopics sent %d times, want 1", creates)
+	}
+	mu.Unlock()
+	waits := logs.FilterMessageSnippet("not described yet").FilterField(zap.String("topic", cfg.InputTopic))
+	if waits.Len() != alreadyExistsAttempts-1 {
+		t.Errorf("%d debug lines about waiting for %s, want %d", waits.Len(), cfg.InputTopic, alreadyExistsAttempts-1)
+	}
+	for _, e := range waits.All() {
+		if e.Level != zapcore.DebugLevel {
+			t.Errorf("waiting logged at %v, want debug", e.Level)
+		}
+	}
+}
