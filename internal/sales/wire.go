@@ -148,13 +148,18 @@ func (offs Offsets) With(topicID [16]byte, p int32, o int64) Offsets {
 	if topicID != ([16]byte{}) {
 		offs.TopicID = topicID
 	}
+	// Copy on write: offs may share its parts with an entry held elsewhere
+	// (a task's cache of committed entries), which must not change.
 	for i := range offs.Parts {
 		if offs.Parts[i].Partition == p {
+			offs.Parts = slices.Clone(offs.Parts)
 			offs.Parts[i].Offset = o
 			return offs
 		}
 	}
-	offs.Parts = append(offs.Parts, PartitionOffset{p, o})
+	parts := make([]PartitionOffset, len(offs.Parts), len(offs.Parts)+1)
+	copy(parts, offs.Parts)
+	offs.Parts = append(parts, PartitionOffset{p, o})
 	slices.SortFunc(offs.Parts, func(a, b PartitionOffset) int { return cmp.Compare(a.Partition, b.Partition) })
 	return offs
 }

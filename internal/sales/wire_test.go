@@ -3,6 +3,7 @@ package sales
 import (
 	"bytes"
 	"errors"
+	"reflect"
 	"slices"
 	"testing"
 )
@@ -175,5 +176,23 @@ func TestOffsetsAcrossTopicIDs(t *testing.T) {
 	}
 	if stored.Parts[0] != (PartitionOffset{0, 100}) {
 		t.Fatalf("With on a clone changed the original: %+v", stored)
+	}
+}
+
+func TestWithNeverChangesItsReceiver(t *testing.T) {
+	// Scenario: an entry's offsets shared with another holder (a cache of committed entries) are
+	// never changed by With on a copy, whether it updates a partition or adds one; changing them
+	// made a redelivered event after an aborted transaction look like a duplicate and be lost.
+	id := [16]byte{7}
+	held := Offsets{}.With(id, 0, 10).With(id, 2, 20)
+	want := held.Clone()
+	_ = held.With(id, 0, 11)
+	_ = held.With(id, 1, 15)
+	_ = held.With(id, 2, 21)
+	if !reflect.DeepEqual(held, want) {
+		t.Fatalf("With changed its receiver: %+v, want %+v", held, want)
+	}
+	if got := held.With(id, 0, 11); !got.Reflects(id, 0, 11) || got.Reflects(id, 0, 12) {
+		t.Fatalf("With(0, 11) = %+v", got)
 	}
 }

@@ -383,3 +383,48 @@ func TestFencedByTransactionTimeoutStartsANewSession(t *testing.T) {
 	}
 	equalTotals(t, "changelog", func() map[string]int64 { got, _, _ := h.changelog(h.cfg); return got }(), want)
 }
+
+func TestAbortedTransactionKeepsCachedEntries(t *testing.T) {
+	// Scenario: exactly-once, A runs the three tasks with their products' entries in its cache;
+	// events for the same products keep flowing while B and then C join: the rebalances abort
+	// A's open transactions, so the tasks A keeps fold the rewound input again. Every event is
+	// counted once: an aborted fold must leave no trace in the cached entries (a redelivery that
+	// looked already reflected would be lost).
+	h := newHarness(t)
+	h.createInput(3)
+	cfgA, cfgB, cfgC := h.cfg, h.cfg, h.cfg
+	cfgA.StateDir = filepath.Join(h.stateDir, "a")
+	cfgB.StateDir = filepath.Join(h.stateDir, "b")
+	cfgC.StateDir = filepath.Join(h.stateDir, "c")
+	a := h.start(cfgA)
+	a.waitReady()
+	want := spread(h, "c", 10, 1)
+	a.waitTotals(want)
+	stop := make(chan struct{})
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for round := 0; ; round++ {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			for p, v := range spread(h, "c", 10, 1) {
+				want[p] += v
+			}
+		}
+	}()
+	b := h.start(cfgB)
+	waitFor(t, 30*time.Second, "B to run a task", func() bool { return len(b.runningTasks()) > 0 })
+	c := h.start(cfgC)
+	waitFor(t, 30*time.Second, "C to run a task", func() bool { return len(c.runningTasks()) > 0 })
+	close(stop)
+	<-done
+	if a.logs.FilterMessageSnippet("Transaction aborted").Len() == 0 {
+		t.Fatal("no transaction of A aborted: the scenario did not exercise a rewound fold")
+	}
+	for _, in := range []*instance{a, b, c} {
+		in.waitTotals(want)
+	}
+}
