@@ -4,10 +4,10 @@ GO        ?= go
 BIN       ?= bin/salesagg
 export KAFKA_DIR ?= $(CURDIR)/.kafka
 
-.PHONY: help build test test-e2e run bench bench-compare bench-failover lint kafka-up kafka-down clean
+.PHONY: help build test test-browser test-e2e test-docker test-k8s test-k8s-rehearsal run bench bench-compare bench-failover lint kafka-up kafka-down clean
 
 help: ## list the targets
-	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-14s %s\n", $$1, $$2}'
+	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-19s %s\n", $$1, $$2}'
 
 build: ## build bin/salesagg (static)
 	CGO_ENABLED=0 $(GO) build -trimpath -o $(BIN) ./cmd/salesagg
@@ -15,9 +15,22 @@ build: ## build bin/salesagg (static)
 test: ## unit and component tests (in-process dev broker, real Pebble), with -race
 	$(GO) vet ./...
 	$(GO) test -race -count=1 -timeout 20m ./...
+	$(MAKE) test-k8s
+
+test-browser: ## the status page in headless Chromium (Debian's chromium at /usr/bin/chromium, or CHROMIUM=path)
+	$(GO) test -tags browser -count=1 -timeout 5m -run Browser -v ./internal/httpapi/
 
 test-e2e: ## end-to-end tests on a real Apache Kafka broker (Java 17 + Maven; or KAFKA_BOOTSTRAP_SERVERS)
 	$(GO) test -tags e2e -count=1 -timeout 40m ./test/e2e/
+
+test-docker: ## the image and the compose walkthrough on a dockerd of its own (root; installs docker.io, see test/docker)
+	$(GO) test -tags docker -count=1 -timeout 40m -v ./test/docker/
+
+test-k8s: ## Kubernetes manifests (deploy/k8s): render both overlays, decode strictly, check the wiring (module test/k8s)
+	cd test/k8s && $(GO) vet ./... && $(GO) test -count=1 ./...
+
+test-k8s-rehearsal: ## the prod StatefulSet as 3 local processes on Apache Kafka, rolled while events flow (Java 17 + Maven)
+	cd test/k8s && $(GO) test -tags e2e -count=1 -timeout 10m -run TestStatefulSetRehearsal -v ./...
 
 run: ## run the service on the embedded dev broker, state under ./data
 	./scripts/dev.sh
@@ -35,6 +48,8 @@ lint: ## gofmt and go vet
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || (gofmt -l $$(git ls-files '*.go'); exit 1)
 	$(GO) vet ./...
 	$(GO) vet -tags e2e ./test/e2e/
+	$(GO) vet -tags browser ./internal/httpapi/
+	cd test/k8s && $(GO) vet ./... && $(GO) vet -tags e2e ./...
 
 kafka-up: ## start a real Apache Kafka broker from Maven Central on loopback
 	./test/kafka/kafka.sh up

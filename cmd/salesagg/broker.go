@@ -10,6 +10,7 @@ import (
 	"github.com/spf13/pflag"
 	"go.uber.org/zap"
 
+	"github.com/salesagg/salesagg/internal/config"
 	"github.com/salesagg/salesagg/internal/devbroker"
 )
 
@@ -18,11 +19,11 @@ func runBroker(args []string) error {
 	dataDir := fs.String("data-dir", "./data/broker", "directory the broker persists to (empty: memory only)")
 	listen := fs.String("listen", "127.0.0.1:9092", "host:port to listen on")
 	level := fs.String("log.level", "info", "debug, info, warn or error")
-	format := fs.String("log.format", "", "json or console")
-	if err := fs.Parse(args); err != nil {
+	format := fs.String("log.format", "", "json or console (default: console on a terminal, json otherwise)")
+	if err := config.ParseFlags(fs, args); err != nil {
 		return usageError{err}
 	}
-	log, err := newLogger(*level, *format)
+	log, _, err := newLogger(*level, *format)
 	if err != nil {
 		return usageError{err}
 	}
@@ -38,5 +39,6 @@ func runBroker(args []string) error {
 	<-ctx.Done()
 	log.Info("Stopping embedded dev broker")
 	b.Close()
+	log.Info("Embedded dev broker stopped")
 	return nil
 }

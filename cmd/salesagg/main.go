@@ -5,6 +5,9 @@
 //	salesagg broker --data-dir DIR --listen ADDR   the embedded dev broker
 //	salesagg produce --file FILE [--topic T]       send key:value lines
 //	salesagg state inspect --state-dir DIR         offline view of the stores
+//	salesagg state verify --state-dir DIR          compare the stores with the changelog
+//	salesagg state reset --state-dir DIR --task T  wipe one task's store
+//	salesagg health [--url URL] [--timeout D]      probe /readyz: exit 0 on 200, else 1
 package main
 
 import (
@@ -35,6 +38,10 @@ Usage:
   salesagg broker [--data-dir DIR] [--listen ADDR]   run the embedded dev broker
   salesagg produce --file FILE [--topic T]           send key:value lines to Kafka
   salesagg state inspect --state-dir DIR             show the local stores (the service must be stopped)
+  salesagg state verify --state-dir DIR [--bootstrap.servers B]
+                                                     compare each stopped task's store with its changelog, key by key
+  salesagg state reset --state-dir DIR --task 0_N    wipe a task's store: the next start restores it from the changelog
+  salesagg health [--url URL] [--timeout D]          probe the service (default /readyz at http.addr): exit 0 on 200, else 1
 `
 
 func main() {
@@ -56,6 +63,12 @@ func run(args []string) int {
 		err = runProduce(args[1:])
 	case "state":
 		err = runState(args[1:])
+	case "log":
+		// Not in the usage: a helper for scripts/dev.sh's own lines.
+		err = runLog(args[1:])
+	case "health":
+		// Its own exit codes: Docker's HEALTHCHECK reserves 2.
+		return healthMain(args[1:])
 	case "help", "-h", "--help":
 		fmt.Fprint(os.Stdout, usage)
 		return exitOK

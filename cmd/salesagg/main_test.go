@@ -34,9 +34,11 @@ func TestMain(m *testing.M) {
 		os.Exit(1)
 	}
 	binary = filepath.Join(dir, "salesagg")
-	build := exec.Command("go", "build", "-race", "-o", binary, ".")
+	// The test build: -tags salesaggtest carries the crash-point hook
+	// (crashpoint_testbuild.go), which a release build has not.
+	build := exec.Command("go", "build", "-race", "-tags", "salesaggtest", "-o", binary, ".")
 	if os.Getenv("SALESAGGTEST_NORACE") != "" {
-		build = exec.Command("go", "build", "-o", binary, ".")
+		build = exec.Command("go", "build", "-tags", "salesaggtest", "-o", binary, ".")
 	}
 	build.Stdout, build.Stderr = os.Stderr, os.Stderr
 	if err := build.Run(); err != nil {

@@ -12,6 +12,8 @@ import (
 
 	"github.com/spf13/pflag"
 	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/salesagg/salesagg/internal/config"
 )
 
 // runProduce sends key:value lines as kafka-console-producer does with
@@ -22,7 +24,7 @@ func runProduce(args []string) error {
 	file := fs.String("file", "", "file of key:value lines ('-' for standard input)")
 	topic := fs.String("topic", "sales-events-v1", "topic to send to")
 	servers := fs.String("bootstrap.servers", defaultBootstrap(), "Kafka brokers, comma separated (env KAFKA_BOOTSTRAP_SERVERS)")
-	if err := fs.Parse(args); err != nil {
+	if err := config.ParseFlags(fs, args); err != nil {
 		return usageError{err}
 	}
 	if *file == "" {

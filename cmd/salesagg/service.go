@@ -3,11 +3,10 @@ package main
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"os/signal"
-	"strconv"
 	"strings"
-	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -20,31 +19,35 @@ import (
 	"github.com/salesagg/salesagg/internal/stream"
 )
 
-// crashPointEnv names a commit-cycle point at which the process kills itself
-// with SIGKILL, for crash tests: "POINT" or "POINT:N" (the Nth time).
-const crashPointEnv = "SALESAGGTEST_CRASH_POINT"
-
 func runService(args []string) error {
 	fs := pflag.NewFlagSet("run", pflag.ContinueOnError)
 	config.RegisterFlags(fs)
-	if err := fs.Parse(args); err != nil {
-		return usageError{err}
+	fs.SetOutput(os.Stdout) // --help
+	fs.Usage = func() {
+		fmt.Fprintf(fs.Output(), "Usage: salesagg run [--config FILE] [--KEY VALUE ...]\n\n"+
+			"Each key can also be set in the YAML file (--config) or as SALESAGG_<KEY> (dots as\n"+
+			"underscores, upper case); flags win over the environment, which wins over the file.\n\n%s",
+			fs.FlagUsages())
 	}
-	cfg, err := config.Load(fs, os.Environ())
+	// Flag problems (an unknown flag, a flag without its value) and
+	// configuration problems are reported together.
+	cfg, err := config.LoadArgs(fs, args, os.Environ())
+	if errors.Is(err, pflag.ErrHelp) {
+		return err
+	}
 	if err != nil {
 		return usageError{err}
 	}
-	log, err := newLogger(cfg.LogLevel, cfg.LogFormat)
+	log, format, err := newLogger(cfg.LogLevel, cfg.LogFormat)
 	if err != nil {
 		return usageError{err}
 	}
+	cfg.LogFormat = format
+	recent := httpapi.NewRecentLog(100, nil) // the status page's last warnings and errors
+	log = log.WithOptions(zap.WrapCore(recent.Tee))
 	defer func() { _ = log.Sync() }()
 
-	fields := []zap.Field{}
-	for _, k := range config.Keys() {
-		fields = append(fields, zap.Any(k, cfg.Fields()[k]))
-	}
-	log.Info("Starting salesagg", fields...)
+	logStart(log, cfg, format)
 	if cfg.StateDirUnderTemp() {
 		log.Warn("state.dir is under the OS temp dir: it may not survive a reboot, and a lost state dir means a full restore from the changelog",
 			zap.String("state.dir", cfg.StateDir))
@@ -57,7 +60,7 @@ func runService(args []string) error {
 	defer dir.Close()
 
 	rt := stream.New(cfg, log, dir, stream.Knobs{CrashPoint: crashPointFromEnv(log)})
-	srv, err := httpapi.Listen(cfg.HTTPAddr, rt, log)
+	srv, err := httpapi.Listen(cfg.HTTPAddr, rt, log, httpapi.WithRecentLog(recent))
 	if err != nil {
 		return err
 	}
@@ -83,23 +86,28 @@ func runService(args []string) error {
 	return errors.Join(runErr, httpErr)
 }
 
-func crashPointFromEnv(log *zap.Logger) func(string) {
-	spec := os.Getenv(crashPointEnv)
-	if spec == "" {
-		return nil
-	}
-	point, nth, _ := strings.Cut(spec, ":")
-	n, err := strconv.Atoi(nth)
-	if err != nil || n < 1 {
-		n = 1
-	}
-	var hits atomic.Int64
-	log.Warn("Crash point armed (testing only)", zap.String("point", point), zap.Int("nth", n))
-	return func(p string) {
-		if p == point && hits.Add(1) == int64(n) {
-			_ = log.Sync()
-			_ = syscall.Kill(os.Getpid(), syscall.SIGKILL)
-			select {} // the signal arrives; nothing after this point runs
+// logStart writes the start-up line with the effective configuration
+// (log.format as chosen, the password redacted). In JSON every key is a
+// field; in console, where one line of 30 keys is unreadable, a summary line
+// of what an operator checks first, and every key at debug level.
+func logStart(log *zap.Logger, cfg config.Config, format string) {
+	all := cfg.Fields()
+	fields := make([]zap.Field, 0, len(all))
+	for _, k := range config.Keys() {
+		if v, ok := all[k]; ok {
+			fields = append(fields, zap.Any(k, v))
 		}
 	}
+	if format == formatJSON {
+		log.Info("Starting salesagg", fields...)
+		return
+	}
+	instance := cfg.GroupInstanceID
+	if instance == "" {
+		instance = "derived from the state dir"
+	}
+	log.Info(fmt.Sprintf("Starting salesagg %s: %s at %s, %s, state in %s, HTTP on %s, group.instance.id %s (log.level debug lists every key)",
+		cfg.ApplicationID, cfg.InputTopic, strings.Join(cfg.BootstrapServers, ","), cfg.ProcessingGuarantee,
+		cfg.StateDir, cfg.HTTPAddr, instance))
+	log.Debug("Effective configuration", fields...)
 }

@@ -263,7 +263,9 @@ func Load(fs *pflag.FlagSet, environ []string) (Config, error) {
 		file.SetConfigFile(f.Value.String())
 		file.SetConfigType("yaml")
 		if err := file.ReadInConfig(); err != nil {
-			return Config{}, fmt.Errorf("config: reading %s: %w", f.Value.String(), err)
+			// Reported with the other problems: the environment's and the
+			// flags' are still worth knowing.
+			problems = append(problems, fmt.Errorf("config: reading %s: %w", f.Value.String(), err))
 		}
 		for _, name := range file.AllKeys() {
 			if !known(name) {

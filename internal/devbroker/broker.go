@@ -29,7 +29,8 @@ type Options struct {
 
 // Broker is a running embedded broker.
 type Broker struct {
-	c *kfake.Cluster
+	c     *kfake.Cluster
+	fixes *fixes
 }
 
 // Start starts the broker.
@@ -72,7 +73,7 @@ func Start(o Options) (*Broker, error) {
 	if err != nil {
 		return nil, fmt.Errorf("starting embedded broker on %s: %w", o.Listen, err)
 	}
-	return &Broker{c: c}, nil
+	return &Broker{c: c, fixes: installFixes(c, c.ListenAddrs()[0], o.Log)}, nil
 }
 
 // Addr returns the address clients bootstrap from.
@@ -82,7 +83,10 @@ func (b *Broker) Addr() string { return b.c.ListenAddrs()[0] }
 func (b *Broker) Compact() { b.c.Compact() }
 
 // Close stops the broker, persisting its state.
-func (b *Broker) Close() { b.c.Close() }
+func (b *Broker) Close() {
+	b.c.Close()
+	b.fixes.close()
+}
 
 type logger struct{ s *zap.SugaredLogger }
 

@@ -75,14 +75,14 @@ type Server struct {
 }
 
 // Listen binds addr (":0" picks a free port) and prepares the handlers.
-func Listen(addr string, b Backend, log *zap.Logger) (*Server, error) {
+func Listen(addr string, b Backend, log *zap.Logger, opts ...Option) (*Server, error) {
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		return nil, fmt.Errorf("listening on http.addr %s: %w", addr, err)
 	}
 	s := &Server{ln: ln, log: log}
 	s.srv = &http.Server{
-		Handler:           Handler(b),
+		Handler:           Handler(b, opts...),
 		ReadHeaderTimeout: 5 * time.Second,
 		ReadTimeout:       10 * time.Second,
 		WriteTimeout:      30 * time.Second,
@@ -120,7 +120,7 @@ func (s *Server) Shutdown(ctx context.Context) error {
 }
 
 // Handler returns the routes over b.
-func Handler(b Backend) http.Handler {
+func Handler(b Backend, opts ...Option) http.Handler {
 	mux := http.NewServeMux()
 	fwd := &http.Client{Timeout: forwardTimeout}
 	mux.HandleFunc("GET /v1/products/{product}", func(w http.ResponseWriter, r *http.Request) {
@@ -184,6 +184,7 @@ func Handler(b Backend) http.Handler {
 	mux.HandleFunc("GET /v1/instances", func(w http.ResponseWriter, _ *http.Request) {
 		writeJSON(w, http.StatusOK, map[string]any{"instances": b.Instances()})
 	})
+	mux.Handle("GET /{$}", newStatusPage(b, opts...)) // the status page, statuspage.go
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
 		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
 	})

@@ -20,7 +20,8 @@
 # Environment:
 #   KAFKA_DIR            broker state dir (default: <repo root>/.kafka)
 #   KAFKA_VERSION        Kafka version from Maven Central (default: 4.4.0)
-#   KAFKA_CACHE_DIR      jar cache (default: ${XDG_CACHE_HOME:-$HOME/.cache}/salesagg/kafka-$KAFKA_VERSION)
+#   KAFKA_CACHE_DIR      jar cache (default: ${XDG_CACHE_HOME:-$HOME/.cache}/salesagg/kafka-$KAFKA_VERSION-<pom.xml
+#                        checksum>: work trees with different pom.xml files do not refetch each other's jars)
 #   KAFKA_HEAP_OPTS      broker heap (default: -Xms128m -Xmx512m)
 #   KAFKA_JVM_OPTS       other broker JVM flags (default: G1 with short pauses; set empty for none)
 #   KAFKA_READY_TIMEOUT  seconds to wait for readiness (default: 90)
@@ -39,7 +40,9 @@ REPO_ROOT="$(cd "$SCRIPT_DIR/../.." && pwd)"
 KAFKA_VERSION="${KAFKA_VERSION:-4.4.0}"
 KAFKA_DIR="${KAFKA_DIR:-$REPO_ROOT/.kafka}"
 [[ "$KAFKA_DIR" == /* ]] || KAFKA_DIR="$PWD/$KAFKA_DIR"
-KAFKA_CACHE_DIR="${KAFKA_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/salesagg/kafka-$KAFKA_VERSION}"
+POM_SUM="$(cksum <"$SCRIPT_DIR/pom.xml")"
+POM_SUM="${POM_SUM%% *}"
+KAFKA_CACHE_DIR="${KAFKA_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/salesagg/kafka-$KAFKA_VERSION-$POM_SUM}"
 KAFKA_HEAP_OPTS="${KAFKA_HEAP_OPTS:--Xms128m -Xmx512m}"
 KAFKA_JVM_OPTS="${KAFKA_JVM_OPTS--XX:+UseG1GC -XX:MaxGCPauseMillis=20 -XX:InitiatingHeapOccupancyPercent=35 -XX:+ExplicitGCInvokesConcurrent -Djava.awt.headless=true}"
 KAFKA_READY_TIMEOUT="${KAFKA_READY_TIMEOUT:-90}"

@@ -1,0 +1,120 @@
+package config
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+
+	"github.com/spf13/pflag"
+)
+
+// ParseFlags parses args into fs as fs.Parse does, but reports every problem
+// at once instead of stopping at the first, so that they can be reported
+// together with the configuration's own (Load):
+//
+//   - an unknown flag, pointing to "salesagg <fs.Name()> --help";
+//   - a flag missing its value: at the end of args, or followed by another
+//     flag ("--notification.threshold --http.addr :1" is an error naming
+//     --notification.threshold, not a threshold of "--http.addr"). A value
+//     that starts with "--" can be given as --key=--value; a negative number
+//     ("--commit.interval.ms -5") is a value;
+//   - a positional argument (no subcommand takes one).
+//
+// --help and -h print fs's usage and return pflag.ErrHelp.
+func ParseFlags(fs *pflag.FlagSet, args []string) error {
+	hint := fmt.Sprintf("salesagg %s --help", fs.Name())
+	var problems []error
+	var unknown []string
+	for i := 0; i < len(args); i++ {
+		arg := args[i]
+		if arg == "--help" || arg == "-h" {
+			if fs.Usage != nil {
+				fs.Usage()
+			} else {
+				fmt.Fprintf(fs.Output(), "Usage of salesagg %s:\n", fs.Name())
+				fs.PrintDefaults()
+			}
+			return pflag.ErrHelp
+		}
+		if arg == "--" {
+			for _, rest := range args[i+1:] {
+				problems = append(problems, fmt.Errorf("unexpected argument %q: salesagg %s takes only flags (%s)", rest, fs.Name(), hint))
+			}
+			break
+		}
+		var f *pflag.Flag
+		var name string
+		switch {
+		case strings.HasPrefix(arg, "--"):
+			name = strings.TrimPrefix(arg, "--")
+		case len(arg) > 1 && arg[0] == '-':
+			name = arg[1:]
+		default:
+			problems = append(problems, fmt.Errorf("unexpected argument %q: salesagg %s takes only flags, each with its value (%s)", arg, fs.Name(), hint))
+			continue
+		}
+		name, value, hasValue := strings.Cut(name, "=")
+		if strings.HasPrefix(arg, "--") {
+			f = fs.Lookup(name)
+		} else if len(name) == 1 {
+			f = fs.ShorthandLookup(name)
+		}
+		if f == nil {
+			unknown = append(unknown, arg)
+			// Skip its value too, so that it is not taken for an
+			// argument of its own.
+			if !hasValue && i+1 < len(args) && !isFlag(args[i+1]) {
+				i++
+			}
+			continue
+		}
+		if !hasValue {
+			switch {
+			case f.NoOptDefVal != "":
+				value = f.NoOptDefVal
+			case i+1 >= len(args):
+				problems = append(problems, fmt.Errorf("flag --%s needs a value (%s)", f.Name, f.Usage))
+				continue
+			case isFlag(args[i+1]):
+				problems = append(problems, fmt.Errorf("flag --%s needs a value, but %s follows it (write --%s=VALUE for a value that starts with '-')", f.Name, args[i+1], f.Name))
+				continue
+			default:
+				i++
+				value = args[i]
+			}
+		}
+		if err := fs.Set(f.Name, value); err != nil {
+			problems = append(problems, fmt.Errorf("flag --%s = %q: %v", f.Name, value, err))
+		}
+	}
+	if len(unknown) == 1 {
+		problems = append(problems, fmt.Errorf("unknown flag %s (%s lists the flags)", unknown[0], hint))
+	} else if len(unknown) > 1 {
+		problems = append(problems, fmt.Errorf("unknown flags %s (%s lists the flags)", strings.Join(unknown, ", "), hint))
+	}
+	return errors.Join(problems...)
+}
+
+// isFlag reports whether arg is a flag rather than a value: it starts with
+// "--", or is "-" and a letter (not a negative number).
+func isFlag(arg string) bool {
+	if strings.HasPrefix(arg, "--") {
+		return true
+	}
+	return len(arg) > 1 && arg[0] == '-' && (arg[1] < '0' || arg[1] > '9') && arg[1] != '.'
+}
+
+// LoadArgs parses args into fs (ParseFlags, fs holding RegisterFlags' flags)
+// and loads the configuration (Load), reporting the problems of both in one
+// error. --help gives pflag.ErrHelp alone.
+func LoadArgs(fs *pflag.FlagSet, args, environ []string) (Config, error) {
+	parseErr := ParseFlags(fs, args)
+	if errors.Is(parseErr, pflag.ErrHelp) {
+		return Config{}, parseErr
+	}
+	c, err := Load(fs, environ)
+	if err := errors.Join(parseErr, err); err != nil {
+		return Config{}, err
+	}
+	return c, nil
+}

@@ -1,0 +1,387 @@
+//go:build browser
+
+// The status page in a real browser: headless Chromium (Debian's chromium
+// package, /usr/bin/chromium, or $CHROMIUM) driven by chromedp over a pipe,
+// against a real runtime on the in-process kfake broker. Run with
+// `make test-browser`; screenshots go to $SALESAGG_ARTIFACTS (or the test's
+// temporary dir) and their paths are logged.
+package httpapi_test
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"net/url"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/chromedp/chromedp"
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+	"go.uber.org/zap/zaptest"
+
+	"github.com/salesagg/salesagg/internal/config"
+	"github.com/salesagg/salesagg/internal/httpapi"
+	"github.com/salesagg/salesagg/internal/sales"
+	"github.com/salesagg/salesagg/internal/state"
+	"github.com/salesagg/salesagg/internal/stream"
+)
+
+func waitFor(t *testing.T, timeout time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %s waiting for %s", timeout, what)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+func productOn(prefix string, p, n int32) string {
+	for i := 0; ; i++ {
+		name := fmt.Sprintf("%s%d", prefix, i)
+		if sales.Partition([]byte(name), n) == p {
+			return name
+		}
+	}
+}
+
+// slowChangelogFetches makes every fetch of changelog partition p return
+// one record batch at most, 300 ms late, so that its restore takes seconds
+// and shows a moving progress bar. The restore consumer has a connection of
+// its own, so nothing else waits.
+func slowChangelogFetches(c *kfake.Cluster, topic string, p int32) {
+	id := c.TopicInfo(topic).TopicID // not from the control function: it runs on the cluster's goroutine
+	c.ControlKey(int16(kmsg.Fetch), func(kreq kmsg.Request) (kmsg.Response, error, bool) {
+		c.KeepControl()
+		req := kreq.(*kmsg.FetchRequest)
+		slow := false
+		for i := range req.Topics {
+			rt := &req.Topics[i]
+			if rt.Topic != topic && rt.TopicID != id {
+				continue
+			}
+			for j := range rt.Partitions {
+				if rt.Partitions[j].Partition == p {
+					rt.Partitions[j].PartitionMaxBytes = 1
+					slow = true
+				}
+			}
+		}
+		if slow {
+			req.MaxBytes = 1
+			c.SleepControl(func() { time.Sleep(300 * time.Millisecond) })
+		}
+		return nil, nil, false
+	})
+}
+
+func chromium(t *testing.T) string {
+	if p := os.Getenv("CHROMIUM"); p != "" {
+		return p
+	}
+	const p = "/usr/bin/chromium"
+	if _, err := os.Stat(p); err != nil {
+		t.Fatalf("%s is missing (apt-get install -y chromium, or set CHROMIUM): %v", p, err)
+	}
+	return p
+}
+
+func artifactDir(t *testing.T) string {
+	if d := os.Getenv("SALESAGG_ARTIFACTS"); d != "" {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		return d
+	}
+	return t.TempDir()
+}
+
+// eval runs JavaScript in the page and returns its value.
+func eval[T any](t *testing.T, ctx context.Context, js string) T {
+	t.Helper()
+	v, err := chromedp.Run(ctx, chromedp.Evaluate[T](js))
+	if err != nil {
+		t.Fatalf("evaluating %s: %v", js, err)
+	}
+	return v
+}
+
+// waitJS polls a JavaScript condition in the page.
+func waitJS(t *testing.T, ctx context.Context, timeout time.Duration, what, js string) {
+	t.Helper()
+	waitFor(t, timeout, what, func() bool {
+		ok, err := chromedp.Run(ctx, chromedp.Evaluate[bool](js))
+		return err == nil && ok
+	})
+}
+
+type restoreBar struct {
+	Present bool    `json:"present"`
+	Value   float64 `json:"value"`
+	Max     float64 `json:"max"`
+	Determ  bool    `json:"determinate"`
+	Text    string  `json:"text"`
+}
+
+func bar(t *testing.T, ctx context.Context, task string) restoreBar {
+	t.Helper()
+	js := fmt.Sprintf(`(function () {
+		var row = document.querySelector('tr[data-task="%s"][data-role="active"]');
+		var p = row && row.querySelector("progress");
+		if (!p) { return {present: false, value: 0, max: 0, determinate: false, text: row ? row.innerText : ""}; }
+		return {present: true, value: p.position < 0 ? 0 : p.value, max: p.max, determinate: p.hasAttribute("value"), text: row.innerText};
+	})()`, task)
+	return eval[restoreBar](t, ctx, js)
+}
+
+func TestBrowserStatusPage(t *testing.T) {
+	// Scenario: with task 0_1's restore held and 0_2 restoring a 2,000-record changelog slowly, the
+	// status page in headless Chromium loads with no console error or exception, lists the three
+	// tasks, shows an indeterminate bar for 0_1 and a determinate one for 0_2 that moves as the page
+	// refreshes itself (with a rate and an ETA), escapes a hostile product name, fits a phone's
+	// width, and once the restores end shows every task running and the instance ready.
+	start := time.Now()
+	cluster, err := kfake.NewCluster(kfake.NumBrokers(1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(cluster.Close)
+	addr := cluster.ListenAddrs()[0]
+
+	cfg := config.Default()
+	cfg.BootstrapServers = []string{addr}
+	cfg.StateDir = t.TempDir()
+	cfg.CommitInterval = 100 * time.Millisecond
+	cfg.HTTPAddr = "127.0.0.1:0"
+	cfg.ApplicationID = "salesagg-browser"
+
+	cl, err := kgo.NewClient(kgo.SeedBrokers(addr), kgo.RecordPartitioner(kgo.ManualPartitioner()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(cl.Close)
+	adm := kadm.NewClient(cl)
+	ctx := context.Background()
+	if _, err := adm.CreateTopic(ctx, 3, 1, nil, cfg.InputTopic); err != nil {
+		t.Fatal(err)
+	}
+	compact := "compact"
+	if _, err := adm.CreateTopic(ctx, 3, 1, map[string]*string{"cleanup.policy": &compact}, cfg.ChangelogTopic()); err != nil {
+		t.Fatal(err)
+	}
+	// A changelog for task 0_2 as an earlier instance left it: 2,000 totals in 40 batches.
+	for b := range 40 {
+		var recs []*kgo.Record
+		for i := range 50 {
+			p := productOn(fmt.Sprintf("sku-%02d-%02d-", b, i), 2, 3)
+			recs = append(recs, &kgo.Record{Topic: cfg.ChangelogTopic(), Partition: 2, Key: []byte(p), Value: sales.EncodeTotal(int64(100 + b*50 + i))})
+		}
+		if err := cl.ProduceSync(ctx, recs...).FirstErr(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	slowChangelogFetches(cluster, cfg.ChangelogTopic(), 2)
+
+	// The runtime, its log teed into the status page's ring as the service does.
+	recent := httpapi.NewRecentLog(100, zapcore.WarnLevel)
+	log := zaptest.NewLogger(t, zaptest.Level(zapcore.WarnLevel)).WithOptions(zap.WrapCore(recent.Tee))
+	dir, err := state.OpenDir(cfg.StateDir, cfg.ApplicationID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	gate := make(chan struct{})
+	var open sync.Once
+	release := func() { open.Do(func() { close(gate) }) }
+	rt := stream.New(cfg, log, dir, stream.Knobs{BeforeRestore: func(ctx context.Context, p int32) {
+		if p == 1 {
+			select {
+			case <-gate:
+			case <-ctx.Done():
+			}
+		}
+	}})
+	srv := httptest.NewServer(httpapi.Handler(rt, httpapi.WithRecentLog(recent)))
+	rt.Advertise(srv.Listener.Addr().String())
+	runCtx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- rt.Run(runCtx) }()
+	t.Cleanup(func() {
+		release()
+		stop()
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Errorf("runtime: %v", err)
+			}
+		case <-time.After(stream.GracePeriod + 10*time.Second):
+			t.Error("runtime did not stop")
+		}
+		srv.Close()
+		_ = dir.Close()
+	})
+
+	// Events: the sample file, a hostile product name, a bad event.
+	hostile := productOn(`<img src=x onerror="window.pwned=1">&`, 0, 3)
+	var recs []*kgo.Record
+	f, err := os.Open(filepath.Join("..", "..", "sample_events.txt"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		if k, v, ok := strings.Cut(sc.Text(), ":"); ok {
+			recs = append(recs, &kgo.Record{Topic: cfg.InputTopic, Partition: sales.Partition([]byte(k), 3), Key: []byte(k), Value: []byte(v)})
+		}
+	}
+	f.Close()
+	hv, _ := json.Marshal(map[string]any{"product": hostile, "value": 20000})
+	recs = append(recs,
+		&kgo.Record{Topic: cfg.InputTopic, Partition: 0, Key: []byte(hostile), Value: hv},
+		&kgo.Record{Topic: cfg.InputTopic, Partition: 0, Key: []byte("bad"), Value: []byte("not json")})
+	if err := cl.ProduceSync(ctx, recs...).FirstErr(); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 30*time.Second, "the hostile product's total", func() bool {
+		resp, err := http.Get(srv.URL + "/v1/products/" + url.PathEscape(hostile))
+		if err != nil {
+			return false
+		}
+		resp.Body.Close()
+		return resp.StatusCode == http.StatusOK
+	})
+
+	// The browser: a fresh profile, no network but loopback.
+	opts := append(chromedp.DefaultExecAllocatorOptions[:],
+		chromedp.ExecPath(chromium(t)),
+		chromedp.NoSandbox,
+		chromedp.DisableGPU,
+		chromedp.Flag("disable-quic", true),
+		chromedp.Flag("disable-component-update", true),
+		chromedp.Flag("disable-background-networking", true),
+		chromedp.Flag("disable-sync", true),
+		chromedp.UserDataDir(t.TempDir()),
+		chromedp.WindowSize(1280, 900),
+	)
+	allocCtx, cancelAlloc := chromedp.NewExecAllocator(ctx, opts...)
+	defer cancelAlloc()
+	bctx, cancelBrowser := chromedp.NewContext(allocCtx)
+	defer cancelBrowser()
+	bctx, cancelTimeout := context.WithTimeout(bctx, 90*time.Second)
+	defer cancelTimeout()
+
+	var mu sync.Mutex
+	var problems []string
+	listenCtx, stopListening := context.WithCancel(bctx)
+	msgs := chromedp.Console(listenCtx)
+	listened := make(chan struct{})
+	go func() {
+		defer close(listened)
+		for m, err := range msgs {
+			if err != nil {
+				return
+			}
+			t.Logf("browser console: %s", m)
+			if m.Type == chromedp.ConsoleError || m.IsException() {
+				mu.Lock()
+				problems = append(problems, m.String()+" at "+m.URL)
+				mu.Unlock()
+			}
+		}
+	}()
+	noProblems := func(when string) {
+		t.Helper()
+		mu.Lock()
+		defer mu.Unlock()
+		if len(problems) > 0 {
+			t.Fatalf("console errors %s:\n%s", when, strings.Join(problems, "\n"))
+		}
+	}
+
+	if err := chromedp.Do(bctx, chromedp.Navigate(srv.URL+"/"), chromedp.WaitVisible("#tasks")); err != nil {
+		t.Fatal(err)
+	}
+	for _, task := range []string{"0_0", "0_1", "0_2"} {
+		waitJS(t, bctx, 10*time.Second, "task "+task+" listed",
+			fmt.Sprintf(`!!document.querySelector('#tasks tr[data-task="%s"][data-role="active"]')`, task))
+	}
+	if b := bar(t, bctx, "0_1"); !b.Present || b.Determ {
+		t.Fatalf("0_1 (held) has no indeterminate progress bar: %+v", b)
+	}
+	// 0_2 restores slowly: its bar has a range and moves while the page refreshes itself.
+	var first restoreBar
+	waitFor(t, 20*time.Second, "a determinate bar for 0_2", func() bool {
+		first = bar(t, bctx, "0_2")
+		return first.Present && first.Determ && first.Max > 0 && first.Value > 0
+	})
+	var moved restoreBar
+	waitFor(t, 20*time.Second, "0_2's bar to move, with a rate and an ETA", func() bool {
+		moved = bar(t, bctx, "0_2")
+		return moved.Present && moved.Value > first.Value && strings.Contains(moved.Text, "ETA") && !strings.Contains(moved.Text, "measuring")
+	})
+	t.Logf("0_2 restore bar: %.0f then %.0f of %.0f: %q", first.Value, moved.Value, moved.Max, moved.Text)
+
+	// Content: readiness, members, the hostile product as text only, the bad event's warning.
+	text := eval[string](t, bctx, `document.body.innerText`)
+	for _, want := range []string{"not ready", "task 0_1 is restoring", rt.InstanceID(), srv.Listener.Addr().String(), hostile, "Skipping bad event", "20,000"} {
+		if !strings.Contains(text, want) {
+			t.Errorf("page text lacks %q", want)
+		}
+	}
+	if eval[bool](t, bctx, `!!document.querySelector("main img") || window.pwned === 1`) {
+		t.Fatal("the hostile product name became markup")
+	}
+	noProblems("while restoring")
+
+	dirOut := artifactDir(t)
+	shot, err := chromedp.Run(bctx, chromedp.FullScreenshot(100))
+	if err != nil {
+		t.Fatal(err)
+	}
+	desktop := filepath.Join(dirOut, "status-page.png")
+	if err := os.WriteFile(desktop, shot, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("screenshot: %s", desktop)
+
+	// A phone: nothing wider than the screen.
+	if err := chromedp.Do(bctx, chromedp.EmulateViewport(390, 844, chromedp.EmulateScale(2), chromedp.EmulateMobile)); err != nil {
+		t.Fatal(err)
+	}
+	waitJS(t, bctx, 5*time.Second, "the page to fit 390 px", `document.documentElement.scrollWidth <= window.innerWidth + 1`)
+	if shot, err = chromedp.Run(bctx, chromedp.FullScreenshot(100)); err != nil {
+		t.Fatal(err)
+	}
+	phone := filepath.Join(dirOut, "status-page-phone.png")
+	if err := os.WriteFile(phone, shot, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("phone screenshot: %s", phone)
+	if err := chromedp.Do(bctx, chromedp.EmulateViewport(1280, 900)); err != nil {
+		t.Fatal(err)
+	}
+
+	// Released, the restores end; the refreshed page shows it without a reload.
+	release()
+	waitJS(t, bctx, 30*time.Second, "every task running and the instance ready",
+		`document.querySelectorAll('#tasks tr[data-state="running"]').length === 3 && document.querySelector("#readiness").textContent === "ready" && !document.querySelector("progress")`)
+	if nav := eval[float64](t, bctx, `performance.getEntriesByType("navigation").length`); nav != 1 {
+		t.Fatalf("%v navigations: the page reloaded instead of refreshing in place", nav)
+	}
+	noProblems("after the restores")
+	stopListening()
+	<-listened
+	t.Logf("browser test took %s", time.Since(start).Round(time.Millisecond))
+}
