@@ -49,6 +49,7 @@ lint: ## gofmt and go vet
 	$(GO) vet ./...
 	$(GO) vet -tags e2e ./test/e2e/
 	$(GO) vet -tags browser ./internal/httpapi/
+	$(GO) vet -tags docker ./test/docker/
 	cd test/k8s && $(GO) vet ./... && $(GO) vet -tags e2e ./...
 
 kafka-up: ## start a real Apache Kafka broker from Maven Central on loopback
