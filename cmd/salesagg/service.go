@@ -47,6 +47,10 @@ func runService(args []string) error {
 	log = log.WithOptions(zap.WrapCore(recent.Tee))
 	defer func() { _ = log.Sync() }()
 
+	// Signals are caught from the first line on: a SIGTERM right after the
+	// start-up line stops the service cleanly instead of killing it.
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
 	logStart(log, cfg, format)
 	if cfg.StateDirUnderTemp() {
 		log.Warn("state.dir is under the OS temp dir: it may not survive a reboot, and a lost state dir means a full restore from the changelog",
@@ -68,8 +72,6 @@ func runService(args []string) error {
 	httpDone := make(chan error, 1)
 	go func() { httpDone <- srv.Serve() }()
 
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
-	defer stop()
 	go func() {
 		<-ctx.Done()
 		log.Info("Shutdown requested: flushing, checkpointing and leaving the group", zap.Duration("grace", stream.GracePeriod))
