@@ -72,6 +72,14 @@ func harnessOn(t testing.TB, c *kfake.Cluster, addr string) *harness {
 	return h
 }
 
+// instanceCfg is the harness config with a state dir of its own, for one of
+// several instances of a test.
+func (h *harness) instanceCfg(name string) config.Config {
+	c := h.cfg
+	c.StateDir = filepath.Join(h.stateDir, name)
+	return c
+}
+
 // client returns a plain client on the broker, closed at the end of the test
 // (before the broker: closing the broker first leaves ghost members).
 func (h *harness) client(opts ...kgo.Opt) *kgo.Client {

@@ -51,9 +51,7 @@ func TestDashboardUsesOnlyScrapedMetrics(t *testing.T) {
 	h := newHarness(t)
 	h.createInput(3)
 	h.cfg.NumStandbyReplicas = 1
-	cfgA, cfgB := h.cfg, h.cfg
-	cfgA.StateDir = filepath.Join(h.stateDir, "a")
-	cfgB.StateDir = filepath.Join(h.stateDir, "b")
+	cfgA, cfgB := h.instanceCfg("a"), h.instanceCfg("b")
 	a := h.start(cfgA)
 	a.waitReady()
 	b := h.start(cfgB)

@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
-	"path/filepath"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -78,9 +77,7 @@ func TestStandbyTailsServesAndIsPromoted(t *testing.T) {
 	h := newHarness(t)
 	h.createInput(3)
 	h.cfg.NumStandbyReplicas = 1
-	cfgA, cfgB := h.cfg, h.cfg
-	cfgA.StateDir = filepath.Join(h.stateDir, "a")
-	cfgB.StateDir = filepath.Join(h.stateDir, "b")
+	cfgA, cfgB := h.instanceCfg("a"), h.instanceCfg("b")
 	a := h.start(cfgA)
 	a.waitReady()
 	b := h.start(cfgB)
@@ -193,9 +190,7 @@ func TestWarmupTakesOverOnceCaughtUp(t *testing.T) {
 	h.createInput(3)
 	h.cfg.AcceptableRecoveryLag = 100
 	h.cfg.ProbingRebalanceInterval = time.Hour // only the warm-up's own rejoin can move the task
-	cfgA, cfgB := h.cfg, h.cfg
-	cfgA.StateDir = filepath.Join(h.stateDir, "a")
-	cfgB.StateDir = filepath.Join(h.stateDir, "b")
+	cfgA, cfgB := h.instanceCfg("a"), h.instanceCfg("b")
 	a := h.start(cfgA)
 	a.waitReady()
 	want := spread(h, "w", 200, 2) // 1,200 events: ~400 changelog records per task
@@ -248,9 +243,7 @@ func TestStandbyAnswersWhileTheOwnerRestores(t *testing.T) {
 	h := newHarness(t)
 	h.createInput(3)
 	h.cfg.NumStandbyReplicas = 1
-	cfgA, cfgB := h.cfg, h.cfg
-	cfgA.StateDir = filepath.Join(h.stateDir, "a")
-	cfgB.StateDir = filepath.Join(h.stateDir, "b")
+	cfgA, cfgB := h.instanceCfg("a"), h.instanceCfg("b")
 	a := h.start(cfgA)
 	a.waitReady()
 	b := h.start(cfgB)
@@ -392,10 +385,7 @@ func TestAbortedTransactionKeepsCachedEntries(t *testing.T) {
 	// looked already reflected would be lost).
 	h := newHarness(t)
 	h.createInput(3)
-	cfgA, cfgB, cfgC := h.cfg, h.cfg, h.cfg
-	cfgA.StateDir = filepath.Join(h.stateDir, "a")
-	cfgB.StateDir = filepath.Join(h.stateDir, "b")
-	cfgC.StateDir = filepath.Join(h.stateDir, "c")
+	cfgA, cfgB, cfgC := h.instanceCfg("a"), h.instanceCfg("b"), h.instanceCfg("c")
 	a := h.start(cfgA)
 	a.waitReady()
 	want := spread(h, "c", 10, 1)
