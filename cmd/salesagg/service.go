@@ -64,7 +64,7 @@ func runService(args []string) error {
 	defer dir.Close()
 
 	rt := stream.New(cfg, log, dir, stream.Knobs{CrashPoint: crashPointFromEnv(log)})
-	srv, err := httpapi.Listen(cfg.HTTPAddr, rt, log, httpapi.WithRecentLog(recent))
+	srv, err := httpapi.Listen(cfg.HTTPAddr, rt, log, httpapi.WithRecentLog(recent), httpapi.WithPprof(cfg.HTTPPprof))
 	if err != nil {
 		return err
 	}

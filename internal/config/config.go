@@ -44,6 +44,9 @@ type Config struct {
 	TopicsPartitions      int32
 	ReplicationFactor     int16
 	HTTPAddr              string
+	// HTTPPprof serves Go's profiles (net/http/pprof) under /debug/pprof/
+	// on the HTTP server.
+	HTTPPprof bool
 	// ApplicationServer is the host:port other instances reach this one's
 	// HTTP server at; empty means derived (AdvertisedServer).
 	ApplicationServer string
@@ -194,6 +197,7 @@ var keys = []keyDef{
 	{"topics.partitions", kindInt, "3", "partitions of a created input topic"},
 	{"replication.factor", kindInt, "1", "replication factor of created topics (-1: the broker's default)"},
 	{"http.addr", kindString, ":8080", "address of the HTTP server (queries, tasks, health)"},
+	{"http.pprof", kindBool, "false", "serve Go's runtime profiles (CPU, heap, goroutines) under /debug/pprof/ on the HTTP server"},
 	{"application.server", kindString, "", "host:port other instances reach this one's HTTP server at, advertised in the group for query routing (default: the host name and the port of http.addr; the pod DNS name on Kubernetes)"},
 	{"security.protocol", kindString, ProtocolPlaintext, "PLAINTEXT, SSL, SASL_PLAINTEXT or SASL_SSL"},
 	{"sasl.mechanism", kindString, "PLAIN", "PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512"},
@@ -430,6 +434,7 @@ func decode(v *viper.Viper) (Config, map[string]bool, []error) {
 	c.TopicsPartitions = int32(integer("topics.partitions", 1, 10_000))
 	c.ReplicationFactor = int16(integer("replication.factor", -1, math.MaxInt16))
 	c.HTTPAddr = str("http.addr")
+	c.HTTPPprof = boolean("http.pprof")
 	if v.IsSet("application.server") {
 		c.ApplicationServer = str("application.server")
 	}
@@ -618,6 +623,7 @@ func (c Config) Fields() map[string]any {
 		"topics.partitions":             c.TopicsPartitions,
 		"replication.factor":            c.ReplicationFactor,
 		"http.addr":                     c.HTTPAddr,
+		"http.pprof":                    c.HTTPPprof,
 		"application.server":            c.ApplicationServer,
 		"dlq.topic":                     c.DLQTopic,
 		"security.protocol":             c.Security.Protocol,

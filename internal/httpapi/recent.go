@@ -178,6 +178,12 @@ type Option func(*options)
 
 type options struct {
 	recent *RecentLog
+	pprof  bool
+}
+
+// WithPprof serves net/http/pprof's handlers under /debug/pprof/.
+func WithPprof(on bool) Option {
+	return func(o *options) { o.pprof = on }
 }
 
 // WithRecentLog shows the entries of log on the status page, under "last

@@ -10,6 +10,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/http/pprof"
 	"net/url"
 	"sort"
 	"strconv"
@@ -197,6 +198,19 @@ func Handler(b Backend, opts ...Option) http.Handler {
 		writeJSON(w, code, map[string]any{"ready": ready, "reason": reason})
 	})
 	mux.Handle("GET /metrics", metricsHandler(b))
+	var o options
+	for _, opt := range opts {
+		opt(&o)
+	}
+	if o.pprof {
+		// Profiles are bounded by the server's WriteTimeout (30 s): a CPU
+		// profile asks for at most ?seconds=29.
+		mux.HandleFunc("GET /debug/pprof/", pprof.Index)
+		mux.HandleFunc("GET /debug/pprof/cmdline", pprof.Cmdline)
+		mux.HandleFunc("GET /debug/pprof/profile", pprof.Profile)
+		mux.HandleFunc("GET /debug/pprof/symbol", pprof.Symbol)
+		mux.HandleFunc("GET /debug/pprof/trace", pprof.Trace)
+	}
 	return http.MaxBytesHandler(mux, 1<<20)
 }
 

@@ -3,6 +3,7 @@ package httpapi
 import (
 	"bufio"
 	"context"
+	"io"
 	"net"
 	"net/http"
 	"strings"
@@ -111,5 +112,32 @@ func TestShutdownWithAConnectionThatSentNothing(t *testing.T) {
 	_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
 	if _, err := c.Read(make([]byte, 1)); err == nil {
 		t.Fatal("the idle connection is still open after the shutdown")
+	}
+}
+
+func TestPprofOnlyWhenEnabled(t *testing.T) {
+	// Scenario: with http.pprof on, a CPU profile and a heap profile can be fetched under
+	// /debug/pprof/; with it off (the default) the paths are not served.
+	for _, on := range []bool{false, true} {
+		s, err := Listen("127.0.0.1:0", idle{}, zap.NewNop(), WithPprof(on))
+		if err != nil {
+			t.Fatal(err)
+		}
+		go func() { _ = s.Serve() }()
+		for _, path := range []string{"/debug/pprof/", "/debug/pprof/heap", "/debug/pprof/profile?seconds=1"} {
+			resp, err := http.Get("http://" + s.Addr() + path)
+			if err != nil {
+				t.Fatal(err)
+			}
+			body, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			switch {
+			case on && (resp.StatusCode != http.StatusOK || len(body) == 0):
+				t.Errorf("pprof on: GET %s = %d, %d bytes", path, resp.StatusCode, len(body))
+			case !on && resp.StatusCode != http.StatusNotFound:
+				t.Errorf("pprof off: GET %s = %d, want 404", path, resp.StatusCode)
+			}
+		}
+		_ = s.Shutdown(t.Context())
 	}
 }
