@@ -3,6 +3,8 @@
 # consumer, on one real Kafka broker (test/kafka/kafka.sh, in a temp dir, stopped at the end).
 #
 # Usage: bench/compare.sh [flags]          e.g. bench/compare.sh --events 20000 --products 2000
+#        bench/compare.sh --products 100000,1000000 --systems salesagg --profile
+#                                          two data sets, a growth table, CPU/heap profiles
 #        bench/compare.sh --help           lists the flags
 #
 # Same as `go run ./bench/compare [flags]` from the repository root, except that the harness is

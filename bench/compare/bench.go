@@ -82,80 +82,123 @@ func benchmark(ctx context.Context, o options) (err error) {
 		defer func() { deleteRunTopics(e.addr, e.prefix, groups) }()
 	}
 
-	// Data.
-	topic := e.prefix + "-sales-events"
-	logf("producing %d events over %d products (seed %d) into %s (%d partitions) at %s", o.events, o.products, o.seed, topic, o.partitions, e.addr)
-	e.data, err = generate(ctx, e.addr, topic, o, adm)
-	if err != nil {
-		return err
-	}
-	logf("produced in %.2f s (%.0f events/s); %d distinct products; end offsets %v", float64(e.data.produceMs)/1000,
-		float64(o.events)/(float64(e.data.produceMs)/1000), len(e.data.expected), e.data.ends)
-
-	warm := e.prefix + "-warmup"
-	groups = append(groups, warm)
-	t0 := time.Now()
-	if err := warmGroupCoordinator(ctx, adm, warm, topic); err != nil {
-		logf("warning: warming the group coordinator: %v", err)
-	} else {
-		logf("group coordinator ready (%d ms)", time.Since(t0).Milliseconds())
-	}
-
-	var failures []string
-	for _, g := range o.guarantees {
-		e.guarantee = g
-		rep := &report{
-			StartedAt: time.Now(), Guarantee: g, Events: o.events, Products: o.products, DistinctProducts: len(e.data.expected),
-			Partitions: o.partitions, Seed: o.seed, InputTopic: topic, Bootstrap: e.addr, ExternalBroker: o.bootstrap != "",
-			CommitIntervalMs: o.commitInterval.Milliseconds(), ProduceMs: e.data.produceMs, InputBytes: e.data.bytes,
-			Machine: machine, Systems: map[string]*systemResult{}, Order: o.systems,
+	// One data set per --products value, each through every guarantee ×
+	// system.
+	several := len(o.products) > 1
+	plan := o.plan()
+	var (
+		failures []string
+		reps     []*report
+		paths    = map[*report]string{}
+		warmed   bool
+	)
+	for _, products := range o.products {
+		events := max(o.events, products)
+		if events > o.events {
+			logf("%d products: raising the events from %d to %d so that every product occurs", products, o.events, events)
 		}
-		rep.Versions = versions{Go: runtime.Version(), Java: javaVersion(), Kafka: br.version, KafkaStreams: streamsVersion}
-		rep.Versions.GitCommit, rep.Versions.GitDirty = gitState(o.repo)
-		rep.Machine.LoadAvgStart = loadAvg()
-		for i, s := range o.systems {
-			if ctx.Err() != nil {
-				return context.Cause(ctx)
-			}
-			if i > 0 && o.settle > 0 {
-				time.Sleep(o.settle)
-			}
-			var r *systemResult
-			switch s {
-			case sysSalesagg:
-				d := newSalesagg(e)
-				groups = append(groups, d.appID())
-				r = measure(ctx, e, d)
-			case sysReference:
-				d := newReference(e)
-				groups = append(groups, d.appID())
-				r = measure(ctx, e, d)
-			case sysCeiling:
-				r = runCeiling(ctx, e)
-				groups = append(groups, r.AppID)
-			}
-			rep.Systems[s] = r
-			if r.Status != "ok" {
-				failures = append(failures, fmt.Sprintf("%s/%s: %s", g, s, firstLine(r.Error)))
-			}
-		}
-		rep.Machine.LoadAvgEnd = loadAvg()
-		rep.FinishedAt = time.Now()
-		table := rep.table()
-		rep.Table = table
-		fmt.Println()
-		fmt.Print(rep.header())
-		fmt.Println()
-		fmt.Print(table)
-		if notes := rep.notes(); notes != "" {
-			fmt.Println()
-			fmt.Print(notes)
-		}
-		path, err := rep.write(o.outDir)
+		topic := e.prefix + "-" + datasetSlug(products) + "-sales-events"
+		logf("producing %d events over %d products (seed %d) into %s (%d partitions) at %s", events, products, o.seed, topic, o.partitions, e.addr)
+		e.data = nil // the previous data set's totals can go before the next ones are made
+		e.data, err = generate(ctx, e.addr, topic, events, products, o.seed, o.partitions, adm)
 		if err != nil {
-			return fmt.Errorf("writing results: %w", err)
+			return err
 		}
-		fmt.Printf("\nraw figures: %s\n\n", path)
+		logf("produced in %.2f s (%.0f events/s); %d distinct products; end offsets %v", float64(e.data.produceMs)/1000,
+			float64(events)/(float64(e.data.produceMs)/1000), e.data.distinct(), e.data.ends)
+
+		if !warmed {
+			warmed = true
+			warm := e.prefix + "-warmup"
+			groups = append(groups, warm)
+			t0 := time.Now()
+			if err := warmGroupCoordinator(ctx, adm, warm, topic); err != nil {
+				logf("warning: warming the group coordinator: %v", err)
+			} else {
+				logf("group coordinator ready (%d ms)", time.Since(t0).Milliseconds())
+			}
+		}
+
+		for _, g := range o.guarantees {
+			e.guarantee = g
+			rep := &report{
+				StartedAt: time.Now(), Guarantee: g, Events: events, EventsRequested: o.events, Products: products,
+				DistinctProducts: e.data.distinct(), Partitions: o.partitions, Seed: o.seed, InputTopic: topic, Bootstrap: e.addr,
+				ExternalBroker: o.bootstrap != "", CommitIntervalMs: o.commitInterval.Milliseconds(), ProduceMs: e.data.produceMs,
+				InputBytes: e.data.bytes, Machine: machine, Systems: map[string]*systemResult{}, Profile: o.profile,
+			}
+			if o.profile {
+				rep.ProfileSeconds = o.profileSeconds
+			}
+			rep.stem = resultsStem(o.outDir, rep.StartedAt, products, several, g)
+			e.stem = rep.stem
+			rep.Versions = versions{Go: runtime.Version(), Java: javaVersion(), Kafka: br.version, KafkaStreams: streamsVersion}
+			rep.Versions.GitCommit, rep.Versions.GitDirty = gitState(o.repo)
+			rep.Machine.LoadAvgStart = loadAvg()
+			for i, s := range plan {
+				if ctx.Err() != nil {
+					return context.Cause(ctx)
+				}
+				if i > 0 && o.settle > 0 {
+					time.Sleep(o.settle)
+				}
+				var r *systemResult
+				switch s.kind {
+				case sysSalesagg:
+					d := newSalesagg(e)
+					groups = append(groups, d.appID())
+					r = measure(ctx, e, d)
+				case sysReference:
+					d := newReference(e, s.ref)
+					groups = append(groups, d.appID())
+					r = measure(ctx, e, d)
+					r.Reference = s.ref.settings()
+				case sysCeiling:
+					r = runCeiling(ctx, e)
+					groups = append(groups, r.AppID)
+				}
+				rep.Order = append(rep.Order, s.name())
+				rep.Systems[s.name()] = r
+				if r.Status != "ok" {
+					failures = append(failures, fmt.Sprintf("%s/%s/%s: %s", datasetSlug(products), g, s.name(), firstLine(r.Error)))
+				}
+			}
+			rep.Machine.LoadAvgEnd = loadAvg()
+			rep.FinishedAt = time.Now()
+			rep.derive()
+			table := rep.table()
+			rep.Table = table
+			fmt.Println()
+			fmt.Print(rep.header())
+			fmt.Println()
+			fmt.Print(table)
+			if notes := rep.notes(); notes != "" {
+				fmt.Println()
+				fmt.Print(notes)
+			}
+			if profs := rep.profileList(); profs != "" {
+				fmt.Println()
+				fmt.Print(profs)
+			}
+			path, err := rep.write()
+			if err != nil {
+				return fmt.Errorf("writing results: %w", err)
+			}
+			fmt.Printf("\nraw figures: %s\n\n", path)
+			reps = append(reps, rep)
+			paths[rep] = path
+		}
+	}
+
+	if several {
+		gr := newGrowth(o, startedAt, reps, paths)
+		path := filepath.Join(o.outDir, startedAt.Format("2006-01-02T150405")+"-growth.json")
+		fmt.Printf("## Growth with the number of products (%s)\n\n", strings.Join(o.guarantees, ", "))
+		fmt.Print(gr.Table)
+		if err := writeJSON(path, gr); err != nil {
+			return fmt.Errorf("writing the growth results: %w", err)
+		}
+		fmt.Printf("\ngrowth figures: %s\n\n", path)
 	}
 	if len(failures) > 0 {
 		return errors.New("some systems failed:\n  " + strings.Join(failures, "\n  "))

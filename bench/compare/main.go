@@ -13,10 +13,12 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"math"
 	"os"
 	"os/signal"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -35,29 +37,44 @@ const (
 var salesaggGuarantees = []string{atLeastOnce, exactlyOnceV2}
 
 type options struct {
-	events, products, partitions int
-	seed                         uint64
-	guarantees, systems          []string
-	bootstrap                    string
-	commitInterval               time.Duration
-	phaseTimeout, stopTimeout    time.Duration
-	settle                       time.Duration
-	outDir, repo                 string
-	keepTmp                      bool
+	events, partitions        int
+	products                  []int // one data set each, in this order
+	seed                      uint64
+	guarantees, systems       []string
+	refThreads                []int   // --reference-threads
+	refCaches                 []int64 // --reference-cache; cacheDefault: Kafka Streams' own
+	bootstrap                 string
+	commitInterval            time.Duration
+	phaseTimeout, stopTimeout time.Duration
+	settle                    time.Duration
+	outDir, repo              string
+	keepTmp                   bool
+	profile                   bool
+	profileSeconds            int
 }
+
+// cacheDefault in options.refCaches leaves statestore.cache.max.bytes at
+// Kafka Streams' default (10 MiB).
+const cacheDefault = -1
+
+// maxProfileSeconds bounds a CPU profile: salesagg's HTTP server has a 30 s
+// write timeout.
+const maxProfileSeconds = 29
 
 func main() { os.Exit(run()) }
 
 func run() int {
 	var o options
-	var guarantees, systems string
+	var guarantees, systems, products, refThreads, refCaches string
 	fs := flag.NewFlagSet("compare", flag.ContinueOnError)
-	fs.IntVar(&o.events, "events", 1_000_000, "number of input events")
-	fs.IntVar(&o.products, "products", 100_000, "number of distinct products (record keys)")
+	fs.IntVar(&o.events, "events", 1_000_000, "number of input events per data set (raised to the product count when lower)")
+	fs.StringVar(&products, "products", "100000", "comma-separated product counts (distinct record keys): one data set, and one full round of every guarantee and system, each")
 	fs.IntVar(&o.partitions, "partitions", 3, "partitions of the input topic")
 	fs.Uint64Var(&o.seed, "seed", 20240601, "seed of the data generator (same seed, same data)")
 	fs.StringVar(&guarantees, "guarantees", atLeastOnce+","+exactlyOnceV2, "comma-separated processing guarantees: at_least_once, exactly_once_v2")
-	fs.StringVar(&systems, "systems", "ceiling,salesagg,reference", "comma-separated systems to run, in this order: salesagg, reference, ceiling")
+	fs.StringVar(&systems, "systems", "ceiling,salesagg,reference", "comma-separated systems to run, in this order: salesagg, reference (every reference variant), ceiling")
+	fs.StringVar(&refThreads, "reference-threads", "1,2", "comma-separated num.stream.threads of the reference; each × --reference-cache is one reference variant")
+	fs.StringVar(&refCaches, "reference-cache", "default,67108864", "comma-separated statestore.cache.max.bytes of the reference, in bytes, or default (Kafka Streams' 10 MiB)")
 	fs.StringVar(&o.bootstrap, "bootstrap", "", "use this Kafka broker (host:port) instead of starting one with test/kafka/kafka.sh")
 	commitMs := fs.Int("commit-interval-ms", 1000, "commit interval given to salesagg (--commit.interval.ms) and the reference (--commit-interval-ms)")
 	fs.DurationVar(&o.phaseTimeout, "phase-timeout", 20*time.Minute, "upper bound of each phase (processing, restore, restart)")
@@ -66,6 +83,8 @@ func run() int {
 	fs.StringVar(&o.outDir, "out", "", "directory for the JSON results (default <repo>/bench/results)")
 	fs.StringVar(&o.repo, "repo", "", "repository root (default: found from the working directory)")
 	fs.BoolVar(&o.keepTmp, "keep-tmp", false, "keep the temporary directory (process logs, state dirs, broker) after the run")
+	fs.BoolVar(&o.profile, "profile", false, "run salesagg with --http.pprof true and save CPU and heap profiles of its processing and full restore runs next to the JSON")
+	fs.IntVar(&o.profileSeconds, "profile-seconds", maxProfileSeconds, "length of each CPU profile with --profile, 1..29 s (the harness waits for it before stopping salesagg)")
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), "Usage: go run ./bench/compare [flags]    (quick run: --events 20000 --products 2000)\n\n")
 		fs.PrintDefaults()
@@ -83,7 +102,18 @@ func run() int {
 	o.commitInterval = time.Duration(*commitMs) * time.Millisecond
 	o.guarantees = splitList(guarantees)
 	o.systems = splitList(systems)
-	if err := o.validate(); err != nil {
+	var problems []string
+	var err error
+	if o.products, err = parseInts(products); err != nil {
+		problems = append(problems, "--products: "+err.Error())
+	}
+	if o.refThreads, err = parseInts(refThreads); err != nil {
+		problems = append(problems, "--reference-threads: "+err.Error())
+	}
+	if o.refCaches, err = parseCaches(refCaches); err != nil {
+		problems = append(problems, "--reference-cache: "+err.Error())
+	}
+	if err := o.validate(problems); err != nil {
 		fmt.Fprintf(os.Stderr, "compare: %v\n", err)
 		return 2
 	}
@@ -108,13 +138,21 @@ func run() int {
 	return 0
 }
 
-func (o *options) validate() error {
-	var problems []string
+// validate adds what is wrong with o to problems (those of parsing) and
+// returns them all as one error.
+func (o *options) validate(problems []string) error {
 	if o.events < 1 {
 		problems = append(problems, "--events must be at least 1")
 	}
-	if o.products < 1 {
-		problems = append(problems, "--products must be at least 1")
+	problems = append(problems, checkList("--products", o.products, 1, math.MaxInt32)...)
+	problems = append(problems, checkList("--reference-threads", o.refThreads, 1, 64)...)
+	for i, c := range o.refCaches {
+		if slices.Contains(o.refCaches[:i], c) {
+			problems = append(problems, fmt.Sprintf("--reference-cache: %s listed twice", cacheName(c)))
+		}
+	}
+	if o.profileSeconds < 1 || o.profileSeconds > maxProfileSeconds {
+		problems = append(problems, fmt.Sprintf("--profile-seconds must be within 1..%d (salesagg's HTTP write timeout is 30 s)", maxProfileSeconds))
 	}
 	if o.partitions < 1 {
 		problems = append(problems, "--partitions must be at least 1")
@@ -156,6 +194,56 @@ func (o *options) validate() error {
 		return errors.New(strings.Join(problems, "\ncompare: "))
 	}
 	return nil
+}
+
+// checkList reports values outside [lo, hi] and duplicates.
+func checkList(flagName string, vs []int, lo, hi int) []string {
+	var problems []string
+	for i, v := range vs {
+		if v < lo || v > hi {
+			problems = append(problems, fmt.Sprintf("%s: %d is outside %d..%d", flagName, v, lo, hi))
+		}
+		if slices.Contains(vs[:i], v) {
+			problems = append(problems, fmt.Sprintf("%s: %d listed twice", flagName, v))
+		}
+	}
+	return problems
+}
+
+// parseInts parses a non-empty comma-separated list of integers.
+func parseInts(s string) ([]int, error) {
+	var out []int
+	for _, p := range splitList(s) {
+		n, err := strconv.Atoi(p)
+		if err != nil {
+			return nil, fmt.Errorf("%q is not an integer", p)
+		}
+		out = append(out, n)
+	}
+	if len(out) == 0 {
+		return nil, errors.New("empty")
+	}
+	return out, nil
+}
+
+// parseCaches parses --reference-cache: byte counts (≥ 0) or "default".
+func parseCaches(s string) ([]int64, error) {
+	var out []int64
+	for _, p := range splitList(s) {
+		if p == "default" {
+			out = append(out, cacheDefault)
+			continue
+		}
+		n, err := strconv.ParseInt(p, 10, 64)
+		if err != nil || n < 0 {
+			return nil, fmt.Errorf("%q is neither a byte count (≥ 0) nor default", p)
+		}
+		out = append(out, n)
+	}
+	if len(out) == 0 {
+		return nil, errors.New("empty")
+	}
+	return out, nil
 }
 
 func splitList(s string) []string {

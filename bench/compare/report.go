@@ -37,10 +37,12 @@ type versions struct {
 }
 
 type report struct {
-	StartedAt        time.Time                `json:"started_at"`
-	FinishedAt       time.Time                `json:"finished_at"`
-	Guarantee        string                   `json:"guarantee"`
-	Events           int                      `json:"events"`
+	StartedAt  time.Time `json:"started_at"`
+	FinishedAt time.Time `json:"finished_at"`
+	Guarantee  string    `json:"guarantee"`
+	Events     int       `json:"events"`
+	// --events; Events is raised to Products when lower.
+	EventsRequested  int                      `json:"events_requested"`
 	Products         int                      `json:"products"`
 	DistinctProducts int                      `json:"distinct_products"`
 	Partitions       int                      `json:"partitions"`
@@ -55,7 +57,14 @@ type report struct {
 	Versions         versions                 `json:"versions"`
 	Order            []string                 `json:"order"`
 	Systems          map[string]*systemResult `json:"systems"`
-	Table            string                   `json:"table_markdown"`
+	// The reference variant with the highest processing events/s; the
+	// salesagg/reference ratios are against it.
+	BestReference  string `json:"best_reference,omitempty"`
+	Profile        bool   `json:"profile"`
+	ProfileSeconds int    `json:"profile_seconds,omitempty"`
+	Table          string `json:"table_markdown"`
+
+	stem string // results path without ".json"
 }
 
 func describeMachine() machineInfo {
@@ -156,9 +165,13 @@ type row struct {
 func (rep *report) header() string {
 	var b strings.Builder
 	m := rep.Machine
-	fmt.Fprintf(&b, "## salesagg vs Kafka Streams reference — %s\n\n", rep.Guarantee)
-	fmt.Fprintf(&b, "- data: %d events over %d products (%d distinct), %d input partitions, seed %d, %s of keys+values\n",
-		rep.Events, rep.Products, rep.DistinctProducts, rep.Partitions, rep.Seed, mib(rep.InputBytes))
+	fmt.Fprintf(&b, "## salesagg vs Kafka Streams reference — %s, %s products\n\n", rep.Guarantee, group(int64(rep.Products)))
+	raised := ""
+	if rep.Events != rep.EventsRequested {
+		raised = fmt.Sprintf(" (--events %d raised to the product count)", rep.EventsRequested)
+	}
+	fmt.Fprintf(&b, "- data: %d events%s over %d products (%d distinct), %d input partitions, seed %d, %s of keys+values\n",
+		rep.Events, raised, rep.Products, rep.DistinctProducts, rep.Partitions, rep.Seed, mib(rep.InputBytes))
 	fmt.Fprintf(&b, "- machine: %d cores (%s), %s RAM, load average %s at start, %s at end\n",
 		m.Cores, m.CPUModel, gib(m.MemTotalBytes), m.LoadAvgStart, m.LoadAvgEnd)
 	v := rep.Versions
@@ -169,7 +182,51 @@ func (rep *report) header() string {
 	fmt.Fprintf(&b, "- versions: %s, Java %s, Kafka broker %s, Kafka Streams %s, git %s%s\n",
 		v.Go, v.Java, v.Kafka, v.KafkaStreams, short(v.GitCommit), dirty)
 	fmt.Fprintf(&b, "- commit interval %d ms for both; systems run one after another on one broker (%s)\n", rep.CommitIntervalMs, rep.Bootstrap)
+	if rep.Profile {
+		fmt.Fprintf(&b, "- **profiled** (--profile): salesagg served net/http/pprof and was CPU-profiled for %d s in its processing and full restore runs; its figures include the profiler's cost\n",
+			rep.ProfileSeconds)
+	}
 	return b.String()
+}
+
+// derive fills in the figures that compare systems: the best reference
+// variant and every system's throughput relative to the ceiling's.
+func (rep *report) derive() {
+	rep.BestReference = ""
+	best := 0.0
+	for _, name := range rep.Order {
+		r := rep.Systems[name]
+		if r == nil || r.Reference == nil || r.Status != "ok" || r.EventsPerSec <= best {
+			continue
+		}
+		rep.BestReference, best = name, r.EventsPerSec
+	}
+	c := rep.Systems[sysCeiling]
+	for _, r := range rep.Systems {
+		r.EventsPerSecVsCeiling = 0
+		if c != nil && c.EventsPerSec > 0 && r != c && r.EventsPerSec > 0 {
+			r.EventsPerSecVsCeiling = r.EventsPerSec / c.EventsPerSec
+		}
+	}
+}
+
+// columns are the systems of the table, in this order: salesagg, the
+// reference variants (in run order), the ceiling; those that ran.
+func (rep *report) columns() []string {
+	var cols, refs []string
+	for _, name := range rep.Order {
+		if r := rep.Systems[name]; r != nil && r.Reference != nil {
+			refs = append(refs, name)
+		}
+	}
+	if rep.Systems[sysSalesagg] != nil {
+		cols = append(cols, sysSalesagg)
+	}
+	cols = append(cols, refs...)
+	if rep.Systems[sysCeiling] != nil {
+		cols = append(cols, sysCeiling)
+	}
+	return cols
 }
 
 func short(s string) string {
@@ -209,6 +266,18 @@ func group(n int64) string {
 }
 
 func none() (float64, string, bool) { return 0, "", false }
+
+// micros formats a µs figure with three significant digits or so.
+func micros(v float64) (float64, string, bool) {
+	switch {
+	case v < 10:
+		return v, fmt.Sprintf("%.2f", v), true
+	case v < 100:
+		return v, fmt.Sprintf("%.1f", v), true
+	default:
+		return v, fmt.Sprintf("%.0f", v), true
+	}
+}
 
 func runOf(r *systemResult, which string) *runMetrics {
 	switch which {
@@ -275,6 +344,12 @@ func rows() []row {
 			}
 			return count(r.EventsPerSecAfterReady)
 		}},
+		{name: "(a) throughput ÷ the ceiling's ↑", noRatio: true, cell: func(r *systemResult) (float64, string, bool) {
+			if r.EventsPerSecVsCeiling == 0 {
+				return none()
+			}
+			return r.EventsPerSecVsCeiling, times(r.EventsPerSecVsCeiling), true
+		}},
 		{name: "CPU time of the processing run, user+sys (s) ↓", cell: func(r *systemResult) (float64, string, bool) {
 			if r.Ceiling != nil {
 				return secs(r.Ceiling.CPUMs)
@@ -283,6 +358,12 @@ func rows() []row {
 				return none()
 			}
 			return secs(r.Processing.CPUMs)
+		}},
+		{name: "**CPU per event, processing run, user+sys (µs)** ↓", cell: func(r *systemResult) (float64, string, bool) {
+			if r.CPUPerEventUs == 0 {
+				return none()
+			}
+			return micros(r.CPUPerEventUs)
 		}},
 		{name: "(d) **peak RSS, processing run (MiB)** ↓", cell: run("processing", rss)},
 		{name: "stop after SIGTERM, processing run (s) ↓", cell: run("processing", func(m *runMetrics) (float64, string, bool) {
@@ -342,6 +423,18 @@ func rows() []row {
 			}
 			return count(r.RestoreRecordsPerSecWall)
 		}},
+		{name: "(b) full restore: CPU time of the run, user+sys (s) ↓", cell: run("full_restore", func(m *runMetrics) (float64, string, bool) {
+			if m.CPUUs == 0 {
+				return none()
+			}
+			return secs(m.CPUMs)
+		})},
+		{name: "(b) full restore: CPU per restored record (µs) ↓", cell: func(r *systemResult) (float64, string, bool) {
+			if r.CPUPerRestoredRecordUs == 0 {
+				return none()
+			}
+			return micros(r.CPUPerRestoredRecordUs)
+		}},
 		{name: "(d) peak RSS, full restore run (MiB) ↓", cell: run("full_restore", rss)},
 		{name: "(c) **restart, state intact: start → ready (s)** ↓", cell: run("restart", func(m *runMetrics) (float64, string, bool) {
 			if m.StartToReadyMs == 0 {
@@ -378,27 +471,111 @@ func (rep *report) table() string {
 		if !okA || !okB || rw.noRatio || b == 0 {
 			return "–"
 		}
-		r := a / b
-		if r >= 0.1 {
-			return fmt.Sprintf("%.2f×", r)
-		}
-		return fmt.Sprintf("%.2g×", r)
+		return times(a / b)
 	}
+	cols := rep.columns()
+	hasRef := false
+	for _, c := range cols {
+		hasRef = hasRef || rep.Systems[c].Reference != nil
+	}
+	withSalesagg := rep.Systems[sysSalesagg] != nil
+	refRatio := withSalesagg && hasRef
+	ceilRatio := withSalesagg && rep.Systems[sysCeiling] != nil
+
 	var b strings.Builder
-	b.WriteString("| metric | salesagg | reference | ceiling | salesagg/reference | salesagg/ceiling |\n")
-	b.WriteString("| --- | ---: | ---: | ---: | ---: | ---: |\n")
+	b.WriteString("| metric |")
+	for _, c := range cols {
+		if c == rep.BestReference {
+			c += " **best**"
+		}
+		fmt.Fprintf(&b, " %s |", c)
+	}
+	if refRatio {
+		b.WriteString(" salesagg / best reference |")
+	}
+	if ceilRatio {
+		b.WriteString(" salesagg / ceiling |")
+	}
+	b.WriteString("\n| --- |" + strings.Repeat(" ---: |", len(cols)+btoi(refRatio)+btoi(ceilRatio)) + "\n")
 	for _, rw := range rows() {
-		sv, ss, sok := get(sysSalesagg, rw)
-		rv, rs, rok := get(sysReference, rw)
-		cv, cs, cok := get(sysCeiling, rw)
-		fmt.Fprintf(&b, "| %s | %s | %s | %s | %s | %s |\n", rw.name, ss, rs, cs,
-			ratio(sv, rv, sok, rok, rw), ratio(sv, cv, sok, cok, rw))
+		fmt.Fprintf(&b, "| %s |", rw.name)
+		for _, c := range cols {
+			_, s, _ := get(c, rw)
+			fmt.Fprintf(&b, " %s |", s)
+		}
+		sv, _, sok := get(sysSalesagg, rw)
+		if refRatio {
+			s := "–"
+			if rep.BestReference != "" {
+				rv, _, rok := get(rep.BestReference, rw)
+				s = ratio(sv, rv, sok, rok, rw)
+			}
+			fmt.Fprintf(&b, " %s |", s)
+		}
+		if ceilRatio {
+			cv, _, cok := get(sysCeiling, rw)
+			fmt.Fprintf(&b, " %s |", ratio(sv, cv, sok, cok, rw))
+		}
+		b.WriteString("\n")
 	}
 	b.WriteString("\n↓ lower is better, ↑ higher is better. ceiling: an in-process franz-go group consumer (no processing, no commits):\n" +
-		"its \"ready\" is the partition assignment, its end the last input record consumed, its CPU time the harness's.\n" +
+		"its \"ready\" is the partition assignment, its end the last input record consumed, its CPU time the harness process's\n" +
+		"(getrusage) over that consume. CPU per event / per restored record: the run's whole-process CPU (start-up and shutdown\n" +
+		"included) ÷ input events / records restored.\n" +
 		"\"own view\": salesagg's GET /v1/tasks shows every position at the input end (processed; the commit follows);\n" +
 		"the reference exposes no such view.\n")
+	if hasRef {
+		b.WriteString("reference (threads T, cache C): Kafka Streams with num.stream.threads T and statestore.cache.max.bytes C\n" +
+			"(default: 10 MiB); **best**: the variant with the highest processing events/s, the one the salesagg / best reference\n" +
+			"ratios are against.\n")
+	}
 	return b.String()
+}
+
+// times formats a ratio: two decimals, two significant digits below 0.1.
+func times(r float64) string {
+	if r >= 0.1 {
+		return fmt.Sprintf("%.2f×", r)
+	}
+	return fmt.Sprintf("%.2g×", r)
+}
+
+func btoi(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+// profileList lists the profile files of the report (markdown list), with
+// any profile that failed.
+func (rep *report) profileList() string {
+	var b strings.Builder
+	for _, name := range rep.Order {
+		r := rep.Systems[name]
+		if r == nil {
+			continue
+		}
+		for _, m := range []*runMetrics{r.Processing, r.FullRestore, r.Restart} {
+			if m == nil || m.Profiles == nil {
+				continue
+			}
+			p := m.Profiles
+			if p.CPU != "" {
+				fmt.Fprintf(&b, "- %s %s, CPU (%d s from %.2f s after start): %s\n", name, m.Run, p.CPUSeconds, float64(p.CPUFromStartMs)/1000, p.CPU)
+			}
+			if p.Heap != "" {
+				fmt.Fprintf(&b, "- %s %s, heap (at %.2f s after start): %s\n", name, m.Run, float64(p.HeapAtMs)/1000, p.Heap)
+			}
+			for _, e := range p.Errors {
+				fmt.Fprintf(&b, "- %s %s: %s\n", name, m.Run, e)
+			}
+		}
+	}
+	if b.Len() == 0 {
+		return ""
+	}
+	return "### Profiles\n\n" + b.String()
 }
 
 // notes lists failures and anomalies under the table.
@@ -424,21 +601,35 @@ func (rep *report) notes() string {
 
 func indent(s string) string { return strings.ReplaceAll(s, "\n", "\n    ") }
 
-// write stores the report as <outDir>/<date>-<guarantee>.json (via a .tmp
-// file and a rename).
-func (rep *report) write(outDir string) (string, error) {
-	if err := os.MkdirAll(outDir, 0o755); err != nil {
-		return "", err
+// resultsStem is the path of a report's files without the extension:
+// <outDir>/<date>T<time>-<guarantee>, with -p<products> before the
+// guarantee when the run has several data sets.
+func resultsStem(outDir string, at time.Time, products int, several bool, guarantee string) string {
+	name := at.Format("2006-01-02T150405")
+	if several {
+		name += "-" + datasetSlug(products)
 	}
-	b, err := json.MarshalIndent(rep, "", "  ")
+	return filepath.Join(outDir, name+"-"+guarantee)
+}
+
+// write stores the report as <stem>.json.
+func (rep *report) write() (string, error) {
+	path := rep.stem + ".json"
+	return path, writeJSON(path, rep)
+}
+
+// writeJSON writes v indented to path (via a .tmp file and a rename).
+func writeJSON(path string, v any) error {
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		return err
+	}
+	b, err := json.MarshalIndent(v, "", "  ")
 	if err != nil {
-		return "", err
+		return err
 	}
-	name := rep.StartedAt.Format("2006-01-02T150405") + "-" + rep.Guarantee + ".json"
-	path := filepath.Join(outDir, name)
 	tmp := path + ".tmp"
 	if err := os.WriteFile(tmp, append(b, '\n'), 0o644); err != nil {
-		return "", err
+		return err
 	}
-	return path, os.Rename(tmp, path)
+	return os.Rename(tmp, path)
 }

@@ -27,11 +27,96 @@ type env struct {
 	tmp       string
 	addr      string
 	adm       *kadm.Client
-	data      *dataset
-	prefix    string // of every topic and group of this run
+	data      *dataset // the data set being run
+	prefix    string   // of every topic and group of this run
 	guarantee string
+	stem      string // path of the current results without ".json" (profiles are named after it)
 	salesagg  string // built binary
 	refRunSh  string
+}
+
+// system is one entry of the run order: salesagg, the ceiling, or one
+// variant of the reference.
+type system struct {
+	kind string // sysSalesagg, sysReference, sysCeiling
+	ref  refVariant
+}
+
+func (s system) name() string {
+	if s.kind == sysReference {
+		return s.ref.name()
+	}
+	return s.kind
+}
+
+// refVariant is one configuration of the Kafka Streams reference.
+type refVariant struct {
+	threads int   // num.stream.threads
+	cache   int64 // statestore.cache.max.bytes; cacheDefault: Kafka Streams' default
+}
+
+func (v refVariant) name() string {
+	return fmt.Sprintf("reference (threads %d, cache %s)", v.threads, cacheName(v.cache))
+}
+
+// slug names the variant in application ids and log files.
+func (v refVariant) slug() string {
+	c := "default"
+	if v.cache != cacheDefault {
+		c = strconv.FormatInt(v.cache, 10)
+	}
+	return fmt.Sprintf("reference-t%d-c%s", v.threads, c)
+}
+
+// refSettings is a reference variant in the JSON.
+type refSettings struct {
+	NumStreamThreads int    `json:"num_stream_threads"`
+	CacheMaxBytes    *int64 `json:"cache_max_bytes"` // null: Kafka Streams' default (10 MiB)
+}
+
+func (v refVariant) settings() *refSettings {
+	s := &refSettings{NumStreamThreads: v.threads}
+	if v.cache != cacheDefault {
+		c := v.cache
+		s.CacheMaxBytes = &c
+	}
+	return s
+}
+
+// cacheName formats a --reference-cache value: "default", "64 MiB", "0 B".
+func cacheName(c int64) string {
+	switch {
+	case c == cacheDefault:
+		return "default"
+	case c == 0:
+		return "0 B"
+	case c%(1<<30) == 0:
+		return fmt.Sprintf("%d GiB", c>>30)
+	case c%(1<<20) == 0:
+		return fmt.Sprintf("%d MiB", c>>20)
+	case c%(1<<10) == 0:
+		return fmt.Sprintf("%d KiB", c>>10)
+	default:
+		return fmt.Sprintf("%d B", c)
+	}
+}
+
+// plan expands --systems in its order: "reference" becomes every
+// --reference-threads × --reference-cache variant (threads outer).
+func (o options) plan() []system {
+	var out []system
+	for _, k := range o.systems {
+		if k != sysReference {
+			out = append(out, system{kind: k})
+			continue
+		}
+		for _, t := range o.refThreads {
+			for _, c := range o.refCaches {
+				out = append(out, system{kind: sysReference, ref: refVariant{threads: t, cache: c}})
+			}
+		}
+	}
+	return out
 }
 
 func shortGuarantee(g string) string {
@@ -56,7 +141,8 @@ type runMetrics struct {
 	RestoredPartitions int      `json:"restored_partitions"`
 	PeakRSSBytes       int64    `json:"peak_rss_bytes"` // VmHWM (else VmRSS) of /proc/<pid>/status, polled every 100 ms
 	RSSSamples         int      `json:"rss_samples"`
-	CPUMs              int64    `json:"cpu_ms"`
+	CPUMs              int64    `json:"cpu_ms"` // user+sys over the process's life (wait4)
+	CPUUs              int64    `json:"cpu_us"` // the same in µs
 	LifetimeMs         int64    `json:"lifetime_ms"`
 	StopMs             int64    `json:"stop_ms"`
 	Killed             bool     `json:"killed"`
@@ -67,6 +153,8 @@ type runMetrics struct {
 	WarnLines          int      `json:"warn_log_lines"`
 	FirstErrors        []string `json:"first_errors,omitempty"`
 	Logs               string   `json:"logs"`
+	// --profile (salesagg): the profile files of this run.
+	Profiles *profileFiles `json:"profiles,omitempty"`
 }
 
 // systemResult is everything measured of one system under one guarantee.
@@ -77,6 +165,8 @@ type systemResult struct {
 	AppID     string `json:"application_id,omitempty"`
 	StateDir  string `json:"state_dir,omitempty"`
 	Guarantee string `json:"guarantee"`
+	// reference only: the variant.
+	Reference *refSettings `json:"reference,omitempty"`
 
 	Processing  *runMetrics `json:"processing,omitempty"`
 	FullRestore *runMetrics `json:"full_restore,omitempty"`
@@ -87,6 +177,14 @@ type systemResult struct {
 	EventsPerSecAfterReady   float64 `json:"events_per_s_after_ready"`   // events / (ready → committed at end)
 	RestoreRecordsPerSec     float64 `json:"restore_records_per_s"`      // restored / reported restore time
 	RestoreRecordsPerSecWall float64 `json:"restore_records_per_s_wall"` // restored / (start → ready)
+	// events_per_s ÷ the ceiling's events_per_s on the same data set and
+	// guarantee (0: no ceiling run).
+	EventsPerSecVsCeiling float64 `json:"events_per_s_vs_ceiling,omitempty"`
+	// CPU (user+sys) of the processing run per input event, and of the full
+	// restore run per restored record, in µs; each over the whole process
+	// life (start-up and shutdown included). Ceiling: see ceilingMetrics.CPUMs.
+	CPUPerEventUs          float64 `json:"cpu_us_per_event"`
+	CPUPerRestoredRecordUs float64 `json:"cpu_us_per_restored_record,omitempty"`
 
 	Verify *verifyResult `json:"verify,omitempty"`
 	// salesagg: GET /v1/tasks when caught up.
@@ -194,6 +292,9 @@ func measureRuns(ctx context.Context, e *env, d driver, res *systemResult) error
 		}
 		logf("%s: caught up %.2f s after start (ready at %.2f s): %.0f events/s", d.name(),
 			caughtAt.Sub(in.started).Seconds(), readyAt.Sub(in.started).Seconds(), res.EventsPerSec)
+		if pf, ok := profiledDriver(e, d); ok {
+			heapProfile(pctx, in, m, res, pf.pprofURL(in), e.profilePath(d, "processing", "heap"))
+		}
 		d.caughtUp(pctx, in, res)
 		logf("%s: verifying changelog %s against the expected totals", d.name(), changelogTopic(d.appID()))
 		vr := verifyChangelog(pctx, e.addr, changelogTopic(d.appID()), e.data.expected, e.o.partitions)
@@ -213,6 +314,7 @@ func measureRuns(ctx context.Context, e *env, d driver, res *systemResult) error
 	if err != nil {
 		return fmt.Errorf("processing run: %w", err)
 	}
+	res.CPUPerEventUs = float64(m.CPUUs) / events
 
 	// (b) full restore: state dir deleted.
 	if err := os.RemoveAll(d.stateDir()); err != nil {
@@ -229,6 +331,9 @@ func measureRuns(ctx context.Context, e *env, d driver, res *systemResult) error
 	}
 	if m.RestoredRecords >= 0 && m.StartToReadyMs > 0 {
 		res.RestoreRecordsPerSecWall = float64(m.RestoredRecords) / (float64(m.StartToReadyMs) / 1000)
+	}
+	if m.RestoredRecords > 0 {
+		res.CPUPerRestoredRecordUs = float64(m.CPUUs) / float64(m.RestoredRecords)
 	}
 	if res.Verify != nil && res.Verify.Error == "" && m.RestoredRecords >= 0 && m.RestoredRecords != res.Verify.ChangelogRecords {
 		res.anomaly("full restore restored %d records but the changelog held %d when verified", m.RestoredRecords, res.Verify.ChangelogRecords)
@@ -261,11 +366,30 @@ func runOnce(ctx context.Context, e *env, d driver, res *systemResult, run strin
 	m.Pid = in.pid
 	m.Logs = filepath.Join(in.logDir, in.name+".{stdout,stderr}")
 	defer in.kill()
+
+	// --profile: a CPU profile from the start of a full restore (the restore
+	// happens before ready), from ready in a processing run.
+	pf, profiling := profiledDriver(e, d)
+	var cpuProf *cpuProfile
+	startCPU := func() {
+		cpuProf = startCPUProfile(pctx, in, pf.pprofURL(in), e.profilePath(d, run, "cpu"), e.o.profileSeconds)
+	}
+	if profiling {
+		m.Profiles = &profileFiles{}
+		if run == "full_restore" {
+			startCPU()
+		}
+	}
+
 	finish := func() {
+		if cpuProf != nil {
+			// The process must not be stopped before the profile is in.
+			cpuProf.finish(in, m, res, d.name(), run)
+		}
 		took, killed := in.stop(e.o.stopTimeout)
 		m.StopMs, m.Killed = took.Milliseconds(), killed
 		code, sig, cpu := in.exitInfo()
-		m.ExitCode, m.ExitSignal, m.CPUMs = code, sig, cpu.Milliseconds()
+		m.ExitCode, m.ExitSignal, m.CPUMs, m.CPUUs = code, sig, cpu.Milliseconds(), cpu.Microseconds()
 		m.LifetimeMs = in.exitedAt().Sub(in.started).Milliseconds()
 		m.PeakRSSBytes = in.peak()
 		in.proc.mu.Lock()
@@ -299,10 +423,19 @@ func runOnce(ctx context.Context, e *env, d driver, res *systemResult, run strin
 
 	readyAt, err := d.waitReady(pctx, in)
 	if err != nil {
+		cpuProf.abandon()
 		finish()
 		return m, err
 	}
 	m.StartToReadyMs = readyAt.Sub(in.started).Milliseconds()
+	if profiling {
+		switch run {
+		case "processing":
+			startCPU()
+		case "full_restore":
+			heapProfile(pctx, in, m, res, pf.pprofURL(in), e.profilePath(d, run, "heap"))
+		}
+	}
 	if recs, ms, parts, ok := d.restoreInfo(pctx, in); ok {
 		m.RestoredRecords, m.RestoreReportedMs, m.RestoredPartitions = recs, ms, parts
 	} else {
@@ -312,11 +445,13 @@ func runOnce(ctx context.Context, e *env, d driver, res *systemResult, run strin
 		readyAt.Sub(in.started).Seconds(), m.RestoredRecords, m.RestoreReportedMs)
 	if body != nil {
 		if err := body(pctx, in, m, readyAt); err != nil {
+			cpuProf.abandon()
 			finish()
 			return m, err
 		}
 	}
 	if !in.running() {
+		cpuProf.abandon()
 		finish()
 		return m, in.exitError("before it was stopped")
 	}
@@ -392,7 +527,7 @@ type salesaggDriver struct {
 }
 
 func newSalesagg(e *env) *salesaggDriver {
-	app := e.prefix + "-salesagg-" + shortGuarantee(e.guarantee)
+	app := e.prefix + "-" + e.data.slug() + "-salesagg-" + shortGuarantee(e.guarantee)
 	return &salesaggDriver{e: e, app: app, state: filepath.Join(e.tmp, "state", app), http: &http.Client{Timeout: 2 * time.Second}}
 }
 
@@ -418,6 +553,9 @@ func (d *salesaggDriver) launch(run string) (*instance, error) {
 		"--processing.guarantee", d.e.guarantee,
 		"--commit.interval.ms", strconv.FormatInt(d.e.o.commitInterval.Milliseconds(), 10),
 		"--log.format", "json",
+	}
+	if d.e.o.profile {
+		args = append(args, "--http.pprof", "true")
 	}
 	onLine := func(stream string, _ time.Time, line string) {
 		if stream != "stderr" {
@@ -452,7 +590,7 @@ func (d *salesaggDriver) launch(run string) (*instance, error) {
 			in.restorationMs, _ = strconv.ParseInt(m[1], 10, 64)
 		}
 	}
-	p, err := startProc("salesagg-"+shortGuarantee(d.e.guarantee)+"-"+run, d.e.o.repo, filepath.Join(d.e.tmp, "logs"), d.e.salesagg, args, nil, onLine)
+	p, err := startProc(d.e.data.slug()+"-salesagg-"+shortGuarantee(d.e.guarantee)+"-"+run, d.e.o.repo, filepath.Join(d.e.tmp, "logs"), d.e.salesagg, args, nil, onLine)
 	if err != nil {
 		return nil, err
 	}
@@ -489,6 +627,10 @@ func (d *salesaggDriver) waitReady(ctx context.Context, in *instance) (time.Time
 		case <-time.After(20 * time.Millisecond):
 		}
 	}
+}
+
+func (d *salesaggDriver) pprofURL(in *instance) string {
+	return "http://" + in.httpAddr + "/debug/pprof"
 }
 
 func (d *salesaggDriver) restoreInfo(ctx context.Context, in *instance) (int64, int64, int, bool) {
@@ -600,17 +742,20 @@ func (d *salesaggDriver) caughtUp(ctx context.Context, in *instance, res *system
 // Kafka Streams reference
 
 type referenceDriver struct {
-	e     *env
-	app   string
-	state string
+	e       *env
+	variant refVariant
+	slug    string // of the data set, variant and guarantee
+	app     string
+	state   string
 }
 
-func newReference(e *env) *referenceDriver {
-	app := e.prefix + "-reference-" + shortGuarantee(e.guarantee)
-	return &referenceDriver{e: e, app: app, state: filepath.Join(e.tmp, "state", app)}
+func newReference(e *env, v refVariant) *referenceDriver {
+	slug := e.data.slug() + "-" + v.slug() + "-" + shortGuarantee(e.guarantee)
+	app := e.prefix + "-" + slug
+	return &referenceDriver{e: e, variant: v, slug: slug, app: app, state: filepath.Join(e.tmp, "state", app)}
 }
 
-func (d *referenceDriver) name() string     { return sysReference }
+func (d *referenceDriver) name() string     { return d.variant.name() }
 func (d *referenceDriver) appID() string    { return d.app }
 func (d *referenceDriver) stateDir() string { return d.state }
 
@@ -630,6 +775,10 @@ func (d *referenceDriver) launch(run string) (*instance, error) {
 		"--notification-topic", notificationTopic(d.app),
 		"--commit-interval-ms", strconv.FormatInt(d.e.o.commitInterval.Milliseconds(), 10),
 		"--leave-group-on-close", "true",
+		"--num-stream-threads", strconv.Itoa(d.variant.threads),
+	}
+	if d.variant.cache != cacheDefault {
+		args = append(args, "--cache-max-bytes", strconv.FormatInt(d.variant.cache, 10))
 	}
 	var (
 		pendingRecs, pendingMs int64 = -1, -1
@@ -672,8 +821,7 @@ func (d *referenceDriver) launch(run string) (*instance, error) {
 			}
 		}
 	}
-	env := []string{}
-	p, err := startProc("reference-"+shortGuarantee(d.e.guarantee)+"-"+run, d.e.o.repo, filepath.Join(d.e.tmp, "logs"), d.e.refRunSh, args, env, onLine)
+	p, err := startProc(d.slug+"-"+run, d.e.o.repo, filepath.Join(d.e.tmp, "logs"), d.e.refRunSh, args, nil, onLine)
 	if err != nil {
 		return nil, err
 	}
@@ -729,11 +877,16 @@ type ceilingMetrics struct {
 	StartToDoneMs        int64  `json:"start_to_done_ms"`
 	Records              int64  `json:"records"`
 	Bytes                int64  `json:"bytes"`
-	CPUMs                int64  `json:"cpu_ms"` // of the whole harness process over the run
+	// CPU (user+sys) of the whole harness process (getrusage RUSAGE_SELF)
+	// from the client's creation to the last record: franz-go's fetching and
+	// decoding, the group join, and whatever else the harness did meanwhile
+	// (nothing but this consumer runs then).
+	CPUMs int64 `json:"cpu_ms"`
+	CPUUs int64 `json:"cpu_us"`
 }
 
 func runCeiling(ctx context.Context, e *env) *systemResult {
-	group := e.prefix + "-ceiling-" + shortGuarantee(e.guarantee)
+	group := e.prefix + "-" + e.data.slug() + "-ceiling-" + shortGuarantee(e.guarantee)
 	res := &systemResult{System: sysCeiling, Status: "ok", AppID: group, Guarantee: e.guarantee}
 	cm, err := consumeAll(ctx, e, group)
 	res.Ceiling = cm
@@ -744,6 +897,7 @@ func runCeiling(ctx context.Context, e *env) *systemResult {
 	}
 	events := float64(e.data.events)
 	res.EventsPerSec = events / (float64(cm.StartToDoneMs) / 1000)
+	res.CPUPerEventUs = float64(cm.CPUUs) / events
 	if d := cm.StartToDoneMs - cm.StartToAssignedMs; d > 0 {
 		res.EventsPerSecAfterReady = events / (float64(d) / 1000)
 	}
@@ -822,7 +976,8 @@ func consumeAll(ctx context.Context, e *env, group string) (*ceilingMetrics, err
 	var ru1 syscall.Rusage
 	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru1)
 	tv := func(t syscall.Timeval) time.Duration { return time.Duration(t.Nano()) }
-	cm.CPUMs = (tv(ru1.Utime) + tv(ru1.Stime) - tv(ru0.Utime) - tv(ru0.Stime)).Milliseconds()
+	cpu := tv(ru1.Utime) + tv(ru1.Stime) - tv(ru0.Utime) - tv(ru0.Stime)
+	cm.CPUMs, cm.CPUUs = cpu.Milliseconds(), cpu.Microseconds()
 	mu.Lock()
 	if !assignedAt.IsZero() {
 		cm.StartToAssignedMs = assignedAt.Sub(t0).Milliseconds()

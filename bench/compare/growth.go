@@ -1,0 +1,135 @@
+package main
+
+import (
+	"fmt"
+	"strings"
+	"time"
+)
+
+// growthPoint is one system under one guarantee on one data set, as a row of
+// the growth table.
+type growthPoint struct {
+	Products int    `json:"products"`
+	Events   int    `json:"events"`
+	Status   string `json:"status"`
+	// Zero where not measured (a failed run, or the ceiling's restores).
+	EventsPerSec              float64 `json:"events_per_s"`
+	ProcessingPeakRSSBytes    int64   `json:"processing_peak_rss_bytes"`
+	FullRestoreStartToReadyMs int64   `json:"full_restore_start_to_ready_ms"`
+	RestoredRecords           int64   `json:"full_restore_records"`
+	RestoreRecordsPerSecWall  float64 `json:"restore_records_per_s_wall"`
+	FullRestorePeakRSSBytes   int64   `json:"full_restore_peak_rss_bytes"`
+	RestartStartToReadyMs     int64   `json:"restart_start_to_ready_ms"`
+	RestartPeakRSSBytes       int64   `json:"restart_peak_rss_bytes"`
+	CPUPerEventUs             float64 `json:"cpu_us_per_event"`
+	Results                   string  `json:"results_file"`
+}
+
+// growthSeries is one system under one guarantee over every data set.
+type growthSeries struct {
+	System    string        `json:"system"`
+	Guarantee string        `json:"guarantee"`
+	Points    []growthPoint `json:"points"`
+}
+
+// growthReport is <ts>-growth.json: how the figures change with the number
+// of products.
+type growthReport struct {
+	StartedAt       time.Time      `json:"started_at"`
+	FinishedAt      time.Time      `json:"finished_at"`
+	EventsRequested int            `json:"events_requested"`
+	Products        []int          `json:"products"`
+	Partitions      int            `json:"partitions"`
+	Seed            uint64         `json:"seed"`
+	Guarantees      []string       `json:"guarantees"`
+	Profile         bool           `json:"profile"`
+	Machine         machineInfo    `json:"machine"`
+	Versions        versions       `json:"versions"`
+	Series          []growthSeries `json:"series"`
+	Table           string         `json:"table_markdown"`
+}
+
+// newGrowth arranges the reports (one per data set and guarantee, with the
+// path each was written to) by system and guarantee, rows in the order of
+// --products.
+func newGrowth(o options, startedAt time.Time, reps []*report, paths map[*report]string) *growthReport {
+	g := &growthReport{StartedAt: startedAt, FinishedAt: time.Now(), EventsRequested: o.events, Products: o.products,
+		Partitions: o.partitions, Seed: o.seed, Guarantees: o.guarantees, Profile: o.profile}
+	if len(reps) > 0 {
+		g.Machine, g.Versions = reps[0].Machine, reps[0].Versions
+	}
+	for _, sys := range o.plan() {
+		for _, gu := range o.guarantees {
+			s := growthSeries{System: sys.name(), Guarantee: gu}
+			for _, rep := range reps {
+				r := rep.Systems[sys.name()]
+				if rep.Guarantee != gu || r == nil {
+					continue
+				}
+				s.Points = append(s.Points, pointOf(rep, r, paths[rep]))
+			}
+			if len(s.Points) > 0 {
+				g.Series = append(g.Series, s)
+			}
+		}
+	}
+	g.Table = g.table()
+	return g
+}
+
+func pointOf(rep *report, r *systemResult, path string) growthPoint {
+	p := growthPoint{Products: rep.Products, Events: rep.Events, Status: r.Status, EventsPerSec: r.EventsPerSec,
+		RestoreRecordsPerSecWall: r.RestoreRecordsPerSecWall, CPUPerEventUs: r.CPUPerEventUs, Results: path, RestoredRecords: -1}
+	if m := r.Processing; m != nil {
+		p.ProcessingPeakRSSBytes = m.PeakRSSBytes
+	}
+	if m := r.FullRestore; m != nil {
+		p.FullRestoreStartToReadyMs, p.FullRestorePeakRSSBytes, p.RestoredRecords = m.StartToReadyMs, m.PeakRSSBytes, m.RestoredRecords
+	}
+	if m := r.Restart; m != nil {
+		p.RestartStartToReadyMs, p.RestartPeakRSSBytes = m.StartToReadyMs, m.PeakRSSBytes
+	}
+	return p
+}
+
+// table is one markdown table per system and guarantee.
+func (g *growthReport) table() string {
+	orDash := func(ok bool, s string) string {
+		if !ok {
+			return "–"
+		}
+		return s
+	}
+	var b strings.Builder
+	for i, s := range g.Series {
+		if i > 0 {
+			b.WriteString("\n")
+		}
+		fmt.Fprintf(&b, "### Growth: %s, %s\n\n", s.System, s.Guarantee)
+		b.WriteString("| products | events | processing events/s ↑ | processing peak RSS (MiB) ↓ | full restore start → ready (s) ↓ | restored records/s (start → ready) ↑ | full restore peak RSS (MiB) ↓ | restart start → ready (s) ↓ | restart peak RSS (MiB) ↓ | CPU µs/event ↓ |\n")
+		b.WriteString("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n")
+		for _, p := range s.Points {
+			_, cpu, _ := micros(p.CPUPerEventUs)
+			products := group(int64(p.Products))
+			if p.Status != "ok" {
+				products += " (" + p.Status + ")"
+			}
+			fmt.Fprintf(&b, "| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n",
+				products, group(int64(p.Events)),
+				orDash(p.EventsPerSec > 0, group(int64(p.EventsPerSec+0.5))),
+				orDash(p.ProcessingPeakRSSBytes > 0, fmt.Sprintf("%.0f", float64(p.ProcessingPeakRSSBytes)/(1<<20))),
+				orDash(p.FullRestoreStartToReadyMs > 0, fmt.Sprintf("%.2f", float64(p.FullRestoreStartToReadyMs)/1000)),
+				orDash(p.RestoreRecordsPerSecWall > 0, group(int64(p.RestoreRecordsPerSecWall+0.5))),
+				orDash(p.FullRestorePeakRSSBytes > 0, fmt.Sprintf("%.0f", float64(p.FullRestorePeakRSSBytes)/(1<<20))),
+				orDash(p.RestartStartToReadyMs > 0, fmt.Sprintf("%.2f", float64(p.RestartStartToReadyMs)/1000)),
+				orDash(p.RestartPeakRSSBytes > 0, fmt.Sprintf("%.0f", float64(p.RestartPeakRSSBytes)/(1<<20))),
+				orDash(p.CPUPerEventUs > 0, cpu))
+		}
+	}
+	if b.Len() > 0 {
+		b.WriteString("\nRestored records/s = records restored ÷ the full restore's start → ready; CPU µs/event: the processing run's\n" +
+			"whole-process user+sys CPU ÷ events (the ceiling: the harness's CPU over its consume). Every row is its own data set\n" +
+			"(every product occurs at least once); per-run details in each row's results file.\n")
+	}
+	return b.String()
+}
