@@ -12,6 +12,18 @@ func BenchmarkDecode(b *testing.B) {
 	}
 }
 
+// BenchmarkDecodeKey is BenchmarkDecode through the hot path's decoder,
+// which copies nothing.
+func BenchmarkDecodeKey(b *testing.B) {
+	key, value := []byte("product42"), []byte(`{"product":"product42","value":1000}`)
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, _, err := DecodeKey(key, value); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
 func BenchmarkPartition(b *testing.B) {
 	key := []byte("product42")
 	for b.Loop() {

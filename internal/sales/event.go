@@ -78,23 +78,59 @@ type Event struct {
 // (the product may be omitted when the key is set). Any other shape is a
 // *BadEventError.
 func Decode(key, value []byte) (Event, error) {
-	value = bytes.TrimSpace(value)
-	if len(value) == 0 {
-		return Event{}, bad(ReasonEmpty, "")
+	value, err := precheck(key, value)
+	if err != nil {
+		return Event{}, err
 	}
-	if len(value) > MaxEventSize {
-		return Event{}, bad(ReasonTooLarge, "value is %d bytes, at most %d allowed", len(value), MaxEventSize)
-	}
-	if len(key) > MaxKeySize {
-		return Event{}, bad(ReasonTooLarge, "key is %d bytes, at most %d allowed", len(key), MaxKeySize)
-	}
-	if !utf8.Valid(key) {
-		return Event{}, bad(ReasonInvalidUTF8, "record key is not valid UTF-8")
-	}
-	if ev, ok := decodeCanonical(value); ok {
-		return withKey(ev, key)
+	if product, n, ok := decodeCanonical(value); ok {
+		return withKey(Event{Product: string(product), Value: n}, key)
 	}
 	return decodeJSON(key, value)
+}
+
+// DecodeKey is Decode for the hot path: it returns only the group key and
+// the amount, and for the canonical shape it copies nothing (the key is a
+// slice of the record's key or value, valid as long as they are). Every
+// input gives what Decode gives: the same key bytes, amount and error.
+func DecodeKey(key, value []byte) ([]byte, int64, error) {
+	value, err := precheck(key, value)
+	if err != nil {
+		return nil, 0, err
+	}
+	if product, n, ok := decodeCanonical(value); ok {
+		k := key
+		if len(k) == 0 {
+			k = product
+		}
+		if err := checkKey(len(k)); err != nil {
+			return nil, 0, err
+		}
+		return k, n, nil
+	}
+	ev, err := decodeJSON(key, value)
+	if err != nil {
+		return nil, 0, err
+	}
+	return []byte(ev.Key), ev.Value, nil
+}
+
+// precheck returns the trimmed value, or the error of a value or key that
+// no decoding can accept.
+func precheck(key, value []byte) ([]byte, error) {
+	value = bytes.TrimSpace(value)
+	if len(value) == 0 {
+		return nil, bad(ReasonEmpty, "")
+	}
+	if len(value) > MaxEventSize {
+		return nil, bad(ReasonTooLarge, "value is %d bytes, at most %d allowed", len(value), MaxEventSize)
+	}
+	if len(key) > MaxKeySize {
+		return nil, bad(ReasonTooLarge, "key is %d bytes, at most %d allowed", len(key), MaxKeySize)
+	}
+	if !utf8.Valid(key) {
+		return nil, bad(ReasonInvalidUTF8, "record key is not valid UTF-8")
+	}
+	return value, nil
 }
 
 // decodeJSON is Decode's general path: any JSON, through encoding/json.
@@ -138,13 +174,21 @@ func withKey(ev Event, key []byte) (Event, error) {
 	default:
 		ev.Key = string(key)
 	}
-	if ev.Key == "" {
-		return Event{}, bad(ReasonNoKey, "record key and product are both empty")
-	}
-	if len(ev.Key) > MaxKeySize {
-		return Event{}, bad(ReasonTooLarge, "product is %d bytes, at most %d allowed", len(ev.Key), MaxKeySize)
+	if err := checkKey(len(ev.Key)); err != nil {
+		return Event{}, err
 	}
 	return ev, nil
+}
+
+// checkKey checks the length of a group key.
+func checkKey(n int) error {
+	if n == 0 {
+		return bad(ReasonNoKey, "record key and product are both empty")
+	}
+	if n > MaxKeySize {
+		return bad(ReasonTooLarge, "product is %d bytes, at most %d allowed", n, MaxKeySize)
+	}
+	return nil
 }
 
 func isNull(raw json.RawMessage) bool { return bytes.Equal(bytes.TrimSpace(raw), []byte("null")) }
@@ -190,8 +234,7 @@ func Add(total, v int64) (int64, error) {
 // that fits int64. Anything else, valid or not, returns false and goes to
 // the general path, so both give the same result for every input (a fuzz
 // test holds them to it). value is trimmed and not empty.
-func decodeCanonical(value []byte) (Event, bool) {
-	var ev Event
+func decodeCanonical(value []byte) (product []byte, n int64, ok bool) {
 	i := 0
 	skip := func() {
 		for i < len(value) && (value[i] == ' ' || value[i] == '\t' || value[i] == '\n' || value[i] == '\r') {
@@ -228,40 +271,43 @@ func decodeCanonical(value []byte) (Event, bool) {
 		return nil, false
 	}
 	if !expect('{') {
-		return ev, false
+		return nil, 0, false
 	}
 	var haveProduct, haveValue bool
 	for field := 0; field < 2; field++ {
 		if field == 1 && !expect(',') {
-			return ev, false
+			return nil, 0, false
 		}
 		name, ok := str()
 		if !ok || !expect(':') {
-			return ev, false
+			return nil, 0, false
 		}
 		switch string(name) {
 		case "product":
 			p, ok := str()
 			if !ok || haveProduct {
-				return ev, false
+				return nil, 0, false
 			}
-			ev.Product, haveProduct = string(p), true
+			product, haveProduct = p, true
 		case "value":
 			skip()
-			n, end, ok := parseJSONInt(value, i)
+			v, end, ok := parseJSONInt(value, i)
 			if !ok || haveValue {
-				return ev, false
+				return nil, 0, false
 			}
-			ev.Value, haveValue, i = n, true, end
+			n, haveValue, i = v, true, end
 		default:
-			return ev, false
+			return nil, 0, false
 		}
 	}
 	if !expect('}') {
-		return ev, false
+		return nil, 0, false
 	}
 	skip()
-	return ev, i == len(value) && haveProduct && haveValue
+	if i != len(value) || !haveProduct || !haveValue {
+		return nil, 0, false
+	}
+	return product, n, true
 }
 
 // parseJSONInt reads a JSON integer at b[i:] (-?(0|[1-9][0-9]*), not

@@ -188,14 +188,18 @@ func decodeGeneral(key, value []byte) (Event, error) {
 	return decodeJSON(key, trimmed)
 }
 
-// sameDecode fails t unless Decode and the general path agree on key and
-// value: the same event, or errors of the same reason.
+// sameDecode fails t unless Decode, DecodeKey and the general path agree on
+// key and value: the same event, or errors of the same reason.
 func sameDecode(t *testing.T, key, value []byte) {
 	t.Helper()
 	got, gotErr := Decode(key, value)
 	want, wantErr := decodeGeneral(key, value)
 	if (gotErr == nil) != (wantErr == nil) || (gotErr != nil && Reason(gotErr) != Reason(wantErr)) || got != want {
 		t.Fatalf("Decode(%q, %q) = %+v, %v; the general decoder gives %+v, %v", key, value, got, gotErr, want, wantErr)
+	}
+	k, n, err := DecodeKey(key, value)
+	if (err == nil) != (wantErr == nil) || (err != nil && Reason(err) != Reason(wantErr)) || string(k) != want.Key || n != want.Value {
+		t.Fatalf("DecodeKey(%q, %q) = %q, %d, %v; the general decoder gives %+v, %v", key, value, k, n, err, want, wantErr)
 	}
 }
 

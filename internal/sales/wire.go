@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strconv"
 )
 
 // Wire formats, compatible with the Kafka Streams application salesagg
@@ -58,7 +59,12 @@ const (
 
 // EncodeTotal encodes a total as Kafka's LongSerializer does.
 func EncodeTotal(total int64) []byte {
-	return binary.BigEndian.AppendUint64(make([]byte, 0, 8), uint64(total))
+	return AppendTotal(make([]byte, 0, 8), total)
+}
+
+// AppendTotal appends EncodeTotal(total) to b.
+func AppendTotal(b []byte, total int64) []byte {
+	return binary.BigEndian.AppendUint64(b, uint64(total))
 }
 
 // DecodeTotal decodes a LongSerializer value.
@@ -83,6 +89,22 @@ func EncodeNotification(product string, total int64) []byte {
 	enc.SetEscapeHTML(false)
 	_ = enc.Encode(Notification{SKU: product, Value: total}) // cannot fail for these types
 	return bytes.TrimSuffix(b.Bytes(), []byte("\n"))
+}
+
+// AppendNotification appends EncodeNotification(product, total) to b,
+// without encoding/json for a product of printable ASCII other than '"' and
+// '\\' (nothing to escape).
+func AppendNotification(b []byte, product string, total int64) []byte {
+	for i := 0; i < len(product); i++ {
+		if c := product[i]; c < 0x20 || c >= 0x7f || c == '"' || c == '\\' {
+			return append(b, EncodeNotification(product, total)...)
+		}
+	}
+	b = append(b, `{"sku":"`...)
+	b = append(b, product...)
+	b = append(b, `","value":`...)
+	b = strconv.AppendInt(b, total, 10)
+	return append(b, '}')
 }
 
 // Notify reports whether a total at threshold or above emits a notification.
@@ -162,6 +184,26 @@ func (offs Offsets) With(topicID [16]byte, p int32, o int64) Offsets {
 	offs.Parts = append(parts, PartitionOffset{p, o})
 	slices.SortFunc(offs.Parts, func(a, b PartitionOffset) int { return cmp.Compare(a.Partition, b.Partition) })
 	return offs
+}
+
+// Set is With in place, for offsets the caller owns (they share no parts
+// with offsets held elsewhere, e.g. a Clone): it allocates only when p is a
+// partition offs has no offset for.
+func (offs *Offsets) Set(topicID [16]byte, p int32, o int64) {
+	if !sameTopic(offs.TopicID, topicID) {
+		offs.Parts = offs.Parts[:0]
+	}
+	if topicID != ([16]byte{}) {
+		offs.TopicID = topicID
+	}
+	for i := range offs.Parts {
+		if offs.Parts[i].Partition == p {
+			offs.Parts[i].Offset = o
+			return
+		}
+	}
+	offs.Parts = append(offs.Parts, PartitionOffset{p, o})
+	slices.SortFunc(offs.Parts, func(a, b PartitionOffset) int { return cmp.Compare(a.Partition, b.Partition) })
 }
 
 // Clone returns a copy of offs that shares nothing with it.

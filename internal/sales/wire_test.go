@@ -3,6 +3,7 @@ package sales
 import (
 	"bytes"
 	"errors"
+	"math"
 	"reflect"
 	"slices"
 	"testing"
@@ -163,6 +164,13 @@ func TestOffsetsAcrossTopicIDs(t *testing.T) {
 				t.Fatalf("%+v does not reflect exactly up to what With folded", got)
 			}
 		})
+		t.Run("Set/"+tc.name, func(t *testing.T) {
+			got := tc.offs.Clone()
+			got.Set(tc.topicID, tc.p, tc.o)
+			if got.TopicID != tc.want.TopicID || !slices.Equal(got.Parts, tc.want.Parts) {
+				t.Fatalf("%+v.Set(%x, %d, %d) = %+v, want %+v", tc.offs, tc.topicID[:1], tc.p, tc.o, got, tc.want)
+			}
+		})
 	}
 
 	// The recreated topic's events are folded, then recognised when redelivered.
@@ -195,4 +203,27 @@ func TestWithNeverChangesItsReceiver(t *testing.T) {
 	if got := held.With(id, 0, 11); !got.Reflects(id, 0, 11) || got.Reflects(id, 0, 12) {
 		t.Fatalf("With(0, 11) = %+v", got)
 	}
+}
+
+func TestAppendNotificationMatchesEncode(t *testing.T) {
+	// Scenario: the notification value built without encoding/json is byte for byte what
+	// encoding/json writes, for plain products and for every product that needs escaping.
+	for _, p := range []string{"p1", "", "a b~", `q"uote`, `back\slash`, "tab\t", "nl\n", "\x01", "del\x7f", "é", "\u2028", "<&>", "\xff"} {
+		for _, total := range []int64{0, -1, 2000, math.MaxInt64, math.MinInt64} {
+			got := AppendNotification([]byte("prefix"), p, total)
+			if want := append([]byte("prefix"), EncodeNotification(p, total)...); !bytes.Equal(got, want) {
+				t.Errorf("AppendNotification(%q, %d) = %s, want %s", p, total, got, want)
+			}
+		}
+	}
+}
+
+func FuzzAppendNotificationMatchesEncode(f *testing.F) {
+	f.Add("p1", int64(2000))
+	f.Add(`a"b`, int64(-5))
+	f.Fuzz(func(t *testing.T, p string, total int64) {
+		if got, want := AppendNotification(nil, p, total), EncodeNotification(p, total); !bytes.Equal(got, want) {
+			t.Fatalf("AppendNotification(%q, %d) = %s, want %s", p, total, got, want)
+		}
+	})
 }

@@ -2,6 +2,8 @@ package state
 
 import (
 	"fmt"
+	"math/rand/v2"
+	"strconv"
 	"testing"
 
 	"go.uber.org/zap"
@@ -53,4 +55,41 @@ func BenchmarkGet(b *testing.B) {
 		}
 		i++
 	}
+}
+
+// BenchmarkRestoreBatches writes 1,000,000 products in random order into an
+// empty store in unsynced batches of 20,000 with a final synced one, as a
+// full restore does with the changelog's fetches. One iteration is one
+// restore.
+func BenchmarkRestoreBatches(b *testing.B) {
+	const products, batch = 1_000_000, 20_000
+	ups := make([]Update, products)
+	perm := rand.New(rand.NewPCG(1, 2)).Perm(products)
+	for i, p := range perm {
+		ups[i] = Update{Product: "p" + strconv.Itoa(p), Entry: Entry{Total: int64(p), Offsets: sales.Offsets{TopicID: [16]byte{1}, Parts: []sales.PartitionOffset{{Partition: int32(p % 3), Offset: int64(i)}}}}}
+	}
+	b.ReportAllocs()
+	for b.Loop() {
+		b.StopTimer()
+		s, err := Open(b.TempDir(), zap.NewNop(), OpenOptions{})
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.StartTimer()
+		for i := 0; i < products; i += batch {
+			apply := s.ApplyUnsynced
+			if i+batch >= products {
+				apply = s.Apply
+			}
+			if err := apply(ups[i:min(i+batch, products)], Checkpoint{ChangelogOffset: int64(i + batch)}); err != nil {
+				b.Fatal(err)
+			}
+		}
+		b.StopTimer()
+		if err := s.Close(); err != nil {
+			b.Fatal(err)
+		}
+		b.StartTimer()
+	}
+	b.ReportMetric(float64(b.N*products)/b.Elapsed().Seconds(), "records/s")
 }

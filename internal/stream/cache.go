@@ -93,3 +93,40 @@ func (rt *Runtime) cacheBytesPerTask() int64 {
 	}
 	return rt.cfg.CacheMaxBytes / n
 }
+
+// entryArena hands out the entries of a task's dirty map from chunks that
+// are reused once the map is emptied, so that a cycle allocates no entry per
+// product. Only the map points into it; produced updates hold copies.
+type entryArena struct {
+	chunks [][]state.Entry
+	chunk  int // index of the chunk being filled
+	used   int // entries used of it
+}
+
+const arenaChunk = 1024
+
+func (a *entryArena) alloc() *state.Entry {
+	if a.chunk == len(a.chunks) {
+		a.chunks = append(a.chunks, make([]state.Entry, arenaChunk))
+	}
+	e := &a.chunks[a.chunk][a.used]
+	if a.used++; a.used == arenaChunk {
+		a.chunk, a.used = a.chunk+1, 0
+	}
+	return e
+}
+
+// reset makes every entry free again; the caller holds no pointer into it.
+// Chunks beyond what the last cycles needed are let go, so that one large
+// cycle does not pin its memory.
+func (a *entryArena) reset() {
+	needed := a.chunk + 1
+	for i := range a.chunks[:min(needed, len(a.chunks))] {
+		clear(a.chunks[i]) // drop the offsets they point to
+	}
+	if len(a.chunks) > 2*needed {
+		clear(a.chunks[needed:])
+		a.chunks = a.chunks[:needed]
+	}
+	a.chunk, a.used = 0, 0
+}

@@ -87,7 +87,7 @@ func (t *task) handleCycle(ctx context.Context, req cycleReq) error {
 			// The transaction aborted: its records are invisible, the input
 			// is rewound, and the store still holds the committed state.
 			t.produceErr.Store(nil)
-			clear(t.dirty)
+			t.dropDirty()
 			return nil
 		}
 		if errp := t.produceErr.Load(); errp != nil {

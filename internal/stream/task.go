@@ -1,6 +1,7 @@
 package stream
 
 import (
+	"bytes"
 	"context"
 	"encoding/binary"
 	"errors"
@@ -59,6 +60,11 @@ func (s TaskState) String() string {
 // until that cycle prepares add at most the task's inbox).
 const maxDirty = 100_000
 
+// inboxDepth is how many polled batches (up to 10,000 records each) wait for
+// a task: enough to keep it busy while the poll loop fetches, few enough
+// that the records held in memory stay bounded (about 2.5 MB a batch).
+const inboxDepth = 4
+
 // batch is records of one partition handed from the poll loop to a task.
 type batch struct {
 	topic string
@@ -92,11 +98,15 @@ type task struct {
 	store atomic.Pointer[state.Store]
 
 	// owned by the task goroutine
-	dirty      map[string]state.Entry
+	// dirty are the entries changed in the current cycle, not yet produced;
+	// they are the task's own (see process) and come from arena.
+	dirty      map[string]*state.Entry
+	arena      entryArena
 	cp         state.Checkpoint
 	inputNext  int64 // next input offset to process, -1 before the first record
 	repartNext int64 // next repartition offset to process, -1 before the first record
 	pending    sync.WaitGroup
+	plain      func(*kgo.Record, error) // the produce callback of records other than the changelog's
 	produceErr atomic.Pointer[error]
 	badLog     rateLimiter
 	// prepared is the exactly-once cycle's batch, produced in the open
@@ -147,11 +157,11 @@ func newTask(rt *Runtime, partition int32) *task {
 		rt:         rt,
 		partition:  partition,
 		name:       state.TaskName(partition),
-		inbox:      make(chan batch, 16),
+		inbox:      make(chan batch, inboxDepth),
 		quit:       make(chan struct{}),
 		done:       make(chan struct{}),
 		cycle:      make(chan cycleReq),
-		dirty:      make(map[string]state.Entry),
+		dirty:      make(map[string]*state.Entry),
 		inputNext:  -1,
 		repartNext: -1,
 		badLog:     rateLimiter{every: 10 * time.Second, burst: 5},
@@ -161,6 +171,7 @@ func newTask(rt *Runtime, partition int32) *task {
 		cache:      newEntryCache(rt.cacheBytesPerTask()),
 	}
 	t.log = rt.log.With(zap.String("task", t.name), zap.Int32("partition", partition))
+	t.plain = t.promise(nil)
 	t.stats.inputPos.Store(-1)
 	t.stats.checkpoint.Store(-1)
 	return t
@@ -355,32 +366,39 @@ func (t *task) process(ctx context.Context, topic string, r *kgo.Record) error {
 			return nil
 		}
 	}
-	ev, err := sales.Decode(r.Key, r.Value)
+	key, value, err := sales.DecodeKey(r.Key, r.Value)
 	if err != nil {
 		t.badEvent(ctx, topic, r, err, sales.Reason(err))
 		return nil
 	}
 	if topic == t.rt.cfg.InputTopic {
-		if owner := sales.Partition([]byte(ev.Key), t.rt.topo.partitions); owner != t.partition {
-			t.forward(ctx, owner, ev.Key, r)
+		if owner := sales.Partition(key, t.rt.topo.partitions); owner != t.partition {
+			t.forward(ctx, owner, key, r)
 			return nil
 		}
 	}
-	e, ok := t.dirty[ev.Key]
-	if !ok {
-		if e, ok = t.cache.get(ev.Key); !ok {
-			stored, _, err := t.store.Load().Get(ev.Key)
-			if err != nil {
+	// An entry in the dirty map is the task's own: it is changed in place.
+	// The first event of a product in a cycle copies the committed entry
+	// (its offsets are shared with the cache) into one.
+	e, owned := t.dirty[string(key)]
+	if !owned {
+		committed, ok := t.cache.get(string(key))
+		if !ok {
+			if committed, _, err = t.store.Load().Get(string(key)); err != nil {
 				return err
 			}
-			e = stored
 		}
-	}
-	if e.Offsets.Reflects(srcTopic, srcPart, srcOff) {
+		if committed.Offsets.Reflects(srcTopic, srcPart, srcOff) {
+			t.stats.duplicates.Add(1)
+			return nil
+		}
+		e = t.arena.alloc()
+		*e = state.Entry{Total: committed.Total, Offsets: committed.Offsets.Clone()}
+	} else if e.Offsets.Reflects(srcTopic, srcPart, srcOff) {
 		t.stats.duplicates.Add(1)
 		return nil
 	}
-	total, err := sales.Add(e.Total, ev.Value)
+	total, err := sales.Add(e.Total, value)
 	if err != nil {
 		t.badEvent(ctx, topic, r, err, sales.Reason(err))
 		return nil
@@ -388,12 +406,14 @@ func (t *task) process(ctx context.Context, topic string, r *kgo.Record) error {
 	e.Total = total
 	var zero [16]byte
 	if srcTopic == t.rt.topo.inputID || srcTopic == zero || t.rt.topo.inputID == zero {
-		e.Offsets = e.Offsets.With(srcTopic, srcPart, srcOff)
+		e.Offsets.Set(srcTopic, srcPart, srcOff)
 	}
 	// Else the event was forwarded from an input topic since recreated: it
 	// counts, but recording its offset would drop the product's offsets of
 	// the current topic and let their redeliveries count twice.
-	t.dirty[ev.Key] = e
+	if !owned {
+		t.dirty[string(key)] = e
+	}
 	t.stats.processed.Add(1)
 	return nil
 }
@@ -401,11 +421,11 @@ func (t *task) process(ctx context.Context, topic string, r *kgo.Record) error {
 // forward sends an event to the task owning its product, through the
 // repartition topic, with its input coordinates as headers so the owner can
 // recognise a redelivery.
-func (t *task) forward(ctx context.Context, owner int32, key string, r *kgo.Record) {
+func (t *task) forward(ctx context.Context, owner int32, key []byte, r *kgo.Record) {
 	rec := &kgo.Record{
 		Topic:     t.rt.cfg.RepartitionTopic(),
 		Partition: owner,
-		Key:       []byte(key),
+		Key:       bytes.Clone(key),
 		Value:     r.Value,
 		Headers: []kgo.RecordHeader{
 			{Key: sales.SourcePartitionHeader, Value: binary.BigEndian.AppendUint32(nil, uint32(r.Partition))},
@@ -413,7 +433,7 @@ func (t *task) forward(ctx context.Context, owner int32, key string, r *kgo.Reco
 			{Key: sales.SourceTopicIDHeader, Value: append([]byte(nil), t.rt.topo.inputID[:]...)},
 		},
 	}
-	t.produce(ctx, rec, nil)
+	t.produce(ctx, rec, t.plain)
 	t.stats.forwarded.Add(1)
 }
 
@@ -441,11 +461,18 @@ func (t *task) sourceOf(r *kgo.Record) (int32, int64, [16]byte, bool) {
 	return int32(binary.BigEndian.Uint32(p)), int64(binary.BigEndian.Uint64(o)), id, true
 }
 
-// produce sends rec; done, if not nil, runs with the produced record on
-// success. Failures are kept for the next flush to report.
-func (t *task) produce(ctx context.Context, rec *kgo.Record, done func(*kgo.Record)) {
+// produce sends rec with promise, a callback made by t.promise.
+func (t *task) produce(ctx context.Context, rec *kgo.Record, promise func(*kgo.Record, error)) {
 	t.pending.Add(1)
-	t.rt.client.Produce(ctx, rec, func(r *kgo.Record, err error) {
+	t.rt.client.Produce(ctx, rec, promise)
+}
+
+// promise returns the produce callback of the task's records: failures are
+// kept for the next flush to report; a success is counted and, when max is
+// not nil, raises max to the record's offset. Made once per flush (or once
+// per task), not per record.
+func (t *task) promise(max *atomic.Int64) func(*kgo.Record, error) {
+	return func(r *kgo.Record, err error) {
 		defer t.pending.Done()
 		if err != nil {
 			err = fmt.Errorf("producing to %s-%d: %w", r.Topic, r.Partition, err)
@@ -453,49 +480,81 @@ func (t *task) produce(ctx context.Context, rec *kgo.Record, done func(*kgo.Reco
 			return
 		}
 		t.rt.metrics.produced[t.rt.producedKind(r.Topic)].Add(1)
-		if done != nil {
-			done(r)
+		for max != nil {
+			cur := max.Load()
+			if r.Offset <= cur || max.CompareAndSwap(cur, r.Offset) {
+				return
+			}
 		}
-	})
+	}
 }
 
 // produceDirty produces the changed totals to the changelog, each with the
 // input offsets it reflects, and the notifications of those at or above the
 // threshold. It returns the store updates and the highest changelog offset
 // acknowledged so far (final once t.pending is done).
+//
+// The cycle's records, headers and bytes come from three allocations, not
+// six per product: they live until the last record's callback, and the
+// updates keep only the product strings (the map's keys).
 func (t *task) produceDirty(ctx context.Context) ([]state.Update, *atomic.Int64) {
 	cl := t.rt.cfg.ChangelogTopic()
-	updates := make([]state.Update, 0, len(t.dirty))
+	threshold := t.rt.cfg.NotificationThreshold
+	n, notes, size := len(t.dirty), 0, 0
+	for key, e := range t.dirty {
+		size += len(key) + 8 + e.Offsets.EncodedLen()
+		if sales.Notify(e.Total, threshold) {
+			notes++
+			size += len(key) + 40 // {"sku":key,"value":total}
+		}
+	}
+	recs := make([]kgo.Record, n+notes)
+	headers := make([]kgo.RecordHeader, n)
+	buf := make([]byte, 0, size)
+	updates := make([]state.Update, 0, n)
 	maxOffset := new(atomic.Int64)
 	maxOffset.Store(-1)
-	onChangelog := func(r *kgo.Record) {
-		for {
-			cur := maxOffset.Load()
-			if r.Offset <= cur || maxOffset.CompareAndSwap(cur, r.Offset) {
-				return
-			}
-		}
-	}
+	onChangelog := t.promise(maxOffset)
+	i, j := 0, 0
 	for key, e := range t.dirty {
-		t.produce(ctx, &kgo.Record{
-			Topic:     cl,
-			Partition: t.partition,
-			Key:       []byte(key),
-			Value:     sales.EncodeTotal(e.Total),
-			Headers:   []kgo.RecordHeader{{Key: sales.OffsetsHeader, Value: e.Offsets.AppendEncode(nil)}},
-		}, onChangelog)
-		if sales.Notify(e.Total, t.rt.cfg.NotificationThreshold) {
-			t.produce(ctx, &kgo.Record{
+		// Each field is appended to buf and taken capacity-limited, so
+		// nothing appended later can reach it.
+		at := len(buf)
+		buf = append(buf, key...)
+		k := buf[at:len(buf):len(buf)]
+		at = len(buf)
+		buf = sales.AppendTotal(buf, e.Total)
+		total := buf[at:len(buf):len(buf)]
+		at = len(buf)
+		buf = e.Offsets.AppendEncode(buf)
+		headers[i] = kgo.RecordHeader{Key: sales.OffsetsHeader, Value: buf[at:len(buf):len(buf)]}
+		rec := &recs[i]
+		*rec = kgo.Record{Topic: cl, Partition: t.partition, Key: k, Value: total, Headers: headers[i : i+1 : i+1]}
+		t.produce(ctx, rec, onChangelog)
+		if sales.Notify(e.Total, threshold) {
+			at = len(buf)
+			buf = sales.AppendNotification(buf, key, e.Total)
+			note := &recs[n+j]
+			j++
+			*note = kgo.Record{
 				Topic:     t.rt.cfg.NotificationTopic,
-				Partition: sales.Partition([]byte(key), t.rt.topo.notificationPartitions),
-				Key:       []byte(key),
-				Value:     sales.EncodeNotification(key, e.Total),
-			}, nil)
+				Partition: sales.Partition(k, t.rt.topo.notificationPartitions),
+				Key:       k,
+				Value:     buf[at:len(buf):len(buf)],
+			}
+			t.produce(ctx, note, t.plain)
 		}
-		updates = append(updates, state.Update{Product: key, Entry: e})
+		updates = append(updates, state.Update{Product: key, Entry: *e})
+		i++
 	}
-	clear(t.dirty)
+	t.dropDirty()
 	return updates, maxOffset
+}
+
+// dropDirty empties the dirty map and reuses its entries' memory.
+func (t *task) dropDirty() {
+	clear(t.dirty)
+	t.arena.reset()
 }
 
 // apply writes updates with the checkpoint that follows them: the changelog
@@ -662,7 +721,7 @@ func (t *task) badEvent(ctx context.Context, topic string, r *kgo.Record, err er
 			Key:       r.Key,
 			Value:     r.Value,
 			Headers:   headers,
-		}, nil)
+		}, t.plain)
 	}
 	if ok, suppressed := t.badLog.allow(time.Now()); ok {
 		t.log.Warn("Skipping bad event",
