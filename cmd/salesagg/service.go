@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"runtime/debug"
 	"strings"
 	"syscall"
 	"time"
@@ -55,6 +56,10 @@ func runService(args []string) error {
 	if cfg.StateDirUnderTemp() {
 		log.Warn("state.dir is under the OS temp dir: it may not survive a reboot, and a lost state dir means a full restore from the changelog",
 			zap.String("state.dir", cfg.StateDir))
+	}
+
+	if _, set := os.LookupEnv("GOMEMLIMIT"); !set && cfg.MemoryLimit() > 0 {
+		debug.SetMemoryLimit(cfg.MemoryLimit())
 	}
 
 	dir, err := state.OpenDir(cfg.StateDir, cfg.ApplicationID)

@@ -97,6 +97,12 @@ type Config struct {
 	// CacheMaxBytes bounds the entries kept in memory in front of the
 	// stores, over all tasks (0: no cache).
 	CacheMaxBytes int64
+	// StoreCacheBytes is the size of Pebble's block cache, shared by every
+	// local store of the process (active tasks and standby copies).
+	StoreCacheBytes int64
+	// MemoryLimitSet is memory.limit.bytes when set (-1: derived, see
+	// MemoryLimit; 0: none).
+	MemoryLimitSet int64
 
 	LogLevel string
 	// LogFormat is json or console; empty chooses console when standard
@@ -132,6 +138,20 @@ func (s Security) TLS() bool { return s.Protocol == ProtocolSSL || s.Protocol ==
 // SASL reports whether connections authenticate with SASL.
 func (s Security) SASL() bool {
 	return s.Protocol == ProtocolSASLPlaintext || s.Protocol == ProtocolSASLSSL
+}
+
+// BaseMemory is what the service needs besides its caches, the default
+// memory.limit.bytes without cache.max.bytes.
+const BaseMemory = 128 << 20
+
+// MemoryLimit is the Go heap's soft limit: memory.limit.bytes, by default
+// BaseMemory plus cache.max.bytes (the entry cache lives in the Go heap;
+// Pebble's block cache and memtables do not). 0 means none.
+func (c Config) MemoryLimit() int64 {
+	if c.MemoryLimitSet >= 0 {
+		return c.MemoryLimitSet
+	}
+	return BaseMemory + c.CacheMaxBytes
 }
 
 // MaxTransactionTimeout is the broker's default transaction.max.timeout.ms
@@ -218,6 +238,8 @@ var keys = []keyDef{
 	{"transaction.timeout.ms", kindInt, "", "exactly-once transaction timeout (default 10 × commit.interval.ms, at least 10000): how long a killed instance's open transaction holds up the new owner of its tasks, and how long Kafka may be unreachable before the open transaction is aborted and the producer session restarts"},
 	{"compression.type", kindString, "none", "compression of produced batches (changelog, notifications, repartition): none, gzip, snappy, lz4 or zstd"},
 	{"cache.max.bytes", kindInt, "67108864", "bytes of product totals kept in memory in front of the stores, over all tasks, so hot products read no disk (0: none)"},
+	{"memory.limit.bytes", kindInt, "", "soft limit of the Go heap (the runtime's memory limit: the GC works harder near it), default 134217728 + cache.max.bytes; 0: none; the GOMEMLIMIT environment variable, when set, wins"},
+	{"store.cache.bytes", kindInt, "67108864", "bytes of Pebble's block cache (index, bloom filter and data blocks), shared by every local store of the process"},
 	{"log.level", kindString, "info", "debug, info, warn or error"},
 	{"log.format", kindString, "", "json or console (default: console on a terminal, json otherwise)"},
 }
@@ -473,6 +495,11 @@ func decode(v *viper.Viper) (Config, map[string]bool, []error) {
 	c.AcceptableRecoveryLag = integer("acceptable.recovery.lag", 0, math.MaxInt64)
 	c.MaxWarmupReplicas = int(integer("max.warmup.replicas", 1, 10_000))
 	c.CacheMaxBytes = integer("cache.max.bytes", 0, 1<<40)
+	c.StoreCacheBytes = integer("store.cache.bytes", 1<<20, 1<<40)
+	c.MemoryLimitSet = -1
+	if v.IsSet("memory.limit.bytes") {
+		c.MemoryLimitSet = integer("memory.limit.bytes", 0, 1<<50)
+	}
 	c.CompressionType = strings.ToLower(str("compression.type"))
 	if v.IsSet("transaction.timeout.ms") {
 		c.TransactionTimeoutSet = time.Duration(integer("transaction.timeout.ms", 1000, MaxTransactionTimeout.Milliseconds())) * time.Millisecond
@@ -642,6 +669,8 @@ func (c Config) Fields() map[string]any {
 		"max.warmup.replicas":           c.MaxWarmupReplicas,
 		"probing.rebalance.interval.ms": c.ProbingRebalanceInterval.Milliseconds(),
 		"cache.max.bytes":               c.CacheMaxBytes,
+		"store.cache.bytes":             c.StoreCacheBytes,
+		"memory.limit.bytes":            c.MemoryLimit(),
 		"compression.type":              c.CompressionType,
 		"transaction.timeout.ms":        c.TransactionTimeout().Milliseconds(),
 		"log.level":                     c.LogLevel,

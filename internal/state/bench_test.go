@@ -93,3 +93,31 @@ func BenchmarkRestoreBatches(b *testing.B) {
 	}
 	b.ReportMetric(float64(b.N*products)/b.Elapsed().Seconds(), "records/s")
 }
+
+// BenchmarkGetMissing reads products the store does not hold, as the first
+// event of every new product does: 1,000,000 products in the store, written
+// in batches so that they spread over several levels.
+func BenchmarkGetMissing(b *testing.B) {
+	s, err := Open(b.TempDir(), zap.NewNop(), OpenOptions{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer s.Close()
+	ups := make([]Update, 20_000)
+	for n := 0; n < 1_000_000; n += len(ups) {
+		for i := range ups {
+			ups[i] = Update{Product: "p" + strconv.Itoa(n+i), Entry: Entry{Total: int64(i)}}
+		}
+		if err := s.ApplyUnsynced(ups, Checkpoint{}); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.ReportAllocs()
+	i := 0
+	for b.Loop() {
+		if _, ok, err := s.Get("q" + strconv.Itoa(i)); err != nil || ok {
+			b.Fatal("found", err)
+		}
+		i++
+	}
+}

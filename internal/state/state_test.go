@@ -256,3 +256,45 @@ func waitFor(t testing.TB, timeout time.Duration, what string, cond func() bool)
 		time.Sleep(time.Millisecond)
 	}
 }
+func TestLookupSeesEveryWrite(t *testing.T) {
+	// Scenario: the owner's Lookup agrees with Get for products the store holds and does not
+	// hold, sees each write as soon as Apply returns (its iterator is dropped by writes), works
+	// on a shared block cache, and returns ErrClosed after Close.
+	bc := NewBlockCache(4 << 20)
+	defer bc.Close()
+	s, err := Open(t.TempDir(), zap.NewNop(), OpenOptions{BlockCache: bc})
+	if err != nil {
+		t.Fatal(err)
+	}
+	check := func(product string, wantTotal int64, wantOK bool) {
+		t.Helper()
+		e, ok, err := s.Lookup([]byte(product))
+		g, gok, gerr := s.Get(product)
+		if err != nil || gerr != nil || ok != wantOK || gok != wantOK || e.Total != wantTotal || g.Total != wantTotal {
+			t.Fatalf("%s: Lookup = %d, %v, %v; Get = %d, %v, %v; want %d, %v", product, e.Total, ok, err, g.Total, gok, gerr, wantTotal, wantOK)
+		}
+	}
+	check("p1", 0, false)
+	for round := int64(1); round <= 3; round++ {
+		ups := make([]Update, 0, 1000)
+		for i := range 1000 {
+			ups = append(ups, Update{Product: fmt.Sprintf("p%d", i), Entry: Entry{Total: round * int64(i)}})
+		}
+		if err := s.Apply(ups, Checkpoint{ChangelogOffset: round}); err != nil {
+			t.Fatal(err)
+		}
+		check("p1", round, true)
+		check("p999", round*999, true)
+		check("p1000", 0, false)
+	}
+	if err := s.Apply([]Update{{Product: "p1", Delete: true}}, Checkpoint{ChangelogOffset: 4}); err != nil {
+		t.Fatal(err)
+	}
+	check("p1", 0, false)
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := s.Lookup([]byte("p2")); !errors.Is(err, ErrClosed) {
+		t.Fatalf("Lookup after Close: %v, want ErrClosed", err)
+	}
+}

@@ -10,6 +10,7 @@ import (
 	"sync"
 
 	"github.com/cockroachdb/pebble/v2"
+	"github.com/cockroachdb/pebble/v2/bloom"
 	"go.uber.org/zap"
 
 	"github.com/salesagg/salesagg/internal/sales"
@@ -139,7 +140,34 @@ type Store struct {
 		sync.RWMutex
 		db *pebble.DB // nil once closed
 	}
+	// lookup is the owner's iterator for Lookup (nil: none open), and the
+	// key buffer it seeks with. An iterator sees the database as it was when
+	// it was made: every write drops it.
+	lookup struct {
+		sync.Mutex
+		it  *pebble.Iterator
+		key []byte
+	}
 }
+
+// BlockCache is Pebble's block cache (index, filter and data blocks), shared
+// by the stores opened with it so that one bound covers them all.
+type BlockCache struct {
+	c     *pebble.Cache
+	bytes int64
+}
+
+// NewBlockCache makes a block cache of the given size in bytes.
+func NewBlockCache(bytes int64) *BlockCache {
+	return &BlockCache{c: pebble.NewCache(bytes), bytes: bytes}
+}
+
+// Bytes returns the cache's bound.
+func (b *BlockCache) Bytes() int64 { return b.bytes }
+
+// Close releases the creator's hold on the cache; stores still open with
+// it keep theirs until they close.
+func (b *BlockCache) Close() { b.c.Unref() }
 
 // closedErr is ErrClosed, named with the store's path and what was tried.
 func (s *Store) closedErr(doing string) error {
@@ -150,7 +178,11 @@ func (s *Store) closedErr(doing string) error {
 type OpenOptions struct {
 	// ReadOnly opens the store for offline inspection.
 	ReadOnly bool
-	// CacheSize is the block cache size in bytes; 0 means 8 MiB.
+	// BlockCache is the block cache to use; nil means one of CacheSize for
+	// this store alone.
+	BlockCache *BlockCache
+	// CacheSize is the size in bytes of the store's own block cache when
+	// BlockCache is nil; 0 means 8 MiB.
 	CacheSize int64
 }
 
@@ -159,8 +191,13 @@ func Open(path string, log *zap.Logger, o OpenOptions) (*Store, error) {
 	if o.CacheSize == 0 {
 		o.CacheSize = 8 << 20
 	}
-	cache := pebble.NewCache(o.CacheSize)
-	defer cache.Unref()
+	var cache *pebble.Cache
+	if o.BlockCache != nil {
+		cache = o.BlockCache.c
+	} else {
+		cache = pebble.NewCache(o.CacheSize)
+		defer cache.Unref() // the database holds its own reference
+	}
 	opts := &pebble.Options{
 		Cache:              cache,
 		ReadOnly:           o.ReadOnly,
@@ -175,6 +212,12 @@ func Open(path string, log *zap.Logger, o OpenOptions) (*Store, error) {
 				log.Error("Store corruption detected", zap.String("path", info.Path), zap.Error(info.Details))
 			},
 		},
+	}
+	// A bloom filter in every table: the first event of a product the
+	// store does not hold (every event of a new product set) would
+	// otherwise read an index and a data block of each level to learn it.
+	for i := range opts.Levels {
+		opts.Levels[i].FilterPolicy = bloom.FilterPolicy(10)
 	}
 	if fi, err := os.Stat(path); err == nil && !fi.IsDir() {
 		return nil, fmt.Errorf("opening store %s: not a directory: %w", path, ErrCorrupt)
@@ -240,6 +283,58 @@ func (s *Store) Get(product string) (Entry, bool, error) {
 	return e, true, nil
 }
 
+// Lookup is Get for the goroutine that writes the store, on the hot path:
+// it seeks one iterator kept between writes, with the bloom filters of every
+// level (Get skips the last level's, so each product the store does not
+// hold costs an index and a data block there), and copies nothing but the
+// entry.
+func (s *Store) Lookup(product []byte) (Entry, bool, error) {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	if s.mu.db == nil {
+		return Entry{}, false, fmt.Errorf("reading %q from %s: %w", product, s.path, ErrClosed)
+	}
+	l := &s.lookup
+	l.Lock()
+	defer l.Unlock()
+	if l.it == nil {
+		it, err := s.mu.db.NewIter(&pebble.IterOptions{UseL6Filters: true})
+		if err != nil {
+			return Entry{}, false, fmt.Errorf("reading %q from %s: %w", product, s.path, err)
+		}
+		l.it = it
+	}
+	l.key = append(append(l.key[:0], dataPrefix), product...)
+	if !l.it.SeekPrefixGE(l.key) {
+		if err := l.it.Error(); err != nil {
+			return Entry{}, false, fmt.Errorf("reading %q from %s: %w", product, s.path, err)
+		}
+		return Entry{}, false, nil
+	}
+	v, err := l.it.ValueAndErr()
+	if err != nil {
+		return Entry{}, false, fmt.Errorf("reading %q from %s: %w", product, s.path, err)
+	}
+	e, err := decodeEntry(v)
+	if err != nil {
+		return Entry{}, false, fmt.Errorf("reading %q from %s: %w", product, s.path, err)
+	}
+	return e, true, nil
+}
+
+// dropLookup closes the lookup iterator, after a write or before Close.
+func (s *Store) dropLookup() error {
+	l := &s.lookup
+	l.Lock()
+	defer l.Unlock()
+	if l.it == nil {
+		return nil
+	}
+	err := l.it.Close()
+	l.it = nil
+	return err
+}
+
 // Checkpoint returns the stored checkpoint, and false when there is none.
 func (s *Store) Checkpoint() (Checkpoint, bool, error) {
 	s.mu.RLock()
@@ -302,7 +397,7 @@ func (s *Store) apply(updates []Update, cp Checkpoint, opts *pebble.WriteOptions
 	if err := b.Commit(opts); err != nil {
 		return fmt.Errorf("committing batch to %s: %w", s.path, err)
 	}
-	return nil
+	return s.dropLookup()
 }
 
 // DiskUsage returns the bytes the store takes on disk (its tables, logs
@@ -396,7 +491,7 @@ func (s *Store) Close() error {
 		return s.closedErr("closing store")
 	}
 	s.mu.db = nil
-	var errs []error
+	errs := []error{s.dropLookup()}
 	if !s.readOnly {
 		// A flushed memtable makes the next open quick: no WAL to replay.
 		errs = append(errs, db.Flush())

@@ -62,16 +62,24 @@ func (c *entryCache) put(key string, e state.Entry) {
 	} else if n > c.max {
 		return
 	}
-	for k, old := range c.m {
-		if c.size+n <= c.max {
-			break
+	if c.size+n > c.max {
+		// Evict down to 15/16 of the bound in one pass: a map range costs
+		// more to start than to step, and a cache at its bound would
+		// otherwise start one for every put.
+		low := c.max - c.max/16
+		var evicted int64
+		for k, old := range c.m {
+			if c.size+n <= low {
+				break
+			}
+			if k == key {
+				continue
+			}
+			c.size -= entrySize(k, old)
+			delete(c.m, k)
+			evicted++
 		}
-		if k == key {
-			continue
-		}
-		c.size -= entrySize(k, old)
-		delete(c.m, k)
-		c.evictions.Add(1)
+		c.evictions.Add(evicted)
 	}
 	c.m[key] = e
 	c.size += n

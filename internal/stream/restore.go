@@ -205,13 +205,13 @@ func (rt *Runtime) quarantine(p int32, log *zap.Logger, cause error) (*state.Sto
 	}
 	log.Warn(fmt.Sprintf("task [%s] Store is corrupted; moved it to %s and restoring it from the changelog", state.TaskName(p), to),
 		zap.String("quarantined_to", to), zap.Error(cause))
-	return state.Open(rt.dir.TaskPath(p), log, state.OpenOptions{})
+	return state.Open(rt.dir.TaskPath(p), log, rt.storeOptions())
 }
 
 // openStore opens task p's store, quarantining it and opening an empty one
 // when it is corrupted.
 func (rt *Runtime) openStore(p int32, log *zap.Logger) (*state.Store, error) {
-	store, err := state.Open(rt.dir.TaskPath(p), log, state.OpenOptions{})
+	store, err := state.Open(rt.dir.TaskPath(p), log, rt.storeOptions())
 	if state.IsCorrupt(err) {
 		store, err = rt.quarantine(p, log, err)
 	}
@@ -288,7 +288,7 @@ func (t *task) wipe() error {
 	if err := t.rt.dir.Wipe(t.partition); err != nil {
 		return err
 	}
-	s, err := state.Open(t.rt.dir.TaskPath(t.partition), t.log, state.OpenOptions{})
+	s, err := state.Open(t.rt.dir.TaskPath(t.partition), t.log, t.rt.storeOptions())
 	if err != nil {
 		return err
 	}

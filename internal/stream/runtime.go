@@ -64,10 +64,12 @@ type Runtime struct {
 	eos bool
 
 	// set by Run before any task starts
-	topo    topology
-	client  *kgo.Client
-	session *kgo.GroupTransactSession
-	admin   *kadm.Client
+	topo topology
+	// blockCache is the Pebble block cache of every store Run opens.
+	blockCache *state.BlockCache
+	client     *kgo.Client
+	session    *kgo.GroupTransactSession
+	admin      *kadm.Client
 
 	// instanceID is the static group membership id: group.instance.id,
 	// or derived from the state dir's process id.
@@ -232,6 +234,8 @@ func (rt *Runtime) Run(ctx context.Context) error {
 	work, cancelWork := context.WithCancel(context.Background())
 	defer cancelWork()
 	rt.work = work
+	rt.blockCache = state.NewBlockCache(rt.cfg.StoreCacheBytes)
+	defer rt.blockCache.Close() // stores still open keep their hold
 
 	var err error
 	if rt.secOpts, err = securityOpts(rt.cfg.Security); err != nil {
@@ -1082,4 +1086,10 @@ func (c *committer) commit(ctx context.Context, cl *kgo.Client) error {
 		c.onDone()
 	}
 	return nil
+}
+
+// storeOptions are the options of the stores the runtime opens for writing:
+// they share the runtime's block cache (a store of their own before Run).
+func (rt *Runtime) storeOptions() state.OpenOptions {
+	return state.OpenOptions{BlockCache: rt.blockCache}
 }

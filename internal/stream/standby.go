@@ -289,7 +289,7 @@ func (s *standby) wipe() error {
 	if err := s.rt.dir.Wipe(s.partition); err != nil {
 		return err
 	}
-	st, err := state.Open(s.rt.dir.TaskPath(s.partition), s.log, state.OpenOptions{})
+	st, err := state.Open(s.rt.dir.TaskPath(s.partition), s.log, s.rt.storeOptions())
 	if err != nil {
 		return err
 	}

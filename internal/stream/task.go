@@ -384,7 +384,7 @@ func (t *task) process(ctx context.Context, topic string, r *kgo.Record) error {
 	if !owned {
 		committed, ok := t.cache.get(string(key))
 		if !ok {
-			if committed, _, err = t.store.Load().Get(string(key)); err != nil {
+			if committed, _, err = t.store.Load().Lookup(key); err != nil {
 				return err
 			}
 		}
