@@ -142,7 +142,7 @@ func (s Security) SASL() bool {
 
 // BaseMemory is what the service needs besides its caches, the default
 // memory.limit.bytes without cache.max.bytes.
-const BaseMemory = 128 << 20
+const BaseMemory = 256 << 20
 
 // MemoryLimit is the Go heap's soft limit: memory.limit.bytes, by default
 // BaseMemory plus cache.max.bytes (the entry cache lives in the Go heap;
@@ -238,7 +238,7 @@ var keys = []keyDef{
 	{"transaction.timeout.ms", kindInt, "", "exactly-once transaction timeout (default 10 × commit.interval.ms, at least 10000): how long a killed instance's open transaction holds up the new owner of its tasks, and how long Kafka may be unreachable before the open transaction is aborted and the producer session restarts"},
 	{"compression.type", kindString, "none", "compression of produced batches (changelog, notifications, repartition): none, gzip, snappy, lz4 or zstd"},
 	{"cache.max.bytes", kindInt, "67108864", "bytes of product totals kept in memory in front of the stores, over all tasks, so hot products read no disk (0: none)"},
-	{"memory.limit.bytes", kindInt, "", "soft limit of the Go heap (the runtime's memory limit: the GC works harder near it), default 134217728 + cache.max.bytes; 0: none; the GOMEMLIMIT environment variable, when set, wins"},
+	{"memory.limit.bytes", kindInt, "", "soft limit of the Go heap (the runtime's memory limit: the GC works harder near it), default 268435456 + cache.max.bytes; 0: none; the GOMEMLIMIT environment variable, when set, wins"},
 	{"store.cache.bytes", kindInt, "67108864", "bytes of Pebble's block cache (index, bloom filter and data blocks), shared by every local store of the process"},
 	{"log.level", kindString, "info", "debug, info, warn or error"},
 	{"log.format", kindString, "", "json or console (default: console on a terminal, json otherwise)"},

@@ -1,10 +1,12 @@
 package state
 
 import (
+	"context"
 	"encoding/binary"
 	"errors"
 	"fmt"
 	"io/fs"
+	"math"
 	"os"
 	"path/filepath"
 	"sync"
@@ -184,6 +186,13 @@ type OpenOptions struct {
 	// CacheSize is the size in bytes of the store's own block cache when
 	// BlockCache is nil; 0 means 8 MiB.
 	CacheSize int64
+	// BulkLoad opens the store for filling an empty store with many
+	// batches of keys in no order (a full restore): no automatic
+	// compactions and no write stall on level 0, so each batch is written
+	// once to a table, and CompactAll then merges them in one pass instead
+	// of the many rewrites a growing tree of random keys costs. Reopen the
+	// store without it afterwards.
+	BulkLoad bool
 }
 
 // Open opens (creating unless read-only) the Pebble database at path.
@@ -218,6 +227,12 @@ func Open(path string, log *zap.Logger, o OpenOptions) (*Store, error) {
 	// otherwise read an index and a data block of each level to learn it.
 	for i := range opts.Levels {
 		opts.Levels[i].FilterPolicy = bloom.FilterPolicy(10)
+	}
+	if o.BulkLoad {
+		opts.DisableAutomaticCompactions = true
+		opts.L0CompactionThreshold = math.MaxInt32
+		opts.L0CompactionFileThreshold = math.MaxInt32
+		opts.L0StopWritesThreshold = math.MaxInt32
 	}
 	if fi, err := os.Stat(path); err == nil && !fi.IsDir() {
 		return nil, fmt.Errorf("opening store %s: not a directory: %w", path, ErrCorrupt)
@@ -398,6 +413,24 @@ func (s *Store) apply(updates []Update, cp Checkpoint, opts *pebble.WriteOptions
 		return fmt.Errorf("committing batch to %s: %w", s.path, err)
 	}
 	return s.dropLookup()
+}
+
+// CompactAll flushes the memtable and compacts the whole store into the
+// last level, in parallel where Pebble can split the work: the end of a
+// BulkLoad.
+func (s *Store) CompactAll(ctx context.Context) error {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	if s.mu.db == nil {
+		return s.closedErr("compacting")
+	}
+	if err := s.mu.db.Flush(); err != nil {
+		return fmt.Errorf("flushing %s: %w", s.path, err)
+	}
+	if err := s.mu.db.Compact(ctx, []byte{0}, []byte{0xff}, true); err != nil {
+		return fmt.Errorf("compacting %s: %w", s.path, err)
+	}
+	return nil
 }
 
 // DiskUsage returns the bytes the store takes on disk (its tables, logs

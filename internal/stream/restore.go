@@ -39,7 +39,7 @@ func (t *task) restore(ctx context.Context) error {
 	cl := t.rt.cfg.ChangelogTopic()
 	tp := fmt.Sprintf("%s-%d", cl, t.partition)
 	for attempt := 0; ; attempt++ {
-		from, to, err := t.restoreRange(ctx, tp)
+		from, to, empty, err := t.restoreRange(ctx, tp)
 		if state.IsCorrupt(err) && attempt < 3 {
 			// Reading the checkpoint found a damaged file.
 			if s := t.store.Swap(nil); s != nil {
@@ -57,7 +57,16 @@ func (t *task) restore(ctx context.Context) error {
 		}
 		t.stats.restoreFrom.Store(from)
 		t.stats.restoreTo.Store(to)
+		bulk := empty && to-from >= bulkRestoreMin
+		if bulk {
+			if err := t.reopenStore(state.OpenOptions{BulkLoad: true}); err != nil {
+				return err
+			}
+		}
 		n, err := t.replay(ctx, from, to)
+		if err == nil && bulk {
+			err = t.finishBulk(ctx)
+		}
 		if errors.Is(err, kerr.OffsetOutOfRange) && attempt < 3 {
 			// The log start moved past our position while restoring
 			// (compaction or retention): start over.
@@ -219,37 +228,39 @@ func (rt *Runtime) openStore(p int32, log *zap.Logger) (*state.Store, error) {
 }
 
 // restoreRange validates the checkpoint against the changelog and returns
-// the offsets to replay, [from, to).
-func (t *task) restoreRange(ctx context.Context, tp string) (from, to int64, err error) {
+// the offsets to replay, [from, to), and whether the store is empty.
+func (t *task) restoreRange(ctx context.Context, tp string) (from, to int64, empty bool, err error) {
 	// The changelog end is read only once the group's committed offsets of
 	// the task's partitions are stable: a transaction of the previous owner
 	// that commits input offsets also commits the changelog records
 	// reflecting them, so once no such transaction is pending, the end read
 	// next covers every record the resumed input position relies on.
 	if err := t.waitStableOffsets(ctx); err != nil {
-		return 0, 0, err
+		return 0, 0, false, err
 	}
 	logStart, end, err := t.changelogBounds(ctx, tp)
 	if err != nil {
-		return 0, 0, err
+		return 0, 0, false, err
 	}
 
 	cp, found, err := t.store.Load().Checkpoint()
 	if err != nil {
-		return 0, 0, err
+		return 0, 0, false, err
 	}
 	if from, ok := t.rt.checkCheckpoint(t.log, t.name, tp, cp, found, logStart, end); ok {
 		t.cp = cp
 		t.stats.checkpoint.Store(cp.ChangelogOffset)
-		return from, end, nil
+		return from, end, false, nil
 	}
 	if found {
 		if err := t.wipe(); err != nil {
-			return 0, 0, err
+			return 0, 0, false, err
 		}
 	}
 	t.cp = state.Checkpoint{ChangelogOffset: logStart, InputOffset: -1, ChangelogTopicID: t.rt.topo.changelogID}
-	return logStart, end, nil
+	// No checkpoint (every write carries one: the store holds nothing), or
+	// wiped: the store is empty.
+	return logStart, end, true, nil
 }
 
 // checkCheckpoint tells whether a store's checkpoint can be resumed from
@@ -276,6 +287,42 @@ func (rt *Runtime) checkCheckpoint(log *zap.Logger, name, tp string, cp state.Ch
 		return cp.ChangelogOffset, true
 	}
 	return logStart, false
+}
+
+// restoreFetchBytes bounds one restore fetch (of one partition).
+const restoreFetchBytes = 2 << 20
+
+// bulkRestoreMin is the least number of changelog offsets for which an
+// empty store is restored as a bulk load (see state.OpenOptions.BulkLoad).
+const bulkRestoreMin = 20_000
+
+// reopenStore closes the task's store and opens it again with o (and the
+// runtime's block cache).
+func (t *task) reopenStore(o state.OpenOptions) error {
+	if s := t.store.Swap(nil); s != nil {
+		if err := s.Close(); err != nil {
+			return err
+		}
+	}
+	o.BlockCache = t.rt.blockCache
+	s, err := state.Open(t.rt.dir.TaskPath(t.partition), t.log, o)
+	if err != nil {
+		return err
+	}
+	t.store.Store(s)
+	return nil
+}
+
+// finishBulk ends a bulk restore: the store's tables merged into the last
+// level in one pass, then the store reopened for running.
+func (t *task) finishBulk(ctx context.Context) error {
+	began := time.Now()
+	if err := t.store.Load().CompactAll(ctx); err != nil {
+		return err
+	}
+	d := time.Since(began)
+	t.log.Info(fmt.Sprintf("task [%s] Compacted the restored store in %d ms", t.name, d.Milliseconds()), zap.Duration("duration", d))
+	return t.reopenStore(state.OpenOptions{})
 }
 
 // wipe deletes the task's store and opens an empty one.
@@ -314,7 +361,11 @@ func (t *task) replay(ctx context.Context, from, to int64) (int64, error) {
 	cl := t.rt.cfg.ChangelogTopic()
 	client, err := kgo.NewClient(append(t.rt.kafkaOpts(),
 		kgo.ConsumePartitions(map[string]map[int32]kgo.Offset{cl: {t.partition: kgo.NewOffset().At(from)}}),
-		kgo.FetchMaxBytes(32<<20),
+		// Large fetches: a restore reads one partition as fast as it can,
+		// and the client's default takes at most 1 MiB of a partition per
+		// round trip.
+		kgo.FetchMaxBytes(restoreFetchBytes),
+		kgo.FetchMaxPartitionBytes(restoreFetchBytes),
 		// Only committed changelog records; transaction markers are kept
 		// so the position passes them (the last offset before the end can
 		// be a marker).

@@ -3,6 +3,7 @@ package stream_test
 import (
 	"context"
 	"fmt"
+	"net/http"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -374,4 +375,59 @@ func TestChangelogRecreatedWipesTheStores(t *testing.T) {
 		got, _, _ := h.changelog(h.cfg)
 		return got["product1"] == 11 && len(got) == 1
 	})
+}
+
+func TestFullRestoreOfManyProductsIsExact(t *testing.T) {
+	// Scenario: an empty store restored from a changelog of 40,000 products (a bulk load: written
+	// without compactions, merged once at the end) holds the last record of each product, honours
+	// tombstones, then processes events, and the next start restores 0 records.
+	h := newHarness(t)
+	h.createInput(1)
+	adm := kadm.NewClient(h.client())
+	compact := "compact"
+	if _, err := adm.CreateTopic(context.Background(), 1, 1, map[string]*string{"cleanup.policy": &compact}, h.cfg.ChangelogTopic()); err != nil {
+		t.Fatal(err)
+	}
+	var recs []*kgo.Record
+	cl := func(p string, v []byte) {
+		recs = append(recs, &kgo.Record{Topic: h.cfg.ChangelogTopic(), Partition: 0, Key: []byte(p), Value: v})
+	}
+	for i := range 40_000 {
+		cl(fmt.Sprintf("p%d", i), sales.EncodeTotal(int64(i)))
+	}
+	for i := range 10_000 {
+		cl(fmt.Sprintf("p%d", i), sales.EncodeTotal(int64(1_000_000+i)))
+	}
+	for i := 10_000; i < 11_000; i++ {
+		cl(fmt.Sprintf("p%d", i), nil)
+	}
+	h.produce(recs...)
+
+	in := h.start(h.cfg)
+	if n := in.waitRestored(1); n != 51_000 {
+		t.Fatalf("restored %d records, want 51000", n)
+	}
+	in.waitReady()
+	if in.logs.FilterMessageSnippet("task [0_0] Compacted the restored store").Len() != 1 {
+		t.Fatal("the restore of an empty store was not a bulk load (no compaction line)")
+	}
+	in.waitTotals(map[string]int64{"p0": 1_000_000, "p9999": 1_009_999, "p11000": 11_000, "p39999": 39_999})
+	for _, p := range []string{"p10000", "p10999"} {
+		if got, code := in.total(p); code != http.StatusNotFound {
+			t.Fatalf("%s after its tombstone: total %d, HTTP %d, want 404", p, got, code)
+		}
+	}
+	h.produce(&kgo.Record{Key: []byte("p0"), Value: []byte(`{"product":"p0","value":5}`)},
+		&kgo.Record{Key: []byte("p10000"), Value: []byte(`{"product":"p10000","value":7}`)})
+	in.waitTotals(map[string]int64{"p0": 1_000_005, "p10000": 7})
+	if err := in.stop(); err != nil {
+		t.Fatal(err)
+	}
+
+	in = h.start(h.cfg)
+	if n := in.waitRestored(1); n != 0 {
+		t.Fatalf("restart with the state intact restored %d records, want 0", n)
+	}
+	in.waitReady()
+	in.waitTotals(map[string]int64{"p0": 1_000_005, "p10000": 7, "p39999": 39_999})
 }
