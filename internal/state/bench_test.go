@@ -59,8 +59,9 @@ func BenchmarkGet(b *testing.B) {
 
 // BenchmarkRestoreBatches writes 1,000,000 products in random order into an
 // empty store in unsynced batches of 20,000 with a final synced one, as a
-// full restore does with the changelog's fetches. One iteration is one
-// restore.
+// full restore does with the changelog's fetches: "tree" into a store opened
+// as for running, "bulk" as a full restore does now (BulkLoad, then one
+// CompactAll). One iteration is one restore.
 func BenchmarkRestoreBatches(b *testing.B) {
 	const products, batch = 1_000_000, 20_000
 	ups := make([]Update, products)
@@ -68,37 +69,53 @@ func BenchmarkRestoreBatches(b *testing.B) {
 	for i, p := range perm {
 		ups[i] = Update{Product: "p" + strconv.Itoa(p), Entry: Entry{Total: int64(p), Offsets: sales.Offsets{TopicID: [16]byte{1}, Parts: []sales.PartitionOffset{{Partition: int32(p % 3), Offset: int64(i)}}}}}
 	}
-	b.ReportAllocs()
-	for b.Loop() {
-		b.StopTimer()
-		s, err := Open(b.TempDir(), zap.NewNop(), OpenOptions{})
-		if err != nil {
-			b.Fatal(err)
+	for _, bulk := range []bool{false, true} {
+		name := "tree"
+		if bulk {
+			name = "bulk"
 		}
-		b.StartTimer()
-		for i := 0; i < products; i += batch {
-			apply := s.ApplyUnsynced
-			if i+batch >= products {
-				apply = s.Apply
+		b.Run(name, func(b *testing.B) {
+			b.ReportAllocs()
+			for b.Loop() {
+				b.StopTimer()
+				s, err := Open(b.TempDir(), zap.NewNop(), OpenOptions{BulkLoad: bulk})
+				if err != nil {
+					b.Fatal(err)
+				}
+				b.StartTimer()
+				for i := 0; i < products; i += batch {
+					apply := s.ApplyUnsynced
+					if i+batch >= products {
+						apply = s.Apply
+					}
+					if err := apply(ups[i:min(i+batch, products)], Checkpoint{ChangelogOffset: int64(i + batch)}); err != nil {
+						b.Fatal(err)
+					}
+				}
+				if bulk {
+					if err := s.CompactAll(b.Context()); err != nil {
+						b.Fatal(err)
+					}
+				}
+				b.StopTimer()
+				if err := s.Close(); err != nil {
+					b.Fatal(err)
+				}
+				b.StartTimer()
 			}
-			if err := apply(ups[i:min(i+batch, products)], Checkpoint{ChangelogOffset: int64(i + batch)}); err != nil {
-				b.Fatal(err)
-			}
-		}
-		b.StopTimer()
-		if err := s.Close(); err != nil {
-			b.Fatal(err)
-		}
-		b.StartTimer()
+			b.ReportMetric(float64(b.N*products)/b.Elapsed().Seconds(), "records/s")
+		})
 	}
-	b.ReportMetric(float64(b.N*products)/b.Elapsed().Seconds(), "records/s")
 }
 
 // BenchmarkGetMissing reads products the store does not hold, as the first
-// event of every new product does: 1,000,000 products in the store, written
-// in batches so that they spread over several levels.
+// event of every new product does, the way a task reads (Lookup, on the
+// runtime's default 64 MiB block cache): 1,000,000 products in the store,
+// written in batches so that they spread over several levels.
 func BenchmarkGetMissing(b *testing.B) {
-	s, err := Open(b.TempDir(), zap.NewNop(), OpenOptions{})
+	bc := NewBlockCache(64 << 20)
+	defer bc.Close()
+	s, err := Open(b.TempDir(), zap.NewNop(), OpenOptions{BlockCache: bc})
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -114,10 +131,13 @@ func BenchmarkGetMissing(b *testing.B) {
 	}
 	b.ReportAllocs()
 	i := 0
+	key := []byte{}
 	for b.Loop() {
-		if _, ok, err := s.Get("q" + strconv.Itoa(i)); err != nil || ok {
+		key = strconv.AppendInt(append(key[:0], 'p'), int64(i), 10)
+		key = append(key, 'x')
+		if _, ok, err := s.Lookup(key); err != nil || ok {
 			b.Fatal("found", err)
 		}
-		i++
+		i = (i + 7919) % 1_000_000
 	}
 }

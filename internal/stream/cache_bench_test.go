@@ -93,8 +93,11 @@ func BenchmarkFold(b *testing.B) {
 			defer dir.Close()
 			rt := New(cfg, zap.NewNop(), dir, Knobs{})
 			rt.topo = topology{partitions: 3, notificationPartitions: 3, inputID: [16]byte{1}, changelogID: [16]byte{2}}
+			// The store as Run opens it: on the runtime's block cache.
+			rt.blockCache = state.NewBlockCache(cfg.StoreCacheBytes)
+			defer rt.blockCache.Close()
 			t := newTask(rt, 0)
-			st, err := state.Open(dir.TaskPath(0), zap.NewNop(), state.OpenOptions{})
+			st, err := state.Open(dir.TaskPath(0), zap.NewNop(), rt.storeOptions())
 			if err != nil {
 				b.Fatal(err)
 			}
