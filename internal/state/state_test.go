@@ -291,6 +291,10 @@ func TestLookupSeesEveryWrite(t *testing.T) {
 		t.Fatal(err)
 	}
 	check("p1", 0, false)
+	if err := s.ReleaseLookup(); err != nil {
+		t.Fatal(err)
+	}
+	check("p2", 6, true) // a new iterator after the release
 	if err := s.Close(); err != nil {
 		t.Fatal(err)
 	}

@@ -337,6 +337,11 @@ func (s *Store) Lookup(product []byte) (Entry, bool, error) {
 	return e, true, nil
 }
 
+// ReleaseLookup closes Lookup's iterator, which pins the memtables and
+// tables it saw (their disk space after compactions): the owner calls it at
+// the end of a cycle that wrote nothing. Writes release it themselves.
+func (s *Store) ReleaseLookup() error { return s.dropLookup() }
+
 // dropLookup closes the lookup iterator, after a write or before Close.
 func (s *Store) dropLookup() error {
 	l := &s.lookup

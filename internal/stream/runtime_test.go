@@ -252,11 +252,7 @@ func TestLongRestoreLogsProgress(t *testing.T) {
 	// and ends with the exact totals.
 	h := newHarness(t)
 	h.createInput(1)
-	adm := kadm.NewClient(h.client())
-	compact := "compact"
-	if _, err := adm.CreateTopic(context.Background(), 1, 1, map[string]*string{"cleanup.policy": &compact}, h.cfg.ChangelogTopic()); err != nil {
-		t.Fatal(err)
-	}
+	h.createChangelog(1)
 	// A changelog as another instance left it: 200,000 updates of 1,000 products.
 	var recs []*kgo.Record
 	for i := 0; i < 200_000; i++ {
@@ -383,11 +379,7 @@ func TestFullRestoreOfManyProductsIsExact(t *testing.T) {
 	// tombstones, then processes events, and the next start restores 0 records.
 	h := newHarness(t)
 	h.createInput(1)
-	adm := kadm.NewClient(h.client())
-	compact := "compact"
-	if _, err := adm.CreateTopic(context.Background(), 1, 1, map[string]*string{"cleanup.policy": &compact}, h.cfg.ChangelogTopic()); err != nil {
-		t.Fatal(err)
-	}
+	h.createChangelog(1)
 	var recs []*kgo.Record
 	cl := func(p string, v []byte) {
 		recs = append(recs, &kgo.Record{Topic: h.cfg.ChangelogTopic(), Partition: 0, Key: []byte(p), Value: v})
@@ -430,4 +422,15 @@ func TestFullRestoreOfManyProductsIsExact(t *testing.T) {
 	}
 	in.waitReady()
 	in.waitTotals(map[string]int64{"p0": 1_000_005, "p10000": 7, "p39999": 39_999})
+}
+
+// createChangelog creates the changelog topic, compacted, with n partitions,
+// as another instance would have left it.
+func (h *harness) createChangelog(n int32) {
+	h.t.Helper()
+	adm := kadm.NewClient(h.client())
+	compact := "compact"
+	if _, err := adm.CreateTopic(context.Background(), n, 1, map[string]*string{"cleanup.policy": &compact}, h.cfg.ChangelogTopic()); err != nil {
+		h.t.Fatal(err)
+	}
 }

@@ -563,6 +563,11 @@ func (t *task) dropDirty() {
 // failed log write as fatal to the process.
 func (t *task) apply(updates []state.Update, maxOffset, inputNext int64) error {
 	if len(updates) == 0 && (inputNext < 0 || inputNext == t.cp.InputOffset) {
+		// Nothing to write (duplicates only, or an idle cycle): let go of
+		// the lookups' view of the store.
+		if st := t.store.Load(); st != nil {
+			return st.ReleaseLookup()
+		}
 		return nil
 	}
 	if err := t.rt.checkWritable(t.partition); err != nil {
