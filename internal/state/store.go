@@ -338,12 +338,9 @@ func (s *Store) Lookup(product []byte) (Entry, bool, error) {
 }
 
 // ReleaseLookup closes Lookup's iterator, which pins the memtables and
-// tables it saw (their disk space after compactions): the owner calls it at
-// the end of a cycle that wrote nothing. Writes release it themselves.
-func (s *Store) ReleaseLookup() error { return s.dropLookup() }
-
-// dropLookup closes the lookup iterator, after a write or before Close.
-func (s *Store) dropLookup() error {
+// tables it saw (their disk space after compactions): writes and Close call
+// it, and the owner at the end of a cycle that wrote nothing.
+func (s *Store) ReleaseLookup() error {
 	l := &s.lookup
 	l.Lock()
 	defer l.Unlock()
@@ -417,7 +414,7 @@ func (s *Store) apply(updates []Update, cp Checkpoint, opts *pebble.WriteOptions
 	if err := b.Commit(opts); err != nil {
 		return fmt.Errorf("committing batch to %s: %w", s.path, err)
 	}
-	return s.dropLookup()
+	return s.ReleaseLookup()
 }
 
 // CompactAll flushes the memtable and compacts the whole store into the
@@ -529,7 +526,7 @@ func (s *Store) Close() error {
 		return s.closedErr("closing store")
 	}
 	s.mu.db = nil
-	errs := []error{s.dropLookup()}
+	errs := []error{s.ReleaseLookup()}
 	if !s.readOnly {
 		// A flushed memtable makes the next open quick: no WAL to replay.
 		errs = append(errs, db.Flush())

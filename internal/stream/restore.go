@@ -59,7 +59,7 @@ func (t *task) restore(ctx context.Context) error {
 		t.stats.restoreTo.Store(to)
 		bulk := empty && to-from >= bulkRestoreMin
 		if bulk {
-			if err := t.reopenStore(state.OpenOptions{BulkLoad: true}); err != nil {
+			if err := t.reopenStore(true); err != nil {
 				return err
 			}
 		}
@@ -296,15 +296,21 @@ const restoreFetchBytes = 2 << 20
 // empty store is restored as a bulk load (see state.OpenOptions.BulkLoad).
 const bulkRestoreMin = 20_000
 
-// reopenStore closes the task's store and opens it again with o (and the
-// runtime's block cache).
-func (t *task) reopenStore(o state.OpenOptions) error {
+// reopenStore closes the task's store and opens it again, for a bulk load
+// or for running.
+func (t *task) reopenStore(bulk bool) error {
 	if s := t.store.Swap(nil); s != nil {
 		if err := s.Close(); err != nil {
 			return err
 		}
 	}
-	o.BlockCache = t.rt.blockCache
+	return t.openStore(bulk)
+}
+
+// openStore opens the task's store with the runtime's options.
+func (t *task) openStore(bulk bool) error {
+	o := t.rt.storeOptions()
+	o.BulkLoad = bulk
 	s, err := state.Open(t.rt.dir.TaskPath(t.partition), t.log, o)
 	if err != nil {
 		return err
@@ -322,7 +328,7 @@ func (t *task) finishBulk(ctx context.Context) error {
 	}
 	d := time.Since(began)
 	t.log.Info(fmt.Sprintf("task [%s] Compacted the restored store in %d ms", t.name, d.Milliseconds()), zap.Duration("duration", d))
-	return t.reopenStore(state.OpenOptions{})
+	return t.reopenStore(false)
 }
 
 // wipe deletes the task's store and opens an empty one.
@@ -335,11 +341,9 @@ func (t *task) wipe() error {
 	if err := t.rt.dir.Wipe(t.partition); err != nil {
 		return err
 	}
-	s, err := state.Open(t.rt.dir.TaskPath(t.partition), t.log, t.rt.storeOptions())
-	if err != nil {
+	if err := t.openStore(false); err != nil {
 		return err
 	}
-	t.store.Store(s)
 	t.cp = state.Checkpoint{InputOffset: -1, ChangelogTopicID: t.rt.topo.changelogID}
 	return nil
 }
