@@ -58,16 +58,25 @@ func productOn(prefix string, p, n int32) string {
 	}
 }
 
-// slowChangelogFetches makes every fetch of changelog partition p return
-// one record batch at most, 300 ms late, so that its restore takes seconds
-// and shows a moving progress bar. The restore consumer has a connection of
-// its own, so nothing else waits.
-func slowChangelogFetches(c *kfake.Cluster, topic string, p int32) {
+// batchGate holds a changelog partition's fetches under the test's control:
+// each fetch of the partition returns one record batch at most, and only
+// once the test has released a batch (or opened the gate for good). A
+// restore through it moves exactly as far as the test lets it, however fast
+// or slow the browser is; the restore consumer has a fetch connection of its
+// own, so nothing else waits.
+type batchGate struct {
+	tokens chan struct{}
+	open   chan struct{}
+	once   sync.Once
+}
+
+func gateChangelogFetches(c *kfake.Cluster, topic string, p int32) *batchGate {
+	g := &batchGate{tokens: make(chan struct{}, 1024), open: make(chan struct{})}
 	id := c.TopicInfo(topic).TopicID // not from the control function: it runs on the cluster's goroutine
 	c.ControlKey(int16(kmsg.Fetch), func(kreq kmsg.Request) (kmsg.Response, error, bool) {
 		c.KeepControl()
 		req := kreq.(*kmsg.FetchRequest)
-		slow := false
+		held := false
 		for i := range req.Topics {
 			rt := &req.Topics[i]
 			if rt.Topic != topic && rt.TopicID != id {
@@ -76,17 +85,31 @@ func slowChangelogFetches(c *kfake.Cluster, topic string, p int32) {
 			for j := range rt.Partitions {
 				if rt.Partitions[j].Partition == p {
 					rt.Partitions[j].PartitionMaxBytes = 1
-					slow = true
+					held = true
 				}
 			}
 		}
-		if slow {
+		if held {
 			req.MaxBytes = 1
-			c.SleepControl(func() { time.Sleep(300 * time.Millisecond) })
+			c.SleepControl(func() {
+				select {
+				case <-g.tokens:
+				case <-g.open:
+				}
+			})
 		}
 		return nil, nil, false
 	})
+	return g
 }
+
+// release lets one more fetch through. A fetch the client gave up on (its
+// request timed out while held) may take a token and answer nobody: callers
+// release by condition, not by count.
+func (g *batchGate) release() { g.tokens <- struct{}{} }
+
+// openAll lets every fetch through from now on.
+func (g *batchGate) openAll() { g.once.Do(func() { close(g.open) }) }
 
 func chromium(t *testing.T) string {
 	if p := os.Getenv("CHROMIUM"); p != "" {
@@ -148,7 +171,8 @@ func bar(t *testing.T, ctx context.Context, task string) restoreBar {
 }
 
 func TestBrowserStatusPage(t *testing.T) {
-	// Scenario: with task 0_1's restore held and 0_2 restoring a 2,000-record changelog slowly, the
+	// Scenario: with task 0_1's restore held and 0_2 restoring a 2,000-record changelog a batch
+	// per page render (both under the test's control), the
 	// status page in headless Chromium loads with no console error or exception, lists the three
 	// tasks, shows an indeterminate bar for 0_1 and a determinate one for 0_2 that moves as the page
 	// refreshes itself (with a rate and an ETA), escapes a hostile product name, fits a phone's
@@ -193,7 +217,8 @@ func TestBrowserStatusPage(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	slowChangelogFetches(cluster, cfg.ChangelogTopic(), 2)
+	batches := gateChangelogFetches(cluster, cfg.ChangelogTopic(), 2)
+	t.Cleanup(batches.openAll) // before the runtime's stop (cleanups run last first)
 
 	// The runtime, its log teed into the status page's ring as the service does.
 	recent := httpapi.NewRecentLog(100, zapcore.WarnLevel)
@@ -320,17 +345,35 @@ func TestBrowserStatusPage(t *testing.T) {
 	if b := bar(t, bctx, "0_1"); !b.Present || b.Determ {
 		t.Fatalf("0_1 (held) has no indeterminate progress bar: %+v", b)
 	}
-	// 0_2 restores slowly: its bar has a range and moves while the page refreshes itself.
+	// 0_2 restores as the test releases its batches: one per render of the
+	// page (each render has a new data-generated stamp), so the bar has moved
+	// at every refresh and the page can measure a rate, whatever the speed
+	// of the browser or the machine.
+	generated := func() string {
+		return eval[string](t, bctx, `document.querySelector("#instance").getAttribute("data-generated") || ""`)
+	}
+	lastRender := ""
+	releasePerRender := func() {
+		if g := generated(); g != lastRender {
+			lastRender = g
+			batches.release()
+		}
+	}
 	var first restoreBar
-	waitFor(t, 20*time.Second, "a determinate bar for 0_2", func() bool {
+	waitFor(t, 60*time.Second, "a determinate bar for 0_2", func() bool {
+		releasePerRender()
 		first = bar(t, bctx, "0_2")
 		return first.Present && first.Determ && first.Max > 0 && first.Value > 0
 	})
 	var moved restoreBar
-	waitFor(t, 20*time.Second, "0_2's bar to move, with a rate and an ETA", func() bool {
+	waitFor(t, 60*time.Second, "0_2's bar to move, with a rate and an ETA", func() bool {
+		releasePerRender()
 		moved = bar(t, bctx, "0_2")
 		return moved.Present && moved.Value > first.Value && strings.Contains(moved.Text, "ETA") && !strings.Contains(moved.Text, "measuring")
 	})
+	if moved.Value >= moved.Max {
+		t.Fatalf("0_2's restore ended while the test held it: %+v", moved)
+	}
 	t.Logf("0_2 restore bar: %.0f then %.0f of %.0f: %q", first.Value, moved.Value, moved.Max, moved.Text)
 
 	// Content: readiness, members, the hostile product as text only, the bad event's warning.
@@ -375,6 +418,7 @@ func TestBrowserStatusPage(t *testing.T) {
 
 	// Released, the restores end; the refreshed page shows it without a reload.
 	release()
+	batches.openAll()
 	waitJS(t, bctx, 30*time.Second, "every task running and the instance ready",
 		`document.querySelectorAll('#tasks tr[data-state="running"]').length === 3 && document.querySelector("#readiness").textContent === "ready" && !document.querySelector("progress")`)
 	if nav := eval[float64](t, bctx, `performance.getEntriesByType("navigation").length`); nav != 1 {
