@@ -92,7 +92,17 @@ func TestStatefulSetRehearsal(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	work, err := os.MkdirTemp("", "salesagg-k8s-")
+	// The pods run as another user: every directory above the work dir
+	// must let it through (a private TMPDIR does not).
+	parent := os.TempDir()
+	if bad := untraversable(parent); bad != "" && os.Geteuid() == 0 {
+		t.Logf("%s is not traversable by other users (the pods' user); using /tmp instead", bad)
+		parent = "/tmp"
+		if bad := untraversable(parent); bad != "" {
+			t.Fatalf("%s is not traversable by other users: the pods' user could not reach its binary and volumes", bad)
+		}
+	}
+	work, err := os.MkdirTemp(parent, "salesagg-k8s-")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -780,4 +790,22 @@ func sortedKeys[V any](m map[string]V) []string {
 	}
 	sort.Strings(out)
 	return out
+}
+
+// untraversable returns the first directory of dir and its parents that
+// users other than its owner cannot pass through (no o+x), "" when none.
+func untraversable(dir string) string {
+	abs, err := filepath.Abs(dir)
+	if err != nil {
+		return dir
+	}
+	for d := abs; ; d = filepath.Dir(d) {
+		fi, err := os.Stat(d)
+		if err != nil || fi.Mode().Perm()&0o001 == 0 {
+			return d
+		}
+		if d == filepath.Dir(d) {
+			return ""
+		}
+	}
 }
