@@ -143,10 +143,20 @@ func crashTest(t *testing.T, guarantee string, randomKills int) {
 	for round, point := range append(points, points...) {
 		nth := 1 + rng.IntN(4)
 		p := startService(t, broker, stateDir, []string{fmt.Sprintf("SALESAGGTEST_CRASH_POINT=%s:%d", point, nth)}, groupArgs...)
-		select {
-		case <-p.exited:
-		case <-time.After(60 * time.Second):
-			t.Fatalf("round %d: crash point %s:%d never reached; logs:\n%s", round, point, nth, p.output())
+		// A crash point needs commit cycles with something to commit: once
+		// the paced producer is done (a slow start can outlast it), top up
+		// until the process reaches its point.
+		deadline := time.After(90 * time.Second)
+	reached:
+		for {
+			select {
+			case <-p.exited:
+				break reached
+			case <-deadline:
+				t.Fatalf("round %d: crash point %s:%d never reached; logs:\n%s", round, point, nth, p.output())
+			case <-time.After(200 * time.Millisecond):
+				topUp()
+			}
 		}
 		if !killedBySignal(p) {
 			t.Fatalf("round %d: crash point %s: process ended with %v, not SIGKILL; logs:\n%s", round, point, p.err, p.output())
@@ -186,7 +196,7 @@ func crashTest(t *testing.T, guarantee string, randomKills int) {
 	p.waitReady()
 	p.waitTotals(want, 60*time.Second)
 	got, records := changelogTotals(t, broker, "sales-aggregator-PRODUCT_AGGREGATED_SALES-changelog")
-	if restored, _ := p.restored(); eos && restored*4 > int64(records) {
+	if restored := p.restoredAll(3); eos && restored*4 > int64(records) {
 		// After a SIGKILL only the tail past the local checkpoint is restored, never the whole changelog.
 		t.Errorf("restart after SIGKILL restored %d records of a changelog of %d", restored, records)
 	}
@@ -216,7 +226,9 @@ func crashTest(t *testing.T, guarantee string, randomKills int) {
 	// After a clean stop, nothing is restored.
 	p = startService(t, broker, stateDir, nil, groupArgs...)
 	p.waitReady()
-	if n, tasks := p.restored(); n != 0 || tasks != 3 {
+	// The restore lines reach the test through the process's log pipe:
+	// wait for all three rather than take readiness for their arrival.
+	if n, tasks := p.restoredAll(3), len(p.logLines("Finished restoring changelog")); n != 0 || tasks != 3 {
 		t.Fatalf("restart after clean stop restored %d records over %d tasks, want 0 over 3", n, tasks)
 	}
 	p.waitTotals(want, 30*time.Second)

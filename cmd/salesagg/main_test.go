@@ -159,6 +159,16 @@ func (p *proc) restored() (int64, int) {
 	return n, len(lines)
 }
 
+// restoredAll waits until tasks "Finished restoring" lines reached the test
+// (they come through the process's log pipe, possibly after /readyz says
+// ready) and returns the records they restored.
+func (p *proc) restoredAll(tasks int) int64 {
+	p.t.Helper()
+	waitFor(p.t, 15*time.Second, fmt.Sprintf("%d restore lines", tasks), func() bool { _, n := p.restored(); return n >= tasks })
+	n, _ := p.restored()
+	return n
+}
+
 // stop sends SIGTERM and waits for a clean exit.
 func (p *proc) stop() {
 	p.t.Helper()

@@ -29,22 +29,22 @@ const (
 	// staticRejoinBound: a member SIGKILLed and restarted on the same state
 	// dir comes back under the same group.instance.id (derived from the state
 	// dir's process id) and replaces its dead self at once, with its tasks.
-	// 15 s is well below the 45 s a dynamic member would wait for the dead
-	// member's session to expire.
-	staticRejoinBound = 15 * time.Second
+	// 30 s is below the 45 s a dynamic member would wait for the dead
+	// member's session to expire, with room for a loaded 2-core machine.
+	staticRejoinBound = 30 * time.Second
 	// killRestartBound: the same, seen from the restore log of a single
 	// instance: its first "Finished restoring changelog" line comes well
 	// before the 45 s session timeout (a dynamic member is assigned nothing
 	// until the killed member's session expires).
-	killRestartBound = 10 * time.Second
+	killRestartBound = 30 * time.Second
 	// handoverBound: a member stopped with SIGTERM sends LeaveGroup
 	// (leave.group.on.close, default true), so the others take its task at
 	// once; a static member that just went away would hold it for the 45 s
 	// session timeout.
-	handoverBound = 20 * time.Second
+	handoverBound = 30 * time.Second
 	// spreadBound: a rebalance onto a new member (two cooperative rounds,
 	// the moved task restoring a small changelog) on 2 loaded cores.
-	spreadBound = 30 * time.Second
+	spreadBound = 60 * time.Second
 	// scaleProducts is how many products the scale tests' events cover.
 	scaleProducts = 60
 	// inputPartitions is the input topic's partition count: tasks 0_0..0_2.

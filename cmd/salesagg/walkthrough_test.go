@@ -69,7 +69,7 @@ func TestNewUserWalkthroughWithDevBroker(t *testing.T) {
 	b = startBroker(t, filepath.Join(work, "broker"), brokerAddr)
 	svc = startService(t, brokerAddr, stateDir, nil)
 	svc.waitReady()
-	if n, tasks := svc.restored(); n != 0 || tasks != 3 {
+	if n, tasks := svc.restoredAll(3), len(svc.logLines("Finished restoring changelog")); n != 0 || tasks != 3 {
 		t.Fatalf("restart restored %d records over %d tasks, want 0 over 3", n, tasks)
 	}
 	svc.waitTotals(sampleTotals, 30*time.Second)
@@ -105,7 +105,7 @@ func TestNewUserWalkthroughWithDevBroker(t *testing.T) {
 	}
 	svc = startService(t, brokerAddr, stateDir, nil)
 	svc.waitReady()
-	if n, _ := svc.restored(); n < 10 {
+	if n := svc.restoredAll(3); n < 10 {
 		t.Fatalf("restore after wipe: %d records, want at least one per product (10)", n)
 	}
 	svc.waitTotals(sampleTotals, 30*time.Second)

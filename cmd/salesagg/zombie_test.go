@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"path/filepath"
 	"strings"
@@ -70,13 +69,18 @@ func TestPausedInstanceIsFencedWhenItResumes(t *testing.T) {
 	// Twice franz-go's 3 s heartbeat interval, so that no member is expired while it runs.
 	args := []string{"--session.timeout.ms", "6000", "--processing.guarantee", "exactly_once_v2"}
 	work := t.TempDir()
-	a := startService(t, broker, filepath.Join(work, "a"), nil, args...)
+	// A commits every 10 s: what it folds sits in its open transaction
+	// long enough to pause it there.
+	a := startService(t, broker, filepath.Join(work, "a"), nil, append(args, "--commit.interval.ms", "10000", "--transaction.timeout.ms", "60000")...)
 	a.waitReady()
 	send(240, 150)
 	a.waitTotals(want, 30*time.Second)
 
-	// A stops mid-flight: events it polls now sit in its open transaction.
+	// A stops mid-flight, once it folded what it polls now into its open
+	// transaction.
+	before := a.processed()
 	send(120, 150)
+	waitFor(t, 30*time.Second, "A to fold the events into its open transaction", func() bool { return a.processed() >= before+120 })
 	if err := a.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
 		t.Fatal(err)
 	}
@@ -121,23 +125,13 @@ func TestPausedInstanceWritesNothingAtLeastOnce(t *testing.T) {
 	// changelog, or learns it lost its tasks), and the changelog's last values stay exact.
 	rig := newZombieRig(t, "alo")
 	broker, want, send := rig.broker, rig.want, rig.send
-	processed := func(p *proc) int64 {
-		_, body := p.get("/v1/tasks")
-		var ts struct{ Tasks []struct{ Processed int64 } }
-		_ = json.Unmarshal(body, &ts)
-		var n int64
-		for _, task := range ts.Tasks {
-			n += task.Processed
-		}
-		return n
-	}
 	args := []string{"--session.timeout.ms", "6000", "--processing.guarantee", "at_least_once"}
 	work := t.TempDir()
-	// A flushes every 10 s: what it folds stays unflushed long enough to pause it with it.
-	a := startService(t, broker, filepath.Join(work, "a"), nil, append(args, "--commit.interval.ms", "10000")...)
+	// A flushes every 30 s: what it folds stays unflushed long enough to pause it with it.
+	a := startService(t, broker, filepath.Join(work, "a"), nil, append(args, "--commit.interval.ms", "30000")...)
 	a.waitReady()
 	send(120, 100)
-	waitFor(t, 30*time.Second, "A to fold the events", func() bool { return processed(a) == 120 })
+	waitFor(t, 30*time.Second, "A to fold the events", func() bool { return a.processed() == 120 })
 	if err := a.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
 		t.Fatal(err)
 	}
@@ -158,9 +152,9 @@ func TestPausedInstanceWritesNothingAtLeastOnce(t *testing.T) {
 		}
 		return true
 	})
-	if time.Since(stopped) < 10*time.Second {
+	if time.Since(stopped) < 30*time.Second {
 		// Let A's flush be due when it resumes.
-		time.Sleep(10*time.Second - time.Since(stopped))
+		time.Sleep(30*time.Second - time.Since(stopped))
 	}
 	resumedAt := len(a.output()) // only what A logs after it resumes counts below
 	if err := a.cmd.Process.Signal(syscall.SIGCONT); err != nil {
