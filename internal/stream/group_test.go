@@ -88,8 +88,10 @@ func TestRevokeDuringLongRestore(t *testing.T) {
 	if !ok {
 		t.Fatal("A did not cancel the restore of 0_2")
 	}
-	if d := canceledAt.Sub(revokedAt); d > time.Second {
-		t.Fatalf("A took %s to abandon the restore of the revoked task, want under 1s", d)
+	// The held restore never ends on its own: any bounded delay shows it
+	// was abandoned; the bound leaves room for a loaded machine.
+	if d := canceledAt.Sub(revokedAt); d > 5*time.Second {
+		t.Fatalf("A took %s to abandon the restore of the revoked task, want under 5s", d)
 	}
 	if r := a.runningTasks(); strings.Join(r, ",") != "0_0,0_1" {
 		t.Fatalf("A runs %v, want 0_0 and 0_1", r)

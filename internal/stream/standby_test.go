@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/salesagg/salesagg/internal/stream"
@@ -99,6 +100,9 @@ func TestStandbyTailsServesAndIsPromoted(t *testing.T) {
 		return len(got) == 3
 	})
 	a.waitTotals(want)
+	// "Caught up" above was against the end each copy last saw; wait for
+	// the end the owners committed since.
+	h.waitCopiesAtEnd(a, b)
 	for task, ts := range b.copies() {
 		if ts.Checkpoint <= 0 || ts.Role != "standby" {
 			t.Fatalf("B's copy of %s = %+v, want a standby at a checkpoint > 0", task, ts)
@@ -143,6 +147,8 @@ func TestStandbyTailsServesAndIsPromoted(t *testing.T) {
 		want[p] += v
 	}
 	b.waitTotals(onlyOn(b, want))
+	a.waitTotals(onlyOn(a, want))
+	h.waitCopiesAtEnd(a, b)
 	_, changelogRecords, _ := h.changelog(h.cfg)
 	if err := a.stop(); err != nil {
 		t.Fatal(err)
@@ -166,6 +172,29 @@ func TestStandbyTailsServesAndIsPromoted(t *testing.T) {
 	if c := b.copies(); len(c) != 0 {
 		t.Fatalf("B alone keeps standby copies %v; a standby never runs beside its active task", c)
 	}
+}
+
+// waitCopiesAtEnd waits until every standby copy on ins has applied its
+// changelog partition up to the committed end (the last stable offset).
+func (h *harness) waitCopiesAtEnd(ins ...*instance) {
+	h.t.Helper()
+	adm := kadm.NewClient(h.client())
+	cl := h.cfg.ChangelogTopic()
+	waitFor(h.t, 30*time.Second, "the standby copies at the changelog's committed end", func() bool {
+		ends, err := adm.ListCommittedOffsets(context.Background(), cl)
+		if err != nil || ends.Error() != nil {
+			return false
+		}
+		for _, in := range ins {
+			for _, ts := range in.copies() {
+				end, ok := ends.Lookup(cl, ts.Partition)
+				if !ok || ts.State != "running" || ts.Checkpoint != end.Offset {
+					return false
+				}
+			}
+		}
+		return true
+	})
 }
 
 // onlyOn returns the products of want whose task runs on in.
@@ -308,13 +337,16 @@ func TestStandbyAnswersWhileTheOwnerRestores(t *testing.T) {
 }
 
 func TestExactlyOnceBoundsItsChangedProducts(t *testing.T) {
-	// Scenario: exactly-once with a commit interval of a minute, 110,000 distinct products
+	// Scenario: exactly-once with a commit interval of five minutes, 110,000 distinct products
 	// arrive on one partition: past 100,000 changed products the task asks for the transaction
 	// cycle early, so their totals are committed and answered well before the interval ends
 	// (without the bound they would all wait in memory for the minute).
 	h := newHarness(t)
 	h.createInput(3)
-	h.cfg.CommitInterval = time.Minute
+	// An interval no slow machine reaches within the test: a commit before
+	// it can only be the bound's.
+	h.cfg.CommitInterval = 5 * time.Minute
+	h.cfg.TransactionTimeoutSet = 10 * time.Minute
 	in := h.start(h.cfg)
 	in.waitReady()
 	const n = 110_000
@@ -332,11 +364,11 @@ func TestExactlyOnceBoundsItsChangedProducts(t *testing.T) {
 	}
 	began := time.Now()
 	h.produce(recs...)
-	waitFor(t, 40*time.Second, "the first products committed before the commit interval", func() bool {
+	waitFor(t, 3*time.Minute, "the first products committed before the commit interval", func() bool {
 		got, _ := in.total(first)
 		return got == 1
 	})
-	if d := time.Since(began); d >= time.Minute {
+	if d := time.Since(began); d >= h.cfg.CommitInterval {
 		t.Fatalf("committed after %s: the commit interval, not the bound", d)
 	}
 }
