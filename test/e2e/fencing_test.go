@@ -4,8 +4,11 @@ package e2e
 
 import (
 	"encoding/json"
+	"errors"
+	"fmt"
 	"math/rand/v2"
 	"path/filepath"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -37,6 +40,10 @@ func TestPausedInstanceIsFenced(t *testing.T) {
 	extra := []string{"--processing.guarantee", "exactly_once_v2", "--session.timeout.ms", "6000"}
 	base := serviceConfig{appID: appID, input: input, notif: notif, commitMs: 200, extra: extra}
 	cfgA, cfgB := base, base
+	// A commits every 10 s: what it folds sits in its open transaction long
+	// enough to pause it there.
+	cfgA.commitMs = 10000
+	cfgA.extra = append(append([]string(nil), extra...), "--transaction.timeout.ms", "60000")
 	cfgA.stateDir = filepath.Join(t.TempDir(), "a")
 	cfgB.stateDir = filepath.Join(t.TempDir(), "b")
 
@@ -45,7 +52,22 @@ func TestPausedInstanceIsFenced(t *testing.T) {
 	send(600)
 	waitFor(t, 60*time.Second, "A's totals", func() error { return a.checkTotals(totalsOf(all)) })
 
-	send(300) // A polls some of these into its open transaction, then stops
+	// A folds these into its open transaction, then stops.
+	folded, err := a.tasks()
+	if err != nil {
+		t.Fatal(err)
+	}
+	send(300)
+	waitFor(t, 30*time.Second, "A to fold the events into its open transaction", func() error {
+		c, err := a.tasks()
+		if err != nil {
+			return err
+		}
+		if c.Processed < folded.Processed+300 {
+			return fmt.Errorf("A folded %d of 300", c.Processed-folded.Processed)
+		}
+		return nil
+	})
 	if err := a.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
 		t.Fatal(err)
 	}
@@ -55,9 +77,19 @@ func TestPausedInstanceIsFenced(t *testing.T) {
 	send(300)
 	waitFor(t, 90*time.Second, "B's totals", func() error { return b.checkTotals(totalsOf(all)) })
 
+	resumedAt := len(a.logs())
 	if err := a.cmd.Process.Signal(syscall.SIGCONT); err != nil {
 		t.Fatal(err)
 	}
+	// A learns it lost its tasks and drops them with its open transaction.
+	waitFor(t, 60*time.Second, "the resumed A to drop its lost tasks", func() error {
+		for _, e := range a.logs()[resumedAt:] {
+			if strings.Contains(e.msg(), "Closed: dropped") || strings.Contains(e.msg(), "Closed: revoked; the open transaction is aborted") {
+				return nil
+			}
+		}
+		return errors.New("A has not dropped its tasks yet")
+	})
 	send(300)
 	want := totalsOf(all)
 	waitFor(t, 90*time.Second, "exact committed changelog", func() error { return checkChangelog(changelogTopic(appID), want) })

@@ -76,15 +76,51 @@ func killNine(t *testing.T, guarantee string) {
 		return fmt.Sprintf("tasks %v, processed %d since its start (%d redelivered skipped)", c.States, c.Processed, c.Duplicates)
 	}
 
-	// killLater SIGKILLs the running service 0.5–3 s (random) after its
-	// start (after readiness without static membership).
-	kills := 0
-	killLater := func() {
+	// topUpNow sends 10 more events once the paced producer is done, so
+	// that a started service always has something to fold.
+	lastTopUp := time.Time{}
+	topUpNow := func() {
+		t.Helper()
+		if !pp.finished() || time.Since(lastTopUp) < 100*time.Millisecond {
+			return
+		}
+		evs := genEvents(rng, "kp", 50, 10)
+		recs := make([]*kgo.Record, len(evs))
+		for i, e := range evs {
+			recs[i] = e.record(input)
+		}
+		produce(t, topUp, recs...)
+		extra = append(extra, evs...)
+		lastTopUp = time.Now()
+	}
+
+	// killLater SIGKILLs the running service at a random moment. After a
+	// fold (afterFold): once it processed an event, 0-1.5 s later, so the
+	// kill lands among commit cycles with work in them; otherwise 0.5-3 s
+	// after its start (after readiness without static membership), which
+	// can land in the join or the restore.
+	kills, afterFolds := 0, 0
+	killLater := func(afterFold bool) {
 		t.Helper()
 		if !static {
 			svc.waitReady(t, 120*time.Second)
 		}
-		d := 500*time.Millisecond + time.Duration(rng.Int64N(int64(2500*time.Millisecond)))
+		var d time.Duration
+		if afterFold {
+			waitFor(t, 2*time.Minute, svc.name+" to fold an event", func() error {
+				if !svc.alive() {
+					t.Fatalf("%s exited on its own (%s)", svc.name, svc.describeExit())
+				}
+				topUpNow()
+				if c, err := svc.tasks(); err == nil && c.Processed > 0 {
+					return nil
+				}
+				return fmt.Errorf("%s has processed nothing yet", svc.name)
+			})
+			d = time.Duration(rng.Int64N(int64(1500 * time.Millisecond)))
+		} else {
+			d = 500*time.Millisecond + time.Duration(rng.Int64N(int64(2500*time.Millisecond)))
+		}
 		// The chaos schedule itself: the moment of the kill is the point.
 		select {
 		case <-time.After(d):
@@ -94,38 +130,34 @@ func killNine(t *testing.T, guarantee string) {
 		state := describe(svc)
 		svc.kill()
 		kills++
-		t.Logf("SIGKILL #%d of %s %s after its %s: %s; it had restored %d records at its start; producer at %d/%d",
-			kills, svc.name, d.Round(time.Millisecond), map[bool]string{true: "start", false: "readiness"}[static],
+		if afterFold {
+			afterFolds++
+		}
+		t.Logf("SIGKILL #%d of %s %s after %s: %s; it had restored %d records at its start; producer at %d/%d",
+			kills, svc.name, d.Round(time.Millisecond), map[bool]string{true: "its first fold", false: map[bool]string{true: "its start", false: "readiness"}[static]}[afterFold],
 			state, svc.restored(t).total, pp.sent.Load(), len(events))
 	}
 
-	for range 8 {
-		killLater()
+	for round := range 8 {
+		killLater(round%4 != 0) // 6 of 8 after a fold
 		svc = startService(t, cfg)
 	}
+	if afterFolds < 6 {
+		t.Fatalf("only %d of %d kills came after a fold", afterFolds, kills)
+	}
 	for _, point := range crashPoints[guarantee] {
-		killLater() // one process per state dir: the running one goes first
+		killLater(false) // one process per state dir: the running one goes first
 		spec := fmt.Sprintf("%s:%d", point, 2+rng.IntN(6))
 		crashCfg := cfg
 		crashCfg.crashPoint = spec
 		svc = startService(t, crashCfg)
 		// A crash point needs a commit cycle with something to commit: if
 		// the producer is done, top it up (10 events every 100 ms).
-		lastTopUp := time.Time{}
 		waitFor(t, 2*time.Minute, svc.name+" to kill itself at "+spec, func() error {
 			if !svc.alive() {
 				return nil
 			}
-			if pp.finished() && time.Since(lastTopUp) >= 100*time.Millisecond {
-				evs := genEvents(rng, "kp", 50, 10)
-				recs := make([]*kgo.Record, len(evs))
-				for i, e := range evs {
-					recs[i] = e.record(input)
-				}
-				produce(t, topUp, recs...)
-				extra = append(extra, evs...)
-				lastTopUp = time.Now()
-			}
+			topUpNow()
 			return fmt.Errorf("%s still runs", svc.name)
 		})
 		if !svc.killedBy(syscall.SIGKILL) {

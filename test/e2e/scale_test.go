@@ -26,14 +26,14 @@ const (
 	// dir comes back under the same group.instance.id (derived from the state
 	// dir's process id) and replaces its dead self at once; a dynamic member
 	// would wait for the dead one's 45 s session to expire.
-	scaleStaticRejoin = 15 * time.Second
+	scaleStaticRejoin = 30 * time.Second
 	// scaleHandover: a member stopped with SIGTERM sends LeaveGroup
 	// (leave.group.on.close, default true), so the others take its task at
 	// once instead of after the 45 s session timeout.
-	scaleHandover = 20 * time.Second
+	scaleHandover = 30 * time.Second
 	// scaleSpread: a rebalance onto a new member: heartbeats (3 s) tell the
 	// others, two cooperative rounds, the moved task restores.
-	scaleSpread = 45 * time.Second
+	scaleSpread = 60 * time.Second
 	// scalePartitions is the input topic's partition count: tasks 0_0..0_2.
 	scalePartitions = 3
 )

@@ -89,7 +89,8 @@ func TestKafkaToolsAgainstTheDevBroker(t *testing.T) {
 	// Running and caught up: every input partition has a member and LAG 0 (the last
 	// commit is at most commit.interval.ms behind the totals).
 	var rows []groupRow
-	waitFor(t, 30*time.Second, "LAG 0 on every input partition", func() error {
+	// Each try starts a JVM (seconds on a loaded machine): a long bound.
+	waitFor(t, 2*time.Minute, "LAG 0 on every input partition", func() error {
 		out = runTool(t, jars, consumerGroupsClass, "--bootstrap-server", brokerAddr, "--describe", "--group", appID)
 		rows = parseGroupTable(t, out, input)
 		return checkLag(rows, ends, map[int32]int64{}, true)
