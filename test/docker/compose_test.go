@@ -563,7 +563,29 @@ var restoredRe = regexp.MustCompile(`^Finished restoring changelog (\S+)-(\d+) t
 // restoreLines reads docker-compose logs salesagg (the container's whole
 // output: the container is new) and returns the lines the README greps for:
 // 'total number of', 'did not find checkpoint' and 'Restoration took'.
+//
+// The container's logs reach docker a moment after they are written: it
+// reads them until the "Restoration took" line is there (logged after the
+// tasks run, so possibly after the container turned healthy).
 func (c *composeRun) restoreLines() []string {
+	c.t.Helper()
+	var out []string
+	waitUntil(c.t, 30*time.Second, "the 'Restoration took' line in docker-compose logs", func() error {
+		out = c.readRestoreLines()
+		for _, l := range out {
+			if strings.HasPrefix(l, "Restoration took") {
+				return nil
+			}
+		}
+		return errors.New("not logged yet")
+	})
+	c.t.Logf("docker-compose logs salesagg | grep 'total number of':\n  %s", strings.Join(slices.DeleteFunc(slices.Clone(out), func(s string) bool {
+		return !strings.Contains(s, "total number of")
+	}), "\n  "))
+	return out
+}
+
+func (c *composeRun) readRestoreLines() []string {
 	c.t.Helper()
 	res := c.dc("logs", "--no-color", "salesagg")
 	var out []string
@@ -581,9 +603,6 @@ func (c *composeRun) restoreLines() []string {
 			out = append(out, ll.Msg)
 		}
 	}
-	c.t.Logf("docker-compose logs salesagg | grep 'total number of':\n  %s", strings.Join(slices.DeleteFunc(slices.Clone(out), func(s string) bool {
-		return !strings.Contains(s, "total number of")
-	}), "\n  "))
 	return out
 }
 

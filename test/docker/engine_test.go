@@ -347,6 +347,14 @@ func (e *engine) stop(t *testing.T) {
 		if pid, err := strconv.Atoi(strings.TrimSpace(string(b))); err == nil && pid > 1 {
 			if cmdline, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid)); err == nil && strings.Contains(string(cmdline), e.root) {
 				_ = syscall.Kill(pid, syscall.SIGKILL)
+				// Gone only once its /proc entry is (it is not our child:
+				// init reaps it), so that a later scan does not see it dying.
+				for range 100 {
+					if c, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid)); err != nil || !strings.Contains(string(c), e.root) {
+						break
+					}
+					time.Sleep(50 * time.Millisecond)
+				}
 			}
 		}
 	}
