@@ -274,7 +274,33 @@ func TestStatefulSetRehearsal(t *testing.T) {
 	if len(probeProducts) != int(cfg.TopicsPartitions) {
 		t.Fatalf("the products cover tasks %v, want %d tasks", probeProducts, cfg.TopicsPartitions)
 	}
-	before := assignment(t, hc, listen)
+	// The assignment settles after readiness (a member with no task yet is
+	// ready too): take it once each task runs on exactly one pod, each pod
+	// runs one, and two readings a few seconds apart agree.
+	var before map[string][]string
+	waitFor(t, 2*time.Minute, "a settled assignment, one task per pod", func() error {
+		first := assignment(t, hc, listen)
+		seen := map[string]int{}
+		for pod, tasks := range first {
+			if len(tasks) == 0 {
+				return fmt.Errorf("%s runs no task: %v", pod, first)
+			}
+			for _, task := range tasks {
+				seen[task]++
+			}
+		}
+		for task, n := range seen {
+			if n != 1 {
+				return fmt.Errorf("task %s runs on %d pods: %v", task, n, first)
+			}
+		}
+		time.Sleep(3 * time.Second) // the second reading of the pair
+		if again := assignment(t, hc, listen); fmt.Sprint(again) != fmt.Sprint(first) {
+			return fmt.Errorf("the assignment still moves: %v, then %v", first, again)
+		}
+		before = first
+		return nil
+	})
 	t.Logf("tasks before the rolling update: %v; probe products %v", before, probeProducts)
 
 	pr := startProber(listen, probeProducts)
@@ -671,7 +697,9 @@ func startProber(addrs []string, probeProducts map[string]string) *prober {
 	for task := range probeProducts {
 		pr.stats[task] = &taskStats{latest: map[int]answer{}}
 	}
-	hc := &http.Client{Timeout: time.Second, Transport: &http.Transport{
+	// A slow answer is still an answer: the timeout only ends a request a
+	// pod will not answer (it is stopping or starting).
+	hc := &http.Client{Timeout: 2 * time.Second, Transport: &http.Transport{
 		DialContext:         (&net.Dialer{Timeout: time.Second}).DialContext,
 		MaxIdleConnsPerHost: 16,
 	}}
