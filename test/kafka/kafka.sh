@@ -162,9 +162,27 @@ port_open() {
 free_ports() {
   if command -v python3 >/dev/null 2>&1; then
     python3 - <<'PY'
-import socket
-socks = []
-for _ in range(2):
+# Below the kernel's ephemeral range (where clients' outgoing connections
+# take their local ports, so a port picked there can be taken before the
+# broker binds it), as test/port does.
+import random, socket
+try:
+    low = int(open("/proc/sys/net/ipv4/ip_local_port_range").read().split()[0])
+except Exception:
+    low = 32768
+picked, socks = [], []
+for _ in range(200):
+    if len(socks) == 2 or low <= 10100:
+        break
+    p = random.randrange(10000, low)
+    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        s.bind(("127.0.0.1", p))
+    except OSError:
+        s.close()
+        continue
+    socks.append(s)
+while len(socks) < 2:
     s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     s.bind(("127.0.0.1", 0))
     socks.append(s)
