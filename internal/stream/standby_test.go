@@ -147,7 +147,15 @@ func TestStandbyTailsServesAndIsPromoted(t *testing.T) {
 		want[p] += v
 	}
 	b.waitTotals(onlyOn(b, want))
-	a.waitTotals(onlyOn(a, want))
+	// A's HTTP server is closed: ask its runtime.
+	waitFor(t, 30*time.Second, "A's totals of its tasks", func() bool {
+		for p, w := range onlyOn(a, want) {
+			if got, ok, err := a.rt.Total(p); err != nil || !ok || got != w {
+				return false
+			}
+		}
+		return true
+	})
 	h.waitCopiesAtEnd(a, b)
 	_, changelogRecords, _ := h.changelog(h.cfg)
 	if err := a.stop(); err != nil {
