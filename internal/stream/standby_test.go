@@ -392,11 +392,31 @@ func TestFencedByTransactionTimeoutStartsANewSession(t *testing.T) {
 	h.cfg.TransactionTimeoutSet = 1500 * time.Millisecond
 	var hung atomic.Bool
 	var folded atomic.Bool
+	// The cycle that hangs must have folded events since the last one (so
+	// that its transaction holds records the broker aborts): a cycle with
+	// nothing in it begins no transaction on the broker, and nothing fences.
+	var rt atomic.Pointer[stream.Runtime]
+	lastProcessed := int64(0)
+	processed := func() int64 {
+		var n int64
+		if r := rt.Load(); r != nil {
+			for _, ts := range r.Tasks() {
+				n += ts.Processed
+			}
+		}
+		return n
+	}
 	in := h.startWith(h.cfg, stream.Knobs{CrashPoint: func(point string) {
-		if point == "changelog-produced" && folded.Load() && hung.CompareAndSwap(false, true) {
+		if point != "changelog-produced" {
+			return
+		}
+		cur := processed()
+		if folded.Load() && cur > lastProcessed && hung.CompareAndSwap(false, true) {
 			time.Sleep(4 * time.Second) // the hang under test, not a wait for a condition
 		}
+		lastProcessed = cur
 	}})
+	rt.Store(in.rt)
 	in.waitReady()
 	want := spread(h, "f", 10, 3)
 	folded.Store(true)
