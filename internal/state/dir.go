@@ -18,6 +18,11 @@ import (
 const (
 	lockFileName     = ".lock"
 	metadataFileName = "process-metadata"
+	// trashDirName holds task directories being deleted: a wipe renames
+	// the directory here (one atomic step) before it deletes it, and
+	// OpenDir empties it, so that a crash in the middle of a deletion
+	// never leaves a half-deleted store where the task looks for one.
+	trashDirName = "trash"
 )
 
 // ErrLocked is returned by OpenDir when another process holds the state dir.
@@ -47,6 +52,11 @@ func OpenDir(stateDir, appID string) (*Dir, error) {
 	if d.processID, err = loadProcessID(filepath.Join(path, metadataFileName)); err != nil {
 		_ = d.Close()
 		return nil, err
+	}
+	// What a wipe left when the process died deleting it.
+	if err := os.RemoveAll(filepath.Join(path, trashDirName)); err != nil {
+		_ = d.Close()
+		return nil, fmt.Errorf("emptying %s: %w", filepath.Join(path, trashDirName), err)
 	}
 	return d, nil
 }
@@ -154,11 +164,50 @@ func listTasks(path string) ([]int32, error) {
 
 // Wipe deletes the task directory of partition. The task's store must be
 // closed.
+//
+// The wipe is atomic: the directory is first renamed into the state dir's
+// trash (gone from where the task looks at once), then deleted; a crash in
+// between leaves it in the trash, which the next OpenDir empties.
 func (d *Dir) Wipe(partition int32) error {
-	if err := os.RemoveAll(d.TaskPath(partition)); err != nil {
+	aside, err := d.moveToTrash(partition)
+	if err != nil || aside == "" {
+		return err
+	}
+	if err := os.RemoveAll(aside); err != nil {
 		return fmt.Errorf("wiping task %s: %w", TaskName(partition), err)
 	}
 	return nil
+}
+
+// moveToTrash renames the task directory of partition into the trash and
+// returns where it went ("" when there was none).
+func (d *Dir) moveToTrash(partition int32) (string, error) {
+	from := d.TaskPath(partition)
+	if _, err := os.Lstat(from); errors.Is(err, os.ErrNotExist) {
+		return "", nil
+	}
+	trash := filepath.Join(d.path, trashDirName)
+	if err := os.MkdirAll(trash, 0o755); err != nil {
+		return "", fmt.Errorf("wiping task %s: %w", TaskName(partition), err)
+	}
+	to := filepath.Join(trash, TaskName(partition)+"-"+time.Now().UTC().Format("20060102T150405.000000000"))
+	if err := os.Rename(from, to); err != nil {
+		return "", fmt.Errorf("wiping task %s: %w", TaskName(partition), err)
+	}
+	if err := syncDir(d.path); err != nil {
+		return "", fmt.Errorf("wiping task %s: %w", TaskName(partition), err)
+	}
+	return to, nil
+}
+
+// syncDir makes a rename in dir durable.
+func syncDir(dir string) error {
+	f, err := os.Open(dir)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	return f.Sync()
 }
 
 // ErrUnwritable is returned by CheckWritable when a task's store cannot take

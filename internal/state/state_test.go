@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
@@ -300,5 +301,65 @@ func TestLookupSeesEveryWrite(t *testing.T) {
 	}
 	if _, _, err := s.Lookup([]byte("p2")); !errors.Is(err, ErrClosed) {
 		t.Fatalf("Lookup after Close: %v, want ErrClosed", err)
+	}
+}
+
+func TestWipeInterruptedLeavesNoHalfStore(t *testing.T) {
+	// Scenario: a process dies in the middle of wiping a task's store (the directory already
+	// moved aside, half of its files deleted). The task's directory is gone from where the task
+	// looks, so the next start finds no checkpoint and no leftover key (it restores from the
+	// changelog), and the next OpenDir deletes what was left aside.
+	root := t.TempDir()
+	d, err := OpenDir(root, "app")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := Open(d.TaskPath(1), zap.NewNop(), OpenOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Apply([]Update{{Product: "voided", Entry: Entry{Total: 7}}}, Checkpoint{ChangelogOffset: 5, InputOffset: 3}); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	aside, err := d.moveToTrash(1)
+	if err != nil || aside == "" {
+		t.Fatalf("moving aside: %q, %v", aside, err)
+	}
+	// The crash: some of the store's files deleted, the rest left.
+	ents, err := os.ReadDir(aside)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, e := range ents {
+		if i%2 == 0 {
+			_ = os.RemoveAll(filepath.Join(aside, e.Name()))
+		}
+	}
+	_ = d.Close()
+
+	d, err = OpenDir(root, "app")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	if _, err := os.Stat(filepath.Join(root, "app", trashDirName)); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("the trash survived the next OpenDir: %v", err)
+	}
+	if ps, err := d.Tasks(); err != nil || len(ps) != 0 {
+		t.Fatalf("tasks after the interrupted wipe: %v, %v", ps, err)
+	}
+	s, err = Open(d.TaskPath(1), zap.NewNop(), OpenOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if _, found, err := s.Checkpoint(); err != nil || found {
+		t.Fatalf("checkpoint after the interrupted wipe: found %v, %v", found, err)
+	}
+	if _, ok, err := s.Get("voided"); err != nil || ok {
+		t.Fatalf("a product of the wiped store survived: %v, %v", ok, err)
 	}
 }
