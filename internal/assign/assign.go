@@ -33,9 +33,10 @@ import (
 
 // Version is the metadata version this code writes; MinVersion the oldest it
 // can read. A newer member only appends fields, so it is read as Version.
-// Version 2 adds the members' store checkpoints (Member.Offsets).
+// Version 2 adds the members' store checkpoints (Member.Offsets), version
+// 3 the changelog ends they measured them against (Member.Ends).
 const (
-	Version    = 2
+	Version    = 3
 	MinVersion = 1
 )
 
@@ -66,6 +67,19 @@ type Member struct {
 	// (metadata version 1): its Owned tasks count as caught up, the rest
 	// as cold.
 	Offsets map[int32]int64
+	// Ends are, per task, the changelog end offset the member measured its
+	// offset against (a standby copy's last stable offset at the same
+	// moment); a task absent (or a member of an older version) is measured
+	// against the leader's EndOffsets. The member's own decision that a
+	// warm-up caught up (CaughtUp) and the leader's are thus made on the
+	// same offsets.
+	Ends map[int32]int64
+}
+
+// CaughtUp is the one rule for a store being caught up: offset (the next
+// changelog offset it reflects) within acceptable records of end.
+func CaughtUp(offset, end, acceptable int64) bool {
+	return offset >= 0 && end >= 0 && max(0, end-offset) <= acceptable
 }
 
 // Options are the caught-up-first and standby settings of Plan. The zero
@@ -153,6 +167,10 @@ func (o *Options) lag(m *member, t int32) int64 {
 		return end
 	}
 	off, ok := m.Offsets[t]
+	if seen, measured := m.Ends[t]; ok && off >= 0 && measured && seen >= 0 {
+		// The member's own measurement (see Member.Ends).
+		return max(0, seen-off)
+	}
 	switch {
 	case ok && off == Running:
 		return 0

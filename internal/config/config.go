@@ -54,6 +54,13 @@ type Config struct {
 	// headers naming its source and the error. Empty: bad events are
 	// skipped (and counted).
 	DLQTopic string
+	// DLQMaxRecordBytes bounds a dead-letter record (key, value and
+	// headers): a bigger bad event is cut to fit and marked so.
+	DLQMaxRecordBytes int64
+	// TaskTimeout is how long a task may keep failing (a restore that
+	// errors, a cycle whose records cannot be produced) while it retries
+	// before the process reports itself unhealthy; it retries on.
+	TaskTimeout time.Duration
 	// Security of the Kafka connections.
 	Security Security
 
@@ -228,6 +235,8 @@ var keys = []keyDef{
 	{"ssl.cert.file", kindString, "", "PEM client certificate for mutual TLS"},
 	{"ssl.key.file", kindString, "", "PEM key of the client certificate"},
 	{"dlq.topic", kindString, "", "dead-letter topic for bad events (default: none, bad events are skipped and counted)"},
+	{"dlq.max.record.bytes", kindInt, "262144", "largest dead-letter record (key, value and headers); a bigger bad event is cut to fit, with headers giving its original sizes (keep it under the topic's max.message.bytes)"},
+	{"task.timeout.ms", kindInt, "300000", "how long a task may keep failing (its restore errors, or its records cannot be produced) while it retries with backoff before GET /healthz reports the process unhealthy; the task keeps retrying"},
 	{"group.instance.id", kindString, "", "static group membership id, e.g. the pod name (default: derived from the process id in the state dir, so a restart on the same volume rejoins at once)"},
 	{"session.timeout.ms", kindInt, "45000", "consumer group session timeout"},
 	{"leave.group.on.close", kindBool, "true", "on a clean shutdown the member leaves the group at once (LeaveGroup with its group.instance.id), so its tasks move without waiting for the session timeout; false keeps its tasks for a rolling restart"},
@@ -504,6 +513,8 @@ func decode(v *viper.Viper) (Config, map[string]bool, []error) {
 	if v.IsSet("transaction.timeout.ms") {
 		c.TransactionTimeoutSet = time.Duration(integer("transaction.timeout.ms", 1000, MaxTransactionTimeout.Milliseconds())) * time.Millisecond
 	}
+	c.DLQMaxRecordBytes = integer("dlq.max.record.bytes", 1024, 64<<20)
+	c.TaskTimeout = time.Duration(integer("task.timeout.ms", 1000, 24*3_600_000)) * time.Millisecond
 	c.ProbingRebalanceInterval = time.Duration(integer("probing.rebalance.interval.ms", 1000, 24*3_600_000)) * time.Millisecond
 	c.LogLevel = strings.ToLower(str("log.level"))
 	c.LogFormat = strings.ToLower(str("log.format"))
@@ -653,6 +664,8 @@ func (c Config) Fields() map[string]any {
 		"http.pprof":                    c.HTTPPprof,
 		"application.server":            c.ApplicationServer,
 		"dlq.topic":                     c.DLQTopic,
+		"dlq.max.record.bytes":          c.DLQMaxRecordBytes,
+		"task.timeout.ms":               c.TaskTimeout.Milliseconds(),
 		"security.protocol":             c.Security.Protocol,
 		"sasl.mechanism":                c.Security.SASLMechanism,
 		"sasl.username":                 c.Security.SASLUsername,

@@ -28,6 +28,8 @@ type Backend interface {
 	Products(after string, limit int) ([]state.Total, []string, error)
 	Tasks() []stream.TaskStatus
 	Ready() (bool, string)
+	// Healthy is false once a task kept failing past task.timeout.ms.
+	Healthy() (bool, string)
 	BadEvents() int64
 	// InstanceID names this instance in X-Served-By.
 	InstanceID() string
@@ -187,6 +189,12 @@ func Handler(b Backend, opts ...Option) http.Handler {
 	})
 	mux.Handle("GET /{$}", newStatusPage(b, opts...)) // the status page, statuspage.go
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
+		// Alive unless a task kept failing past task.timeout.ms: then a
+		// restart (the liveness probe's) is the next thing to try.
+		if ok, reason := b.Healthy(); !ok {
+			writeJSON(w, http.StatusServiceUnavailable, map[string]string{"status": "unhealthy", "reason": reason})
+			return
+		}
 		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
 	})
 	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {

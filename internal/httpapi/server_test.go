@@ -23,6 +23,7 @@ func (idle) Total(string) (int64, bool, error)                     { return 0, f
 func (idle) Products(string, int) ([]state.Total, []string, error) { return nil, nil, nil }
 func (idle) Tasks() []stream.TaskStatus                            { return nil }
 func (idle) Ready() (bool, string)                                 { return false, "no partitions assigned yet" }
+func (idle) Healthy() (bool, string)                               { return true, "ok" }
 func (idle) BadEvents() int64                                      { return 0 }
 func (idle) InstanceID() string                                    { return "idle-0" }
 func (idle) TaskOf(string) string                                  { return "" }

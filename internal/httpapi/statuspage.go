@@ -153,6 +153,9 @@ type taskView struct {
 	Bad       int64
 	CacheHit  string // "97.5%"; "" when no lookups yet
 	CacheNote string
+	// Trouble is what keeps the task back: a failure it retries, or what it
+	// waits for; TroubleClass colours it (warn, or bad once unhealthy).
+	Trouble, TroubleClass string
 }
 
 type memberView struct {
@@ -232,6 +235,19 @@ func (p *statusPage) view(now time.Time) statusView {
 		} else {
 			v.Summary.Copies++
 			tv.Detail = copyDetail(t, r, known)
+		}
+		switch {
+		case t.Failing != nil:
+			tv.Trouble = fmt.Sprintf("failing since %s (%d attempts, retrying with backoff): %s", t.Failing.Since, t.Failing.Attempts, t.Failing.Error)
+		case t.Waiting != "":
+			tv.Trouble = "waiting for " + t.Waiting
+		}
+		if tv.Trouble != "" {
+			tv.TroubleClass = "warn"
+			if t.Unhealthy {
+				tv.Trouble = "unhealthy (task.timeout.ms passed): " + tv.Trouble
+				tv.TroubleClass = "bad"
+			}
 		}
 		v.Tasks = append(v.Tasks, tv)
 	}

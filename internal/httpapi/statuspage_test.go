@@ -40,6 +40,7 @@ func (b *pageBackend) Tasks() []stream.TaskStatus {
 }
 func (b *pageBackend) Instances() []stream.InstanceStatus { return b.members }
 func (b *pageBackend) Ready() (bool, string)              { return b.ready, b.reason }
+func (b *pageBackend) Healthy() (bool, string)            { return true, "ok" }
 func (b *pageBackend) InstanceID() string                 { return "salesagg-0" }
 func (b *pageBackend) BadEvents() int64                   { return 3 }
 

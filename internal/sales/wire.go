@@ -55,6 +55,16 @@ const (
 	DLQOffsetHeader    = "salesagg.dlq.offset"
 	DLQReasonHeader    = "salesagg.dlq.reason"
 	DLQErrorHeader     = "salesagg.dlq.error"
+	// DLQTruncatedHeader is "true" on a dead-letter record cut to fit
+	// dlq.max.record.bytes; the original sizes of its key and value (and
+	// how many of the event's own headers were left out) are in the next.
+	DLQTruncatedHeader      = "salesagg.dlq.truncated"
+	DLQKeyBytesHeader       = "salesagg.dlq.original.key.bytes"
+	DLQValueBytesHeader     = "salesagg.dlq.original.value.bytes"
+	DLQDroppedHeadersHeader = "salesagg.dlq.dropped.headers"
+	// DLQHeaderPrefix starts every header salesagg sets on a dead-letter
+	// record: such headers the event came with are replaced, not kept.
+	DLQHeaderPrefix = "salesagg.dlq."
 )
 
 // EncodeTotal encodes a total as Kafka's LongSerializer does.

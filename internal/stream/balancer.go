@@ -39,6 +39,9 @@ import (
 //	offsets     uint16 count, then per task: int32 task, int64 the next
 //	            changelog offset its local store reflects, or -2 for an
 //	            active task it runs (version 2; absent from older members)
+//	ends        uint16 count, then per task: int32 task, int64 the changelog
+//	            end offset that offset was measured against (version 3:
+//	            the tasks of its standby copies; see assign.Member.Ends)
 //
 // Newer versions append fields; a reader takes the prefix it knows.
 //
@@ -71,8 +74,10 @@ type memberInfo struct {
 	processID  string
 	appServer  string
 	// offsets are the member's local stores (see assign.Member.Offsets);
-	// nil when an older member reported none.
+	// nil when an older member reported none. ends are the changelog ends
+	// some were measured against (assign.Member.Ends).
 	offsets map[int32]int64
+	ends    map[int32]int64
 }
 
 func encodeMemberInfo(m memberInfo) []byte {
@@ -80,16 +85,40 @@ func encodeMemberInfo(m memberInfo) []byte {
 	b = binary.BigEndian.AppendUint32(b, uint32(m.partitions))
 	b = appendString(b, m.processID)
 	b = appendString(b, m.appServer)
-	tasks := slices.Sorted(maps.Keys(m.offsets))
+	b = appendOffsets(b, m.offsets)
+	return appendOffsets(b, m.ends)
+}
+
+// appendOffsets appends a count and int32 task, int64 offset pairs.
+func appendOffsets(b []byte, offs map[int32]int64) []byte {
+	tasks := slices.Sorted(maps.Keys(offs))
 	if len(tasks) > 0xffff {
 		tasks = tasks[:0xffff]
 	}
 	b = binary.BigEndian.AppendUint16(b, uint16(len(tasks)))
 	for _, t := range tasks {
 		b = binary.BigEndian.AppendUint32(b, uint32(t))
-		b = binary.BigEndian.AppendUint64(b, uint64(m.offsets[t]))
+		b = binary.BigEndian.AppendUint64(b, uint64(offs[t]))
 	}
 	return b
+}
+
+// readOffsets reads what appendOffsets wrote.
+func readOffsets(b []byte) (map[int32]int64, []byte, bool) {
+	if len(b) < 2 {
+		return nil, b, false
+	}
+	n := int(binary.BigEndian.Uint16(b))
+	b = b[2:]
+	if len(b) < n*12 {
+		return nil, b, false
+	}
+	out := make(map[int32]int64, n)
+	for range n {
+		out[int32(binary.BigEndian.Uint32(b))] = int64(binary.BigEndian.Uint64(b[4:]))
+		b = b[12:]
+	}
+	return out, b, true
 }
 
 func decodeMemberInfo(b []byte) (memberInfo, error) {
@@ -108,15 +137,13 @@ func decodeMemberInfo(b []byte) (memberInfo, error) {
 		}
 	}
 	if len(rest) >= 2 {
-		n := int(binary.BigEndian.Uint16(rest))
-		rest = rest[2:]
-		if len(rest) < n*12 {
+		if m.offsets, rest, ok = readOffsets(rest); !ok {
 			return memberInfo{}, errors.New("unreadable member metadata: store offsets")
 		}
-		m.offsets = make(map[int32]int64, n)
-		for range n {
-			m.offsets[int32(binary.BigEndian.Uint32(rest))] = int64(binary.BigEndian.Uint64(rest[4:]))
-			rest = rest[12:]
+	}
+	if m.version >= 3 && len(rest) >= 2 {
+		if m.ends, rest, ok = readOffsets(rest); !ok {
+			return memberInfo{}, errors.New("unreadable member metadata: changelog ends")
 		}
 	}
 	return m, nil
@@ -305,8 +332,9 @@ type taskBalancer struct {
 	// offsets each round.
 	opts assign.Options
 	// offsets, if set, returns this member's local store checkpoints for
-	// its JoinGroup metadata (see assign.Member.Offsets).
-	offsets func() map[int32]int64
+	// its JoinGroup metadata, and the changelog ends some were measured
+	// against (see assign.Member.Offsets and Ends).
+	offsets func() (offsets, ends map[int32]int64)
 	// endOffsets, if set, returns the changelog end offsets per task, for
 	// the leader's caught-up-first placement.
 	endOffsets func(context.Context) (map[int32]int64, error)
@@ -317,6 +345,9 @@ type taskBalancer struct {
 		// process id.
 		self memberInfo
 		info assignmentInfo // from the latest SyncGroup
+		// synced are the partitions of the latest SyncGroup, per topic:
+		// what the group gives this member now.
+		synced map[string][]int32
 		// lastOwner is the last owner each task was seen with, and
 		// movedFrom the one before it when the task changed hands.
 		lastOwner map[int32]string
@@ -339,6 +370,18 @@ func (b *taskBalancer) start(self memberInfo) {
 	defer b.mu.Unlock()
 	b.mu.self = self
 	b.mu.info = assignmentInfo{}
+	b.mu.synced = nil
+}
+
+// synced returns the partitions the latest SyncGroup gave this member.
+func (b *taskBalancer) synced() map[string][]int32 {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	out := make(map[string][]int32, len(b.mu.synced))
+	for t, ps := range b.mu.synced {
+		out[t] = slices.Clone(ps)
+	}
+	return out
 }
 
 var _ kgo.GroupBalancer = (*taskBalancer)(nil)
@@ -366,7 +409,7 @@ func (b *taskBalancer) JoinGroupMetadata(topics []string, current map[string][]i
 	self := b.mu.self
 	b.mu.Unlock()
 	if b.offsets != nil {
-		self.offsets = b.offsets()
+		self.offsets, self.ends = b.offsets()
 	}
 	meta.UserData = encodeMemberInfo(self)
 	return meta.AppendTo(nil)
@@ -392,6 +435,7 @@ func (b *taskBalancer) ParseSyncAssignment(assignment []byte) (map[string][]int3
 	}
 	b.mu.Lock()
 	b.mu.info = info
+	b.mu.synced = maps.Clone(out)
 	if b.mu.lastOwner == nil {
 		b.mu.lastOwner, b.mu.movedFrom = map[int32]string{}, map[int32]string{}
 	}
@@ -450,6 +494,7 @@ func (b *taskBalancer) MemberBalancer(members []kmsg.JoinGroupResponseMember) (k
 			am.Version = info.version
 			am.Partitions = info.partitions
 			am.Offsets = info.offsets
+			am.Ends = info.ends
 			if info.appServer != "" {
 				mb.servers = append(mb.servers, [2]string{m.MemberID, info.appServer})
 			}

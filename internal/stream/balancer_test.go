@@ -77,14 +77,21 @@ func TestBalancerRoundTrip(t *testing.T) {
 func TestBalancerWireFormats(t *testing.T) {
 	// Scenario: member and assignment info round trip; truncated bytes are rejected; a newer
 	// member's appended fields are ignored.
-	m := memberInfo{version: 2, partitions: 12, processID: "0b8f-uuid", appServer: "salesagg-0.salesagg:8080",
-		offsets: map[int32]int64{0: -2, 3: 1 << 40, 11: 0}}
+	m := memberInfo{version: 3, partitions: 12, processID: "0b8f-uuid", appServer: "salesagg-0.salesagg:8080",
+		offsets: map[int32]int64{0: -2, 3: 1 << 40, 11: 0}, ends: map[int32]int64{3: 1<<40 + 7}}
 	got, err := decodeMemberInfo(encodeMemberInfo(m))
 	if err != nil || !reflect.DeepEqual(got, m) {
 		t.Fatalf("member info = %+v, %v", got, err)
 	}
 	if _, err := decodeMemberInfo(encodeMemberInfo(m)[:len(encodeMemberInfo(m))-3]); err == nil {
-		t.Fatal("member info with truncated offsets decoded")
+		t.Fatal("member info with truncated ends decoded")
+	}
+	// A version 2 member: offsets, no ends.
+	v2 := encodeMemberInfo(memberInfo{partitions: 12, processID: m.processID, appServer: m.appServer, offsets: m.offsets})
+	v2[0] = 2
+	v2 = v2[:len(v2)-2] // without the (empty) ends section
+	if got, err := decodeMemberInfo(v2); err != nil || got.ends != nil || !reflect.DeepEqual(got.offsets, m.offsets) {
+		t.Fatalf("version 2 member info = %+v, %v", got, err)
 	}
 	// A member of the version before store offsets: none (nil).
 	v1 := []byte{1, 0, 0, 0, 12, 0, 3, 'p', 'i', 'd', 0, 3, 'a', ':', '1'}
@@ -104,7 +111,7 @@ func TestBalancerWireFormats(t *testing.T) {
 	if got, err := decodeMemberInfo(newer); err != nil || got.version != 7 || got.processID != m.processID {
 		t.Fatalf("newer member info = %+v, %v", got, err)
 	}
-	ai := assignmentInfo{version: 2, partitions: 3, owners: map[int32]string{0: "a", 2: "b"}, servers: map[string]string{"a": "10-a:8080", "b": "b.svc:8080"},
+	ai := assignmentInfo{version: 3, partitions: 3, owners: map[int32]string{0: "a", 2: "b"}, servers: map[string]string{"a": "10-a:8080", "b": "b.svc:8080"},
 		standbys: map[string]map[int32]copyKind{"a": {2: kindStandby}, "b": {0: kindIncoming, 1: kindWarmup}}, probe: true}
 	gotA, err := decodeAssignmentInfo(encodeAssignmentInfo(ai))
 	if err != nil || !reflect.DeepEqual(gotA, ai) {

@@ -50,7 +50,10 @@ const (
 type cycleReq struct {
 	phase     cyclePhase
 	committed bool // for cycleFinish
-	done      chan error
+	// produceErr (cycleFinish) is why the cycle aborted: a record of this
+	// task failed to produce.
+	produceErr error
+	done       chan error
 }
 
 // preparedBatch is what a task produced in the open transaction.
@@ -88,8 +91,12 @@ func (t *task) handleCycle(ctx context.Context, req cycleReq) error {
 			// is rewound, and the store still holds the committed state.
 			t.produceErr.Store(nil)
 			t.dropDirty()
+			if req.produceErr != nil {
+				t.produceFailed(req.produceErr, "the transaction is aborted and the input folded again")
+			}
 			return nil
 		}
+		t.produced()
 		if errp := t.produceErr.Load(); errp != nil {
 			return *errp
 		}
@@ -142,8 +149,8 @@ func (rt *Runtime) pollEOS(ctx context.Context) error {
 		// during the poll: the transaction commits the offsets of all of
 		// them (Run's last cycle does on shutdown). Hence the work context.
 		// Records that found no running task make the cycle abort.
-		if rt.dispatch(rt.work, fetches) {
-			rt.abortCycle = true
+		if rt.dispatch(rt.work, fetches, nil) {
+			rt.abortCycle.Store(true)
 		}
 		if ctx.Err() != nil {
 			select {
@@ -183,11 +190,11 @@ func (rt *Runtime) transact(ctx context.Context) error {
 	}
 	var errs []error
 	try := kgo.TryCommit
-	if rt.abortCycle {
-		// Records of this cycle found no running task: abort, so the
-		// session rewinds the input and they are read again.
+	if rt.abortCycle.Swap(false) {
+		// Records of this cycle found no running task, or a task that
+		// folded some was stopped: abort, so the session rewinds the
+		// input and they are read again.
 		try = kgo.TryAbort
-		rt.abortCycle = false
 	}
 	prepared := ts[:0:0]
 	for _, t := range ts {
@@ -206,6 +213,22 @@ func (rt *Runtime) transact(ctx context.Context) error {
 	if len(errs) > 0 {
 		try = kgo.TryAbort
 	}
+	// Every record of the cycle is acknowledged (or failed) before the
+	// transaction is ended: one that failed aborts it, so that nothing is
+	// committed past it (End would commit the input offsets anyway).
+	failed := map[*task]error{}
+	if try == kgo.TryCommit {
+		if err := rt.client.Flush(ctx); err != nil {
+			try = kgo.TryAbort
+		}
+		for _, t := range prepared {
+			t.pending.Wait()
+			if errp := t.produceErr.Load(); errp != nil {
+				failed[t] = *errp
+				try = kgo.TryAbort
+			}
+		}
+	}
 	endBegan := time.Now()
 	committed, endErr := rt.session.End(ctx, try)
 	rt.metrics.txnEndSeconds.Observe(time.Since(endBegan).Seconds())
@@ -223,7 +246,7 @@ func (rt *Runtime) transact(ctx context.Context) error {
 	for _, t := range prepared {
 		// A task revoked after End has nothing to finish: its store is a
 		// cycle behind its changelog, which the next owner restores.
-		if err := t.send(ctx, cycleReq{phase: cycleFinish, committed: committed && endErr == nil}); err != nil && !errors.Is(err, errTaskStopped) {
+		if err := t.send(ctx, cycleReq{phase: cycleFinish, committed: committed && endErr == nil, produceErr: failed[t]}); err != nil && !errors.Is(err, errTaskStopped) {
 			errs = append(errs, err)
 		}
 	}

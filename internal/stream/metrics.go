@@ -36,6 +36,10 @@ type instruments struct {
 	produced      [producedKinds]atomic.Int64
 	txnCommitted  atomic.Int64
 	txnAborted    atomic.Int64
+	// restoreFailures counts failed restore attempts, produceFailures the
+	// cycles that committed nothing because a record failed to produce.
+	restoreFailures atomic.Int64
+	produceFailures atomic.Int64
 }
 
 func newInstruments(guarantee string) *instruments {
@@ -123,11 +127,13 @@ var (
 	descProduced   = newDesc("salesagg_records_produced_total", "Records acknowledged by Kafka, by the topic they went to.", prometheus.CounterValue, "topic")
 	descTxns       = newDesc("salesagg_transactions_total", "Transactions ended, by result (exactly-once only).", prometheus.CounterValue, "result")
 	descBadTotal   = newDesc("salesagg_bad_events_total", "Bad events skipped since start, all tasks.", prometheus.CounterValue)
+	descHealthy    = newDesc("salesagg_healthy", "1 unless a task kept failing longer than task.timeout.ms (GET /healthz 503).", prometheus.GaugeValue)
+	descFailures   = newDesc("salesagg_task_failures_total", "Failed attempts retried with backoff: restores that errored, commit cycles whose records could not be produced.", prometheus.CounterValue, "kind")
 )
 
 var allDescs = []desc{descReady, descProcessed, descDuplicates, descForwarded, descSkipped, descTaskState, descLag, descCheckpoint,
 	descRestored, descRemaining, descRestoreSec, descStoreBytes, descCacheHits, descCacheMiss, descCacheEvict, descCacheBytes,
-	descStandbyLag, descProduced, descTxns, descBadTotal}
+	descStandbyLag, descProduced, descTxns, descBadTotal, descHealthy, descFailures}
 
 var _ prometheus.Collector = (*Runtime)(nil)
 
@@ -148,6 +154,10 @@ func (rt *Runtime) Collect(ch chan<- prometheus.Metric) {
 	ready, _ := rt.Ready()
 	emit(descReady, b2f(ready))
 	emit(descBadTotal, float64(rt.badEvents.Load()))
+	healthy, _ := rt.Healthy()
+	emit(descHealthy, b2f(healthy))
+	emit(descFailures, float64(rt.metrics.restoreFailures.Load()), "restore")
+	emit(descFailures, float64(rt.metrics.produceFailures.Load()), "produce")
 	for _, t := range rt.tasks() {
 		st := t.State()
 		emit(descProcessed, float64(t.stats.processed.Load()), t.name)

@@ -133,9 +133,10 @@ type Runtime struct {
 
 	// failed is closed, with failure set, when a task fails; the poll loop
 	// then stops and Run returns the failure.
-	// abortCycle makes the exactly-once cycle in progress abort; owned by
-	// the poll loop.
-	abortCycle bool
+	// abortCycle makes the exactly-once cycle in progress abort: records
+	// of it found no running task, or a task that had folded into it was
+	// stopped outside a revoke callback.
+	abortCycle atomic.Bool
 	// commitSoon: a task has maxDirty changed products; exactly-once, the
 	// poll loop runs the transaction cycle without waiting for the
 	// interval.
@@ -148,6 +149,13 @@ type Runtime struct {
 	failOnce sync.Once
 	failure  error
 	failed   chan struct{}
+
+	// rewinds are the tasks waiting for the poll loop to move their
+	// position back (at-least-once, see task.rewind); guarded by rewindMu.
+	rewindMu sync.Mutex
+	rewinds  map[int32]*task
+	// rewindKick wakes the poll loop for a rewind; buffered 1.
+	rewindKick chan struct{}
 }
 
 // New returns a runtime for cfg using the locked state dir.
@@ -158,6 +166,7 @@ func New(cfg config.Config, log *zap.Logger, dir *state.Dir, knobs Knobs) *Runti
 	rt.mu.held = make(map[int32]uint8)
 	rt.metrics = newInstruments(cfg.ProcessingGuarantee)
 	rt.commitNow = make(chan struct{}, 1)
+	rt.rewindKick = make(chan struct{}, 1)
 	rt.mu.standbys = make(map[int32]*standby)
 	rt.mu.closing = make(map[int32]<-chan struct{})
 	rt.local = make(map[int32]state.Checkpoint)
@@ -182,6 +191,11 @@ func New(cfg config.Config, log *zap.Logger, dir *state.Dir, knobs Knobs) *Runti
 		}
 	}
 	rt.committer.onDone = func() { rt.crashPoint("offsets-committed") }
+	rt.committer.held = func(topic string, p int32) bool {
+		rt.mu.Lock()
+		defer rt.mu.Unlock()
+		return rt.mu.held[p]&rt.heldBit(topic) != 0
+	}
 	rt.committer.kick = make(chan struct{}, 1)
 	return rt
 }
@@ -291,7 +305,7 @@ func (rt *Runtime) reset() {
 	rt.mu.assigned = false
 	rt.mu.stopping = false
 	rt.committer.forgetAll()
-	rt.abortCycle = false
+	rt.abortCycle.Store(false)
 	rt.commitSoon.Store(false)
 }
 
@@ -328,6 +342,9 @@ func (rt *Runtime) runGroup(ctx, work context.Context, cancelWork context.Cancel
 		kgo.OnPartitionsAssigned(rt.assigned),
 		kgo.OnPartitionsRevoked(rt.revoked),
 		kgo.OnPartitionsLost(rt.lost),
+		// The lost callback can be swallowed (see assigned); the hook
+		// cannot: it runs after every group error that lost the partitions.
+		kgo.WithHooks(lostHook{rt}),
 		kgo.RecordPartitioner(kgo.ManualPartitioner()),
 		// Forwarded events on the repartition topic become visible to their
 		// owner only once the transaction that forwarded them commits.
@@ -598,7 +615,18 @@ func (rt *Runtime) poll(ctx context.Context) error {
 	ctx, cancel := rt.untilFailure(ctx)
 	defer cancel()
 	for {
-		fetches := rt.client.PollRecords(ctx, 10_000)
+		// A task asking for a rewind cuts the poll short: its partitions
+		// are paused, so the poll may otherwise wait for other records.
+		pctx, pcancel := context.WithCancel(ctx)
+		go func() {
+			select {
+			case <-rt.rewindKick:
+				pcancel()
+			case <-pctx.Done():
+			}
+		}()
+		fetches := rt.client.PollRecords(pctx, 10_000)
+		pcancel()
 		if rt.knobs.AfterPoll != nil {
 			rt.knobs.AfterPoll(fetches.NumRecords())
 		}
@@ -613,7 +641,7 @@ func (rt *Runtime) poll(ctx context.Context) error {
 				return nil
 			}
 		}
-		rt.dispatch(ctx, fetches)
+		rt.dispatch(ctx, fetches, rt.applyRewinds())
 		rt.client.AllowRebalance()
 	}
 }
@@ -637,14 +665,17 @@ func (rt *Runtime) untilFailure(ctx context.Context) (context.Context, context.C
 // stopped one is skipped). It reports whether records were left unprocessed
 // for want of a running task: exactly-once, the cycle then aborts, so that
 // their offsets are not committed and they are read again.
-func (rt *Runtime) dispatch(ctx context.Context, fetches kgo.Fetches) (dropped bool) {
+//
+// Records of partitions in skip are not dispatched: they were read before
+// their task's rewind and are read again.
+func (rt *Runtime) dispatch(ctx context.Context, fetches kgo.Fetches, skip map[int32]bool) (dropped bool) {
 	fetches.EachError(func(topic string, p int32, err error) {
 		if !errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, context.Canceled) {
 			rt.log.Warn("Fetching", zap.String("topic", topic), zap.Int32("partition", p), zap.Error(err))
 		}
 	})
 	fetches.EachPartition(func(p kgo.FetchTopicPartition) {
-		if len(p.Records) == 0 {
+		if len(p.Records) == 0 || skip[p.Partition] {
 			return
 		}
 		rt.mu.Lock()
@@ -662,7 +693,7 @@ func (rt *Runtime) dispatch(ctx context.Context, fetches kgo.Fetches) (dropped b
 			return
 		}
 		select {
-		case t.inbox <- batch{topic: p.Topic, recs: p.Records, hwm: p.HighWatermark}:
+		case t.inbox <- batch{topic: p.Topic, recs: p.Records, hwm: p.HighWatermark, epoch: t.rewindEpoch.Load()}:
 		case <-t.done:
 			dropped = true
 		case <-ctx.Done():
@@ -689,31 +720,91 @@ func (rt *Runtime) heldBit(topic string) uint8 {
 	return 0
 }
 
-// assigned records the partitions the group added and starts a task for
-// each task whose input and repartition partitions are now both held.
-// Fetching for a new task stays paused until its restore is done. A partial
-// task (one of its two partitions) or an assignment made for another
-// partition count is refused: logged, paused, never processed, and the
-// process is not ready.
-func (rt *Runtime) assigned(_ context.Context, cl *kgo.Client, parts map[string][]int32) {
+// assigned reconciles the tasks with the assignment of the latest
+// SyncGroup, which franz-go calls it after, every time (also with nothing
+// added), and starts a task for each task whose input and repartition
+// partitions are now both held. Fetching for a new task stays paused until
+// its restore is done. A partial task (one of its two partitions) or an
+// assignment made for another partition count is refused: logged, paused,
+// never processed, and the process is not ready.
+//
+// Nothing is inferred from the revoke and lost callbacks having fired:
+// exactly-once, franz-go's transact session calls them only for the first
+// revoke (or loss) of a transaction, so a second one before the
+// transaction ends never reaches the runtime. Hence, here:
+//   - a task whose partitions the latest assignment does not give this
+//     member is stopped (its part of the open transaction aborted);
+//   - a task whose partition franz-go reports as newly added was lost
+//     meanwhile (another member may have run it): the old task object is
+//     stopped and a new one restores from its checkpoint.
+func (rt *Runtime) assigned(_ context.Context, cl *kgo.Client, added map[string][]int32) {
 	defer rt.reconcileStandbys()
+	current := rt.balancer.synced()
+	held := make(map[int32]uint8)
+	for topic, ps := range current {
+		for _, p := range ps {
+			if bit := rt.heldBit(topic); bit != 0 {
+				held[p] |= bit
+			}
+		}
+	}
+	rt.mu.Lock()
+	if rt.mu.stopping {
+		rt.mu.Unlock()
+		return
+	}
+	readded := map[int32]bool{}
+	for _, ps := range added {
+		for _, p := range ps {
+			readded[p] = true
+		}
+	}
+	var gone, reused []int32
+	for p, t := range rt.mu.tasks {
+		select {
+		case <-t.done:
+			// Ended on its own (lost its membership): replaced below.
+			reused = append(reused, p)
+			continue
+		default:
+		}
+		switch {
+		case held[p] != heldBoth:
+			gone = append(gone, p)
+		case readded[p]:
+			reused = append(reused, p)
+		}
+	}
+	rt.mu.Unlock()
+	if len(gone)+len(reused) > 0 {
+		sort.Slice(gone, func(i, j int) bool { return gone[i] < gone[j] })
+		sort.Slice(reused, func(i, j int) bool { return reused[i] < reused[j] })
+		rt.log.Warn("Stopping tasks the latest assignment does not leave running here (their revoke or loss was not signalled); their uncommitted work is dropped",
+			zap.Strings("not_assigned", taskNames(gone)), zap.Strings("reassigned", taskNames(reused)), zap.Int32("generation", generation(cl)))
+		if rt.eos {
+			// Their folded records are in the open transaction.
+			rt.abortCycle.Store(true)
+		}
+		if err := rt.stopTasks(append(gone, reused...), false, "dropped: the latest assignment moved it, nothing more committed"); err != nil {
+			rt.log.Warn("Stopping unassigned tasks", zap.Error(err))
+		}
+		rt.committer.forget(rt.cfg.InputTopic, append(gone, reused...))
+		rt.committer.forget(rt.cfg.RepartitionTopic(), append(gone, reused...))
+	}
+
 	rt.mu.Lock()
 	defer rt.mu.Unlock()
 	if rt.mu.stopping {
 		return
 	}
+	rt.mu.held = held
 	rt.mu.assigned = true
-	for topic, ps := range parts {
-		for _, p := range ps {
-			rt.mu.held[p] |= rt.heldBit(topic)
-		}
-	}
 	info := rt.balancer.assignment()
 	if info.partitions != 0 && info.partitions != rt.topo.partitions {
 		rt.mu.refused = fmt.Sprintf("the group leader assigned tasks for %d partitions, this process works with %d", info.partitions, rt.topo.partitions)
 		rt.log.Error("Refusing the assignment: "+rt.mu.refused+"; not processing it (restart this process if the input topic changed)",
 			zap.Int32("leader_partitions", info.partitions), zap.Int32("partitions", rt.topo.partitions))
-		cl.PauseFetchPartitions(parts)
+		cl.PauseFetchPartitions(current)
 		return
 	}
 	var started, partial []int32
@@ -732,7 +823,7 @@ func (rt *Runtime) assigned(_ context.Context, cl *kgo.Client, parts map[string]
 		sort.Slice(partial, func(i, j int) bool { return partial[i] < partial[j] })
 		rt.mu.refused = fmt.Sprintf("partial tasks %v: the input and repartition partitions of a task must be assigned together", taskNames(partial))
 		rt.log.Error("Refusing partial tasks: each holds only one of its input and repartition partitions; not processing them",
-			zap.Strings("tasks", taskNames(partial)), zap.Any("assigned", parts))
+			zap.Strings("tasks", taskNames(partial)), zap.Any("assigned", current))
 		cl.PauseFetchPartitions(rt.topicsOf(partial))
 	}
 	if len(started) == 0 {
@@ -763,6 +854,36 @@ func (rt *Runtime) assigned(_ context.Context, cl *kgo.Client, parts map[string]
 		}()
 	}
 	rt.log.Info("Assigned partitions", zap.Strings("tasks", rt.mu.restoreAll), zap.Int32("generation", generation(cl)))
+}
+
+// lostHook drops every task when the group session ends in an error that
+// lost the partitions. franz-go calls the lost callback first, but the
+// exactly-once session swallows a second one within a transaction; this
+// hook is not wrapped.
+type lostHook struct{ rt *Runtime }
+
+var _ kgo.HookGroupManageError = lostHook{}
+
+func (h lostHook) OnGroupManageError(err error) {
+	rt := h.rt
+	ps := rt.allPartitions()
+	rt.mu.Lock()
+	rt.mu.held = make(map[int32]uint8)
+	rt.mu.Unlock()
+	if len(ps) == 0 {
+		return
+	}
+	sort.Slice(ps, func(i, j int) bool { return ps[i] < ps[j] })
+	rt.log.Warn("Group session lost; dropping its tasks without committing", zap.Strings("tasks", taskNames(ps)), zap.Error(err))
+	if rt.eos {
+		rt.abortCycle.Store(true)
+	}
+	if err := rt.stopTasks(ps, false, "dropped: group session lost, nothing committed"); err != nil {
+		rt.log.Warn("Dropping lost tasks", zap.Error(err))
+	}
+	rt.committer.forget(rt.cfg.InputTopic, ps)
+	rt.committer.forget(rt.cfg.RepartitionTopic(), ps)
+	rt.reconcileStandbys()
 }
 
 // compression returns the producer codec of compression.type.
@@ -814,7 +935,15 @@ func (rt *Runtime) topicsOf(ps []int32) map[string][]int32 {
 // handed, flushes and checkpoints; then their offsets are committed before
 // the partitions are let go.
 func (rt *Runtime) revoked(ctx context.Context, cl *kgo.Client, parts map[string][]int32) {
-	ps := rt.release(parts)
+	if !rt.eos {
+		// The partitions are let go only once their last offsets are
+		// committed (the committer commits only what this member holds).
+		defer rt.release(parts)
+	}
+	ps := partitionsOf(parts)
+	if rt.eos {
+		rt.release(parts)
+	}
 	if len(ps) > 0 {
 		rt.log.Info("Revoking tasks", zap.Strings("tasks", taskNames(ps)), zap.Int32("generation", generation(cl)))
 	}
@@ -879,6 +1008,22 @@ func (rt *Runtime) release(parts map[string][]int32) []int32 {
 	}
 	if !refusedLeft {
 		rt.mu.refused = ""
+	}
+	sort.Slice(ps, func(i, j int) bool { return ps[i] < ps[j] })
+	return ps
+}
+
+// partitionsOf returns the partitions of parts, of any topic, sorted.
+func partitionsOf(parts map[string][]int32) []int32 {
+	seen := map[int32]bool{}
+	var ps []int32
+	for _, tps := range parts {
+		for _, p := range tps {
+			if !seen[p] {
+				seen[p] = true
+				ps = append(ps, p)
+			}
+		}
 	}
 	sort.Slice(ps, func(i, j int) bool { return ps[i] < ps[j] })
 	return ps
@@ -966,10 +1111,76 @@ func (rt *Runtime) checkMembership(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("checking group membership: %w", err)
 	}
-	if err := kerr.ErrorForCode(resp.ErrorCode); err != nil && !errors.Is(err, kerr.RebalanceInProgress) {
-		return fmt.Errorf("checking group membership (generation %d): %w", gen, err)
+	err = kerr.ErrorForCode(resp.ErrorCode)
+	switch {
+	case err == nil, errors.Is(err, kerr.RebalanceInProgress):
+		return nil
+	case errors.Is(err, kerr.UnknownMemberID), errors.Is(err, kerr.IllegalGeneration), errors.Is(err, kerr.FencedInstanceID):
+		return fmt.Errorf("%w (generation %d): %w", errNotMember, gen, err)
 	}
-	return nil
+	return fmt.Errorf("checking group membership (generation %d): %w", gen, err)
+}
+
+// errNotMember: the group coordinator says this member is not in the
+// generation it knows (it was expired, fenced or replaced); its tasks are
+// someone else's now.
+var errNotMember = errors.New("stream: not a member of the group's generation")
+
+// requestRewind asks the poll loop to move task t's partitions back to the
+// offsets t folds again from (see task.rewind).
+func (rt *Runtime) requestRewind(t *task) {
+	rt.rewindMu.Lock()
+	defer rt.rewindMu.Unlock()
+	if rt.rewinds == nil {
+		rt.rewinds = map[int32]*task{}
+	}
+	rt.rewinds[t.partition] = t
+	select {
+	case rt.rewindKick <- struct{}{}:
+	default:
+	}
+}
+
+// applyRewinds moves the positions of the tasks that asked for it, between
+// two polls (the poll loop owns the client; at-least-once a revoke cannot
+// run meanwhile), and returns their partitions: what the last poll returned
+// for them is from before the rewind and is not dispatched.
+func (rt *Runtime) applyRewinds() map[int32]bool {
+	rt.rewindMu.Lock()
+	todo := rt.rewinds
+	rt.rewinds = nil
+	rt.rewindMu.Unlock()
+	if len(todo) == 0 {
+		return nil
+	}
+	skip := map[int32]bool{}
+	set := map[string]map[int32]kgo.EpochOffset{}
+	for p, t := range todo {
+		rt.mu.Lock()
+		current := rt.mu.tasks[p] == t
+		rt.mu.Unlock()
+		if !current {
+			continue // stopped meanwhile: its next owner starts from the commits
+		}
+		to := t.rewindTo()
+		for i, topic := range []string{rt.cfg.InputTopic, rt.cfg.RepartitionTopic()} {
+			if to[i] < 0 {
+				continue
+			}
+			if set[topic] == nil {
+				set[topic] = map[int32]kgo.EpochOffset{}
+			}
+			set[topic][p] = kgo.EpochOffset{Epoch: -1, Offset: to[i]}
+		}
+		skip[p] = true
+		t.log.Info(fmt.Sprintf("task [%s] Rewinding to the last committed offsets", t.name),
+			zap.Int64("input_offset", to[0]), zap.Int64("repartition_offset", to[1]))
+	}
+	rt.client.SetOffsets(set)
+	for p := range skip {
+		todo[p].rewindEpoch.Add(1)
+	}
+	return skip
 }
 
 // checkWritable tells whether partition's store can take a write.
@@ -1005,9 +1216,18 @@ func (rt *Runtime) commitLoop(ctx context.Context) {
 // acknowledged and their store written) until they are committed.
 type committer struct {
 	mu      sync.Mutex
-	pending map[string]map[int32]kgo.EpochOffset
-	onDone  func()
-	kick    chan struct{} // signalled by report; buffered 1
+	pending map[string]map[int32]kgo.EpochOffset // guarded by mu
+	// gen counts forgets; forgot is the gen at which each partition was
+	// last forgotten (its task stopped or was lost), so that a commit that
+	// failed does not put back offsets of a partition forgotten meanwhile.
+	// Guarded by mu.
+	gen    uint64
+	forgot map[string]map[int32]uint64
+	onDone func()
+	kick   chan struct{} // signalled by report; buffered 1
+	// held, if set, tells whether this member holds a partition now: only
+	// those are committed.
+	held func(topic string, partition int32) bool
 }
 
 func (c *committer) report(topic string, partition int32, next int64) {
@@ -1029,24 +1249,61 @@ func (c *committer) report(topic string, partition int32, next int64) {
 func (c *committer) forgetAll() {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	c.gen++
+	for topic, ps := range c.pending {
+		for p := range ps {
+			c.markForgotLocked(topic, p)
+		}
+	}
 	c.pending = nil
+	// Offsets in flight are of partitions whose session ended: none is put
+	// back (see commit).
+	c.forgot = map[string]map[int32]uint64{"": {-1: c.gen}}
 }
 
 func (c *committer) forget(topic string, ps []int32) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	c.gen++
 	for _, p := range ps {
 		delete(c.pending[topic], p)
+		c.markForgotLocked(topic, p)
 	}
 }
 
-// commit commits the pending offsets synchronously. Offsets that fail to
-// commit are kept for the next try, unless newer ones arrived meanwhile.
+func (c *committer) markForgotLocked(topic string, p int32) {
+	if c.forgot == nil {
+		c.forgot = map[string]map[int32]uint64{}
+	}
+	if c.forgot[topic] == nil {
+		c.forgot[topic] = map[int32]uint64{}
+	}
+	c.forgot[topic][p] = c.gen
+}
+
+// forgottenSince reports whether topic/p was forgotten after gen.
+func (c *committer) forgottenSince(topic string, p int32, gen uint64) bool {
+	return c.forgot[topic][p] > gen || c.forgot[""][-1] > gen
+}
+
+// commit commits the pending offsets synchronously, those of partitions
+// this member holds. Offsets that fail to commit are kept for the next try,
+// unless newer ones arrived or the partition was forgotten meanwhile.
 func (c *committer) commit(ctx context.Context, cl *kgo.Client) error {
 	c.mu.Lock()
 	todo := c.pending
 	c.pending = nil
+	gen := c.gen
 	c.mu.Unlock()
+	if c.held != nil {
+		for topic, ps := range todo {
+			for p := range ps {
+				if !c.held(topic, p) {
+					delete(ps, p)
+				}
+			}
+		}
+	}
 	if len(todo) == 0 {
 		return nil
 	}
@@ -1068,15 +1325,16 @@ func (c *committer) commit(ctx context.Context, cl *kgo.Client) error {
 		c.mu.Lock()
 		for topic, ps := range todo {
 			for p, eo := range ps {
-				if _, newer := c.pending[topic][p]; !newer {
-					if c.pending == nil {
-						c.pending = make(map[string]map[int32]kgo.EpochOffset)
-					}
-					if c.pending[topic] == nil {
-						c.pending[topic] = make(map[int32]kgo.EpochOffset)
-					}
-					c.pending[topic][p] = eo
+				if _, newer := c.pending[topic][p]; newer || c.forgottenSince(topic, p, gen) {
+					continue
 				}
+				if c.pending == nil {
+					c.pending = make(map[string]map[int32]kgo.EpochOffset)
+				}
+				if c.pending[topic] == nil {
+					c.pending[topic] = make(map[int32]kgo.EpochOffset)
+				}
+				c.pending[topic][p] = eo
 			}
 		}
 		c.mu.Unlock()

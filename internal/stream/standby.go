@@ -47,9 +47,14 @@ type standby struct {
 	log       *zap.Logger
 	// kind is what the copy is for (set by the reconciler): a copyKind.
 	kind atomic.Uint32
-	// probed: the catching up of this warm-up was reported (a rejoin
-	// asked for) since it was last (re)assigned.
-	probed atomic.Bool
+	// probe is when this warm-up last asked for a rejoin because it caught
+	// up, and the offsets it judged by (the same pair it then reports at
+	// the join, see storeOffsets); guarded by probeMu.
+	probeMu sync.Mutex
+	probe   struct {
+		at          time.Time
+		offset, end int64
+	}
 	// after, if not nil, is closed once the store's previous user (this
 	// partition's active task, stopping here) is done with it.
 	after <-chan struct{}
@@ -194,6 +199,8 @@ func (s *standby) tail(ctx context.Context) error {
 		kgo.FetchMaxBytes(standbyFetchBytes),
 		kgo.FetchMaxPartitionBytes(standbyFetchBytes),
 		kgo.MaxConcurrentFetches(1),
+		// Out of range is seen (and the copy wiped), never a silent jump.
+		kgo.ConsumeResetOffset(kgo.NoResetOffset()),
 	)...)
 	if err != nil {
 		return fmt.Errorf("creating standby consumer: %w", err)
@@ -206,13 +213,34 @@ func (s *standby) tail(ctx context.Context) error {
 
 	var updates []state.Update
 	for {
-		fetches := client.PollFetches(ctx)
+		qctx, cancel := context.WithTimeout(ctx, restoreQuiet)
+		fetches := client.PollFetches(qctx)
+		quiet := qctx.Err() != nil && fetches.NumRecords() == 0 && !hasFetchErrors(fetches)
+		cancel()
 		if ctx.Err() != nil {
 			return ctx.Err()
 		}
+		if quiet {
+			// Idle, or behind records the consumer never reports (an
+			// aborted tail): ask the broker, so that the copy's position
+			// reaches the stable end.
+			if end := s.end.Load(); end > s.cp.ChangelogOffset {
+				if vis, err := s.rt.visibleFrom(ctx, client, s.partition, s.cp.ChangelogOffset, end); err == nil && vis > s.cp.ChangelogOffset {
+					cp := s.cp
+					cp.ChangelogOffset = vis
+					if err := s.store.Load().ApplyUnsynced(nil, cp); err != nil {
+						return err
+					}
+					s.cp = cp
+					s.position.Store(vis)
+				}
+			}
+			s.checkCaughtUp()
+			continue
+		}
 		var ferr error
 		fetches.EachError(func(_ string, _ int32, err error) {
-			if ferr == nil {
+			if ferr == nil && !errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, context.Canceled) {
 				ferr = err
 			}
 		})
@@ -262,23 +290,48 @@ func (s *standby) tail(ctx context.Context) error {
 	}
 }
 
-// checkCaughtUp asks for a rebalance once a warm-up is within half the
-// acceptable recovery lag (the margin keeps the leader, which reads the
-// changelog end a moment later, from disagreeing).
+// checkCaughtUp asks for a rebalance once a warm-up is caught up by the rule
+// the leader applies (assign.CaughtUp on its position and the stable end it
+// last saw, the pair it then reports at the join), at most once per
+// probing.rebalance.interval.ms: a leader that still does not move the task
+// (it weighs other members too) is asked again only after that.
 func (s *standby) checkCaughtUp() {
-	if !s.isWarmup() || s.probed.Load() {
+	if !s.isWarmup() {
 		return
 	}
-	if lag := s.lag(); lag >= 0 && lag <= s.rt.cfg.AcceptableRecoveryLag/2 {
-		s.probed.Store(true)
-		// Not inline: the caller may hold the runtime's lock. A probe the
-		// rate limit refused is asked again by the probe loop.
-		go func() {
-			if !s.rt.probe(fmt.Sprintf("warm-up copy of task %s caught up (%d behind)", s.name, lag)) {
-				s.probed.Store(false)
-			}
-		}()
+	pos, end := s.position.Load(), s.end.Load()
+	if !assign.CaughtUp(pos, end, s.rt.cfg.AcceptableRecoveryLag) {
+		return
 	}
+	s.probeMu.Lock()
+	if !s.probe.at.IsZero() && time.Since(s.probe.at) < s.rt.cfg.ProbingRebalanceInterval {
+		s.probeMu.Unlock()
+		return
+	}
+	prev := s.probe
+	s.probe.at, s.probe.offset, s.probe.end = time.Now(), pos, end
+	s.probeMu.Unlock()
+	// Not inline: the caller may hold the runtime's lock. A probe the rate
+	// limit refused is asked again by the probe loop.
+	go func() {
+		if !s.rt.probe(fmt.Sprintf("warm-up copy of task %s caught up (%d behind)", s.name, max(0, end-pos))) {
+			s.probeMu.Lock()
+			s.probe = prev
+			s.probeMu.Unlock()
+		}
+	}()
+}
+
+// reported returns the offset and end this copy reports at a join: while a
+// caught-up probe is recent, the pair it judged by, so that the leader
+// decides on the same offsets; else its position and the end last seen.
+func (s *standby) reported() (offset, end int64) {
+	s.probeMu.Lock()
+	defer s.probeMu.Unlock()
+	if !s.probe.at.IsZero() && time.Since(s.probe.at) < s.rt.cfg.ProbingRebalanceInterval && s.probe.offset >= 0 {
+		return s.probe.offset, s.probe.end
+	}
+	return s.position.Load(), s.end.Load()
 }
 
 // wipe deletes the standby's store and opens an empty one.
@@ -338,8 +391,6 @@ func (rt *Runtime) reconcileStandbys() {
 			if copyKind(sb.kind.Swap(uint32(kind))) != kind {
 				sb.log.Info(fmt.Sprintf("task [%s] Copy is now a %s copy", sb.name, sb.role()))
 			}
-			// A new assignment: a warm-up reports catching up again.
-			sb.probed.Store(false)
 			sb.checkCaughtUp()
 			continue
 		}
@@ -409,8 +460,8 @@ func (rt *Runtime) scanLocal() {
 // the position of a standby or a restoring task, the checkpoint a store was
 // last closed with otherwise. Stores of another changelog (recreated since)
 // are left out.
-func (rt *Runtime) storeOffsets() map[int32]int64 {
-	out := map[int32]int64{}
+func (rt *Runtime) storeOffsets() (map[int32]int64, map[int32]int64) {
+	out, ends := map[int32]int64{}, map[int32]int64{}
 	rt.localMu.Lock()
 	for p, cp := range rt.local {
 		if cp.ChangelogTopicID == rt.topo.changelogID && cp.ChangelogOffset >= 0 {
@@ -421,8 +472,11 @@ func (rt *Runtime) storeOffsets() map[int32]int64 {
 	rt.mu.Lock()
 	defer rt.mu.Unlock()
 	for p, sb := range rt.mu.standbys {
-		if pos := sb.position.Load(); pos >= 0 {
+		if pos, end := sb.reported(); pos >= 0 {
 			out[p] = pos
+			if end >= 0 {
+				ends[p] = end
+			}
 		}
 	}
 	for p, t := range rt.mu.tasks {
@@ -431,9 +485,10 @@ func (rt *Runtime) storeOffsets() map[int32]int64 {
 			out[p] = assign.Running
 		case t.stats.checkpoint.Load() >= 0:
 			out[p] = t.stats.checkpoint.Load()
+			delete(ends, p)
 		}
 	}
-	return out
+	return out, ends
 }
 
 // probe asks the group for a rebalance (this member rejoins), at most once
@@ -488,7 +543,9 @@ func (rt *Runtime) probeLoop(ctx context.Context) {
 		for _, sb := range warm {
 			sb.checkCaughtUp()
 		}
-		if time.Now().After(next) {
+		if time.Now().After(next) && rt.balancer.assignment().probe {
+			// The leader said tasks wait for warm-ups (the assignment's
+			// probe flag): rejoin so that it can move those caught up.
 			next = time.Now().Add(rt.cfg.ProbingRebalanceInterval)
 			names := make([]string, len(warm))
 			for i, sb := range warm {

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"sort"
 	"strings"
+	"time"
 
 	"github.com/salesagg/salesagg/internal/sales"
 	"github.com/salesagg/salesagg/internal/state"
@@ -249,10 +250,27 @@ type TaskStatus struct {
 	Forwarded  int64 `json:"forwarded"`
 	// Cache is the task's entry cache: hits, misses, evictions, bytes.
 	Cache *CacheStatus `json:"cache,omitempty"`
+	// Waiting says what the task waits for (stable committed offsets, the
+	// changelog's offsets), absent when nothing.
+	Waiting string `json:"waiting,omitempty"`
+	// Failing is the failure the task retries with backoff (its restore,
+	// or producing its cycle's records), absent while none.
+	Failing *FailingStatus `json:"failing,omitempty"`
+	// Unhealthy: the wait or the failures lasted past task.timeout.ms;
+	// GET /healthz answers 503.
+	Unhealthy bool `json:"unhealthy,omitempty"`
 	// ChangelogLag is, for a standby copy, how many changelog records it
 	// is behind the last stable offset it saw (absent for an active task,
 	// or while unknown).
 	ChangelogLag *int64 `json:"changelog_lag,omitempty"`
+}
+
+// FailingStatus is a task's failure, retried with backoff.
+type FailingStatus struct {
+	Error    string `json:"error"`
+	Attempts int    `json:"attempts"`
+	// Since is when the failures began (RFC 3339, UTC).
+	Since string `json:"since"`
 }
 
 // CacheStatus is a task's entry cache.
@@ -304,6 +322,12 @@ func (rt *Runtime) Tasks() []TaskStatus {
 			Cache: &CacheStatus{Hits: t.cache.hits.Load(), Misses: t.cache.misses.Load(),
 				Evictions: t.cache.evictions.Load(), Bytes: t.cache.bytes.Load()},
 		})
+		ts := &out[len(out)-1]
+		waiting, ferr, attempts, since, overdue := t.trouble.snapshot(rt.cfg.TaskTimeout)
+		ts.Waiting, ts.Unhealthy = waiting, overdue
+		if ferr != "" {
+			ts.Failing = &FailingStatus{Error: ferr, Attempts: attempts, Since: since.UTC().Format(time.RFC3339)}
+		}
 	}
 	rt.mu.Lock()
 	sbs := make([]*standby, 0, len(rt.mu.standbys))
@@ -348,7 +372,15 @@ func (rt *Runtime) Ready() (bool, string) {
 	}
 	for _, t := range rt.tasks() {
 		if st := t.State(); st != TaskRunning {
-			return false, fmt.Sprintf("task %s is %s", t.name, st)
+			reason := fmt.Sprintf("task %s is %s", t.name, st)
+			waiting, ferr, attempts, _, _ := t.trouble.snapshot(rt.cfg.TaskTimeout)
+			switch {
+			case ferr != "":
+				reason += fmt.Sprintf(" (failed %d times, retrying: %s)", attempts, ferr)
+			case waiting != "":
+				reason += " (waiting for " + waiting + ")"
+			}
+			return false, reason
 		}
 	}
 	// A task withheld for this member is about to run here: not ready
@@ -367,6 +399,24 @@ func (rt *Runtime) Ready() (bool, string) {
 		return false, fmt.Sprintf("tasks %s are being handed over to this instance", strings.Join(incoming, ", "))
 	}
 	return true, "all tasks running"
+}
+
+// Healthy reports whether the process works: false once a task kept
+// failing (or waiting on what should not take that long) for longer than
+// task.timeout.ms, while it retries. The reason says which and why.
+func (rt *Runtime) Healthy() (bool, string) {
+	for _, t := range rt.tasks() {
+		waiting, ferr, attempts, since, overdue := t.trouble.snapshot(rt.cfg.TaskTimeout)
+		if !overdue {
+			continue
+		}
+		if ferr != "" {
+			return false, fmt.Sprintf("task %s has failed %d times since %s (task.timeout.ms %d): %s", t.name, attempts,
+				since.UTC().Format(time.RFC3339), rt.cfg.TaskTimeout.Milliseconds(), ferr)
+		}
+		return false, fmt.Sprintf("task %s has waited since %s for %s", t.name, since.UTC().Format(time.RFC3339), waiting)
+	}
+	return true, "ok"
 }
 
 // BadEvents returns the number of bad events skipped since start.

@@ -6,7 +6,6 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -70,6 +69,9 @@ type batch struct {
 	topic string
 	recs  []*kgo.Record
 	hwm   int64
+	// epoch is the task's rewind epoch when the poll loop dispatched it: a
+	// batch read before a rewind (see task.rewind) is dropped.
+	epoch int64
 }
 
 // task owns one partition: its goroutine, its inbox and its store. Fields
@@ -122,10 +124,40 @@ type task struct {
 	// the task's partitions are paused while it is stalled.
 	held []batch
 	// memberLog rate-limits the warning about a flush skipped because this
-	// member may no longer own the task.
-	memberLog rateLimiter
+	// member may no longer own the task; memberUnknownAt is when that check
+	// last failed (zero: it passed), memberPaused whether the task paused
+	// its partitions meanwhile (its changed products reached maxDirty).
+	memberLog       rateLimiter
+	memberUnknownAt time.Time
+	memberPaused    bool
+	// outbox are the records the cycle produces besides the changelog and
+	// notifications: events forwarded to their owner's task, dead-letter
+	// copies. Produced with the cycle, after the membership check, so that
+	// a member that lost the task writes none of them.
+	outbox []*kgo.Record
+	// Rewinds (at-least-once): after a cycle whose records failed to
+	// produce, the task folds its input again from the offsets it last
+	// committed. wantEpoch is the rewind epoch the task waits for: batches
+	// dispatched before the poll loop moved the position are dropped.
+	// reported and first are, per topic (input 0, repartition 1), the last
+	// offset reported for commit and the first offset read (-1: none).
+	// backoff is the wait before the next attempt; resumeAt when the
+	// task's partitions, paused after a failure, are resumed (zero: not
+	// paused).
+	wantEpoch       int64
+	reported, first [2]int64
+	backoff         time.Duration
+	resumeAt        time.Time
+	// cycleRecords are the records the task's last cycle produced.
+	cycleRecords int
+	produceLog   rateLimiter
+	// rewindEpoch is the epoch the poll loop stamps this task's batches
+	// with; it adds one after each rewind it applies.
+	rewindEpoch atomic.Int64
 
 	stats taskStats
+	// trouble is what keeps the task from progressing, read by status.
+	trouble trouble
 	// standbyAt is the changelog offset the standby copy this task took
 	// over had reached (-1: none), for the promotion log line.
 	standbyAt int64
@@ -134,6 +166,69 @@ type task struct {
 	standbyApplied int64
 	// cache holds entries the store holds, in front of it.
 	cache *entryCache
+}
+
+// trouble is what keeps a task from making progress: a wait it cannot
+// shorten (for stable offsets, for the changelog's bounds), or a failure it
+// retries with backoff (a restore that errors, a cycle whose records could
+// not be produced). Written by the task goroutine, read by status queries.
+type trouble struct {
+	mu sync.Mutex
+	// waiting says what the task waits for, "" when nothing; guarded by mu.
+	waiting string
+	// err is the latest failure, "" when the last attempt succeeded;
+	// attempts counts the failures in a row. Guarded by mu.
+	err      string
+	attempts int
+	// since is when the current wait or run of failures began, counted
+	// from when it stops being expected (a wait for stable offsets is
+	// expected for a transaction timeout); zero when none. Guarded by mu.
+	since time.Time
+	// began is when it began as the operator sees it. Guarded by mu.
+	began time.Time
+}
+
+// wait records what the task waits for; expected is how long such a wait
+// can last in a healthy cluster (it counts toward task.timeout.ms only
+// after that).
+func (tr *trouble) wait(what string, expected time.Duration) {
+	tr.mu.Lock()
+	defer tr.mu.Unlock()
+	if tr.waiting == "" && tr.err == "" {
+		now := time.Now()
+		tr.began, tr.since = now, now.Add(expected)
+	}
+	tr.waiting = what
+}
+
+// fail records a failure and returns how many came in a row and since when.
+func (tr *trouble) fail(err error) (int, time.Time) {
+	tr.mu.Lock()
+	defer tr.mu.Unlock()
+	if tr.since.IsZero() {
+		tr.began, tr.since = time.Now(), time.Now()
+	}
+	tr.waiting = ""
+	tr.err = err.Error()
+	tr.attempts++
+	return tr.attempts, tr.began
+}
+
+// clear records that the task progresses again.
+func (tr *trouble) clear() {
+	tr.mu.Lock()
+	defer tr.mu.Unlock()
+	tr.waiting, tr.err, tr.attempts = "", "", 0
+	tr.since, tr.began = time.Time{}, time.Time{}
+}
+
+// snapshot returns the trouble for status: what it waits for, the latest
+// failure and attempts, since when, and whether it lasted past timeout.
+func (tr *trouble) snapshot(timeout time.Duration) (waiting, err string, attempts int, began time.Time, overdue bool) {
+	tr.mu.Lock()
+	defer tr.mu.Unlock()
+	overdue = !tr.since.IsZero() && time.Since(tr.since) > timeout
+	return tr.waiting, tr.err, tr.attempts, tr.began, overdue
 }
 
 // taskStats are counters read by status queries.
@@ -167,6 +262,9 @@ func newTask(rt *Runtime, partition int32) *task {
 		badLog:     rateLimiter{every: 10 * time.Second, burst: 5},
 		retryLog:   rateLimiter{every: 30 * time.Second, burst: 1},
 		memberLog:  rateLimiter{every: 10 * time.Second, burst: 1},
+		produceLog: rateLimiter{every: 10 * time.Second, burst: 3},
+		reported:   [2]int64{-1, -1},
+		first:      [2]int64{-1, -1},
 		standbyAt:  -1,
 		cache:      newEntryCache(rt.cacheBytesPerTask()),
 	}
@@ -223,17 +321,15 @@ func (t *task) run(ctx context.Context) (err error) {
 		case <-rctx.Done():
 		}
 	}()
-	err = t.restore(rctx)
+	err = t.restoreRetrying(rctx)
 	cancelRestore()
 	if err != nil {
-		if s := t.store.Load(); s != nil {
+		// Only a stop ends the retries.
+		if s := t.store.Swap(nil); s != nil {
 			_ = s.Close()
 		}
-		if rctx.Err() != nil {
-			t.log.Info(fmt.Sprintf("task [%s] Restore canceled: the task was stopped", t.name))
-			return nil
-		}
-		return fmt.Errorf("restoring task %s: %w", t.name, err)
+		t.log.Info(fmt.Sprintf("task [%s] Restore canceled: the task was stopped", t.name))
+		return nil
 	}
 	select {
 	case <-t.quit:
@@ -253,38 +349,66 @@ func (t *task) run(ctx context.Context) (err error) {
 	}
 	retry := time.NewTicker(time.Second)
 	defer retry.Stop()
+	// ended handles an error of processing: a lost membership drops the
+	// task (nothing more is written), any other error fails it.
+	ended := func(err error) error {
+		if errors.Is(err, errNotMember) {
+			t.log.Warn(fmt.Sprintf("task [%s] Dropping the task: this member is no longer in the group's generation; its uncommitted work is left to the new owner", t.name),
+				zap.Error(err))
+			t.dropDirty()
+			return t.close(ctx, false, nil)
+		}
+		return t.close(ctx, false, err)
+	}
 	for {
 		// A stalled task processes nothing until its store takes writes
-		// again; what it still receives is held.
+		// again; what it still receives is held. A task paused after a
+		// failed cycle, or for want of a membership answer, checks every
+		// second too.
 		var retryC <-chan time.Time
-		if t.stalled != nil {
+		if t.stalled != nil || !t.resumeAt.IsZero() || t.memberPaused {
 			retryC = retry.C
 		}
 		select {
 		case b := <-t.inbox:
+			if b.epoch < t.wantEpoch {
+				continue // read before the rewind: it comes again
+			}
 			if t.stalled != nil {
 				t.held = append(t.held, b)
 				continue
 			}
 			if err := t.processBatch(ctx, b); err != nil {
-				return t.close(ctx, false, err)
+				return ended(err)
 			}
 		case <-retryC:
-			if err := t.retryStalled(ctx); err != nil {
-				return t.close(ctx, false, err)
+			if t.stalled != nil {
+				if err := t.retryStalled(ctx); err != nil {
+					return ended(err)
+				}
+				continue
+			}
+			if !t.resumeAt.IsZero() && time.Now().After(t.resumeAt) {
+				t.resumeAt = time.Time{}
+				t.rt.client.ResumeFetchPartitions(t.rt.topicsOf([]int32{t.partition}))
+			}
+			if t.memberPaused && !t.rt.eos {
+				if err := t.flush(ctx); err != nil {
+					return ended(err)
+				}
 			}
 		case req := <-t.cycle:
 			err := t.handleCycle(ctx, req)
 			req.done <- err
 			if err != nil {
-				return t.close(ctx, false, err)
+				return ended(err)
 			}
 		case <-tick:
 			if t.stalled != nil {
 				continue
 			}
 			if err := t.flush(ctx); err != nil {
-				return t.close(ctx, false, err)
+				return ended(err)
 			}
 		case <-t.quit:
 			return t.close(ctx, t.flushOnStop.Load(), nil)
@@ -316,7 +440,13 @@ func (t *task) close(ctx context.Context, flush bool, cause error) error {
 			}
 		}
 		if len(errs) == 0 {
-			errs = append(errs, t.flush(ctx))
+			if err := t.flush(ctx); errors.Is(err, errNotMember) {
+				// Lost, not revoked: nothing more is written.
+				t.log.Warn(fmt.Sprintf("task [%s] Not flushing on close: this member is no longer in the group's generation", t.name), zap.Error(err))
+				t.dropDirty()
+			} else {
+				errs = append(errs, err)
+			}
 		}
 	}
 	// Wait for every record produced for this task, whatever happens to
@@ -337,7 +467,7 @@ func (t *task) processBatch(ctx context.Context, b batch) error {
 			return err
 		}
 	}
-	if len(t.dirty) >= maxDirty {
+	if len(t.dirty)+len(t.outbox) >= maxDirty {
 		if t.rt.eos {
 			// The poll loop runs the transaction cycle at its next turn.
 			t.rt.commitSoon.Store(true)
@@ -356,9 +486,15 @@ func (t *task) processBatch(ctx context.Context, b batch) error {
 func (t *task) process(ctx context.Context, topic string, r *kgo.Record) error {
 	srcPart, srcOff, srcTopic := r.Partition, r.Offset, t.rt.topo.inputID
 	if topic == t.rt.cfg.InputTopic {
+		if t.first[0] < 0 {
+			t.first[0] = r.Offset
+		}
 		t.inputNext = r.Offset + 1
 		t.stats.inputPos.Store(t.inputNext)
 	} else {
+		if t.first[1] < 0 {
+			t.first[1] = r.Offset
+		}
 		t.repartNext = r.Offset + 1
 		var ok bool
 		if srcPart, srcOff, srcTopic, ok = t.sourceOf(r); !ok {
@@ -433,7 +569,7 @@ func (t *task) forward(ctx context.Context, owner int32, key []byte, r *kgo.Reco
 			{Key: sales.SourceTopicIDHeader, Value: append([]byte(nil), t.rt.topo.inputID[:]...)},
 		},
 	}
-	t.produce(ctx, rec, t.plain)
+	t.outbox = append(t.outbox, rec)
 	t.stats.forwarded.Add(1)
 }
 
@@ -547,14 +683,21 @@ func (t *task) produceDirty(ctx context.Context) ([]state.Update, *atomic.Int64)
 		updates = append(updates, state.Update{Product: key, Entry: *e})
 		i++
 	}
+	for _, rec := range t.outbox {
+		t.produce(ctx, rec, t.plain)
+	}
+	t.cycleRecords = len(recs) + len(t.outbox)
 	t.dropDirty()
 	return updates, maxOffset
 }
 
-// dropDirty empties the dirty map and reuses its entries' memory.
+// dropDirty empties the dirty map (reusing its entries' memory) and the
+// outbox.
 func (t *task) dropDirty() {
 	clear(t.dirty)
 	t.arena.reset()
+	clear(t.outbox)
+	t.outbox = t.outbox[:0]
 }
 
 // apply writes updates with the checkpoint that follows them: the changelog
@@ -594,17 +737,37 @@ func (t *task) apply(updates []state.Update, maxOffset, inputNext int64) error {
 // flush runs the at-least-once commit cycle described in the package
 // documentation.
 func (t *task) flush(ctx context.Context) error {
-	if len(t.dirty) > 0 {
+	if len(t.dirty) > 0 || len(t.outbox) > 0 {
 		// A member that lost the task (paused past its session timeout, a
-		// zombie) must not write the changelog its new owner writes: check
-		// with the group coordinator first. What stays dirty is flushed at
-		// the next tick, or dropped with the task when it is lost.
+		// zombie) must not write what its new owner writes: check with the
+		// group coordinator first (at most once a second while it does not
+		// answer). A member no longer in the generation drops the task; one
+		// whose check failed keeps its changes for the next try, and past
+		// maxDirty pauses its partitions so that they stay bounded.
+		if !t.memberUnknownAt.IsZero() && time.Since(t.memberUnknownAt) < time.Second {
+			return nil
+		}
 		if err := t.rt.checkMembership(ctx); err != nil {
+			if errors.Is(err, errNotMember) {
+				return err
+			}
+			t.memberUnknownAt = time.Now()
 			if ok, suppressed := t.memberLog.allow(time.Now()); ok {
-				t.log.Warn(fmt.Sprintf("task [%s] Not flushing: this member may no longer own the task", t.name),
-					zap.Int("products", len(t.dirty)), zap.Int64("suppressed", suppressed), zap.Error(err))
+				t.log.Warn(fmt.Sprintf("task [%s] Not flushing: the group coordinator did not confirm this member owns the task; retrying", t.name),
+					zap.Int("products", len(t.dirty)), zap.Int("records", len(t.outbox)), zap.Int64("suppressed", suppressed), zap.Error(err))
+			}
+			if !t.memberPaused && len(t.dirty)+len(t.outbox) >= maxDirty {
+				t.memberPaused = true
+				t.rt.client.PauseFetchPartitions(t.rt.topicsOf([]int32{t.partition}))
 			}
 			return nil
+		}
+		t.memberUnknownAt = time.Time{}
+	}
+	if t.memberPaused {
+		t.memberPaused = false
+		if t.resumeAt.IsZero() {
+			t.rt.client.ResumeFetchPartitions(t.rt.topicsOf([]int32{t.partition}))
 		}
 	}
 	began := time.Now()
@@ -618,8 +781,11 @@ func (t *task) flush(ctx context.Context) error {
 		// changelog tail and skips what it already reflects.
 		return fmt.Errorf("flushing task %s: %w", t.name, err)
 	}
-	if errp := t.produceErr.Load(); errp != nil {
-		return *errp
+	if errp := t.produceErr.Swap(nil); errp != nil {
+		// Nothing of this cycle is written to the store or committed: fold
+		// it again from the last committed offsets, after a backoff.
+		t.rewind(*errp)
+		return nil
 	}
 	t.rt.crashPoint("changelog-flushed")
 	b := stalledBatch{updates: updates, maxOffset: maxOffset.Load(), inputNext: t.inputNext, repartNext: t.repartNext, report: true}
@@ -630,10 +796,74 @@ func (t *task) flush(ctx context.Context) error {
 	}
 	t.rt.crashPoint("store-written")
 	t.reportOffsets(b)
+	t.produced()
 	if len(updates) > 0 {
 		t.rt.metrics.commitSeconds.Observe(time.Since(began).Seconds())
 	}
 	return nil
+}
+
+// Backoff between attempts of a cycle whose records failed to produce.
+const (
+	produceBackoff    = time.Second
+	produceBackoffMax = 30 * time.Second
+)
+
+// produceFailed records a cycle that committed nothing because a record
+// failed to produce: the failure shows in the task's status (and past
+// task.timeout.ms in /healthz), the task pauses its partitions for a
+// backoff, and it logs (rate limited) what failed and what happens next.
+func (t *task) produceFailed(err error, next string) {
+	attempts, since := t.trouble.fail(err)
+	t.rt.metrics.produceFailures.Add(1)
+	t.backoff = min(max(2*t.backoff, produceBackoff), produceBackoffMax)
+	if t.resumeAt.IsZero() {
+		t.rt.client.PauseFetchPartitions(t.rt.topicsOf([]int32{t.partition}))
+	}
+	t.resumeAt = time.Now().Add(t.backoff)
+	if ok, suppressed := t.produceLog.allow(time.Now()); ok {
+		msg := fmt.Sprintf("task [%s] A record of the commit cycle failed to produce; nothing of the cycle is committed: %s, in %s", t.name, next, t.backoff)
+		if failing := time.Since(since); failing > t.rt.cfg.TaskTimeout {
+			t.log.Error(msg+fmt.Sprintf(" (failing for %s: the process reports itself unhealthy)", failing.Round(time.Second)),
+				zap.Int("attempt", attempts), zap.Int64("suppressed", suppressed), zap.Error(err))
+		} else {
+			t.log.Warn(msg, zap.Int("attempt", attempts), zap.Int64("suppressed", suppressed), zap.Error(err))
+		}
+	}
+}
+
+// produced records a cycle whose records were all produced: once one with
+// records succeeds after failures, the task is out of trouble.
+func (t *task) produced() {
+	if t.backoff > 0 && t.cycleRecords > 0 && t.resumeAt.IsZero() {
+		t.backoff = 0
+		t.trouble.clear()
+	}
+}
+
+// rewind (at-least-once) makes the task fold its input again from the
+// offsets it last reported for commit (or the first it read), after a cycle
+// whose records failed: the cycle's changes are dropped (the store never
+// had them), the batches dispatched since are dropped as they arrive, and
+// the poll loop moves the partitions' position back (applyRewinds).
+func (t *task) rewind(err error) {
+	t.dropDirty()
+	t.inputNext, t.repartNext = t.cp.InputOffset, -1
+	t.wantEpoch = t.rewindEpoch.Load() + 1
+	t.produceFailed(err, "folding its input again from the last committed offsets")
+	t.rt.requestRewind(t)
+}
+
+// rewindTo returns the offsets to fold again from, per topic (input,
+// repartition; -1: none read).
+func (t *task) rewindTo() [2]int64 {
+	out := t.first
+	for i, r := range t.reported {
+		if r >= 0 {
+			out[i] = r
+		}
+	}
+	return out
 }
 
 func (t *task) reportOffsets(b stalledBatch) {
@@ -642,9 +872,11 @@ func (t *task) reportOffsets(b stalledBatch) {
 	}
 	if b.inputNext >= 0 {
 		t.rt.committer.report(t.rt.cfg.InputTopic, t.partition, b.inputNext)
+		t.reported[0] = b.inputNext
 	}
 	if b.repartNext >= 0 {
 		t.rt.committer.report(t.rt.cfg.RepartitionTopic(), t.partition, b.repartNext)
+		t.reported[1] = b.repartNext
 	}
 }
 
@@ -704,29 +936,19 @@ func (t *task) retryStalled(ctx context.Context) error {
 }
 
 // badEvent counts, logs (rate limited) and, when a dead-letter topic is
-// configured, forwards a bad event: the record as read, with headers naming
-// where it came from and why it was rejected. The forward is acknowledged
-// before the input offset is committed (or is in the same transaction), so
-// no bad event is lost.
+// configured, dead-letters a bad event: the record as read, with headers
+// naming where it came from and why it was rejected, cut to
+// dlq.max.record.bytes (see deadLetter). The copy is produced with the
+// cycle: acknowledged before the input offset is committed (or in the same
+// transaction), so no bad event is lost.
 func (t *task) badEvent(ctx context.Context, topic string, r *kgo.Record, err error, reason string) {
 	t.stats.bad.Add(1)
 	t.stats.badReasons.add(reason)
 	t.rt.badEvents.Add(1)
 	if dlq := t.rt.cfg.DLQTopic; dlq != "" {
-		headers := append(append([]kgo.RecordHeader(nil), r.Headers...),
-			kgo.RecordHeader{Key: sales.DLQTopicHeader, Value: []byte(topic)},
-			kgo.RecordHeader{Key: sales.DLQPartitionHeader, Value: []byte(strconv.Itoa(int(r.Partition)))},
-			kgo.RecordHeader{Key: sales.DLQOffsetHeader, Value: []byte(strconv.FormatInt(r.Offset, 10))},
-			kgo.RecordHeader{Key: sales.DLQReasonHeader, Value: []byte(reason)},
-			kgo.RecordHeader{Key: sales.DLQErrorHeader, Value: []byte(err.Error())},
-		)
-		t.produce(ctx, &kgo.Record{
-			Topic:     dlq,
-			Partition: r.Partition % t.rt.topo.dlqPartitions,
-			Key:       r.Key,
-			Value:     r.Value,
-			Headers:   headers,
-		}, t.plain)
+		rec := deadLetter(topic, r, err, reason, int(t.rt.cfg.DLQMaxRecordBytes))
+		rec.Topic, rec.Partition = dlq, r.Partition%t.rt.topo.dlqPartitions
+		t.outbox = append(t.outbox, rec)
 	}
 	if ok, suppressed := t.badLog.allow(time.Now()); ok {
 		t.log.Warn("Skipping bad event",
