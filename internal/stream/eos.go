@@ -92,7 +92,8 @@ func (t *task) handleCycle(ctx context.Context, req cycleReq) error {
 			t.produceErr.Store(nil)
 			t.dropDirty()
 			if req.produceErr != nil {
-				t.produceFailed(req.produceErr, "the transaction is aborted and the input folded again")
+				t.log.Warn(fmt.Sprintf("task [%s] A record of the commit cycle failed to produce; the transaction is aborted", t.name), zap.Error(req.produceErr))
+				t.cycleFailed(req.produceErr, "the input is folded again from the committed offsets")
 			}
 			return nil
 		}

@@ -209,8 +209,8 @@ func TestLostMemberWritesNothingAtLeastOnce(t *testing.T) {
 	// Scenario (at-least-once): the group coordinator stops knowing A as a member while A holds
 	// folded events: totals, an event to forward to another task, a bad event to dead-letter.
 	// A learns it (its flush asks the coordinator first; franz-go's heartbeat may tell it
-	// sooner) and drops the tasks: nothing reaches the changelog, the repartition topic or the
-	// dead-letter topic, which A writes only with a cycle, after that check. Once the coordinator answers
+	// sooner) and writes nothing: not to the changelog, the repartition topic or the dead-letter
+	// topic, which A writes only with a cycle, after that check. Once the coordinator answers
 	// again, A rejoins, folds the events again, and everything is written exactly.
 	h := newHarness(t)
 	h.createInput(3)
@@ -231,7 +231,7 @@ func TestLostMemberWritesNothingAtLeastOnce(t *testing.T) {
 	h.produce(event(product, product, 10), forwarded, bad)
 	// Its flush's check or franz-go's own heartbeat learns it first.
 	waitFor(t, 30*time.Second, "A to drop its tasks", func() bool {
-		return in.logs.FilterMessageSnippet("Dropping the task: this member is no longer in the group's generation").Len() > 0 ||
+		return in.logs.FilterMessageSnippet("the group coordinator says this member is not in its generation").Len() > 0 ||
 			in.logs.FilterMessageSnippet("Lost tasks").Len() > 0
 	})
 	for _, topic := range []string{cfg.ChangelogTopic(), cfg.RepartitionTopic(), cfg.DLQTopic} {

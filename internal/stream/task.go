@@ -130,6 +130,8 @@ type task struct {
 	memberLog       rateLimiter
 	memberUnknownAt time.Time
 	memberPaused    bool
+	// memberRefused: the last check failed (its trouble is to clear).
+	memberRefused bool
 	// outbox are the records the cycle produces besides the changelog and
 	// notifications: events forwarded to their owner's task, dead-letter
 	// copies. Produced with the cycle, after the membership check, so that
@@ -349,17 +351,8 @@ func (t *task) run(ctx context.Context) (err error) {
 	}
 	retry := time.NewTicker(time.Second)
 	defer retry.Stop()
-	// ended handles an error of processing: a lost membership drops the
-	// task (nothing more is written), any other error fails it.
-	ended := func(err error) error {
-		if errors.Is(err, errNotMember) {
-			t.log.Warn(fmt.Sprintf("task [%s] Dropping the task: this member is no longer in the group's generation; its uncommitted work is left to the new owner", t.name),
-				zap.Error(err))
-			t.dropDirty()
-			return t.close(ctx, false, nil)
-		}
-		return t.close(ctx, false, err)
-	}
+	// ended handles an error of processing: it fails the task.
+	ended := func(err error) error { return t.close(ctx, false, err) }
 	for {
 		// A stalled task processes nothing until its store takes writes
 		// again; what it still receives is held. A task paused after a
@@ -440,13 +433,7 @@ func (t *task) close(ctx context.Context, flush bool, cause error) error {
 			}
 		}
 		if len(errs) == 0 {
-			if err := t.flush(ctx); errors.Is(err, errNotMember) {
-				// Lost, not revoked: nothing more is written.
-				t.log.Warn(fmt.Sprintf("task [%s] Not flushing on close: this member is no longer in the group's generation", t.name), zap.Error(err))
-				t.dropDirty()
-			} else {
-				errs = append(errs, err)
-			}
+			errs = append(errs, t.flush(ctx))
 		}
 	}
 	// Wait for every record produced for this task, whatever happens to
@@ -740,21 +727,27 @@ func (t *task) flush(ctx context.Context) error {
 	if len(t.dirty) > 0 || len(t.outbox) > 0 {
 		// A member that lost the task (paused past its session timeout, a
 		// zombie) must not write what its new owner writes: check with the
-		// group coordinator first (at most once a second while it does not
-		// answer). A member no longer in the generation drops the task; one
-		// whose check failed keeps its changes for the next try, and past
-		// maxDirty pauses its partitions so that they stay bounded.
+		// group coordinator first, at most once a second while it does not
+		// confirm. Until it does, nothing of the cycle is written: the
+		// changes are kept for the next try (if the task was lost,
+		// franz-go's loss stops it and drops them meanwhile; if the
+		// generation only moved on, as in a cooperative rebalance that
+		// keeps the task here, they are flushed then, and nothing is lost),
+		// and past maxDirty the task pauses its partitions so that they stay
+		// bounded. The refusal shows in the task's status.
 		if !t.memberUnknownAt.IsZero() && time.Since(t.memberUnknownAt) < time.Second {
 			return nil
 		}
 		if err := t.rt.checkMembership(ctx); err != nil {
-			if errors.Is(err, errNotMember) {
-				return err
-			}
 			t.memberUnknownAt = time.Now()
+			t.memberRefused = true
+			t.trouble.fail(err)
+			msg := fmt.Sprintf("task [%s] Not flushing: the group coordinator did not confirm this member owns the task; nothing of the cycle is written, retrying", t.name)
+			if errors.Is(err, errNotMember) {
+				msg = fmt.Sprintf("task [%s] Not flushing: the group coordinator says this member is not in its generation; nothing of the cycle is written, retrying", t.name)
+			}
 			if ok, suppressed := t.memberLog.allow(time.Now()); ok {
-				t.log.Warn(fmt.Sprintf("task [%s] Not flushing: the group coordinator did not confirm this member owns the task; retrying", t.name),
-					zap.Int("products", len(t.dirty)), zap.Int("records", len(t.outbox)), zap.Int64("suppressed", suppressed), zap.Error(err))
+				t.log.Warn(msg, zap.Int("products", len(t.dirty)), zap.Int("records", len(t.outbox)), zap.Int64("suppressed", suppressed), zap.Error(err))
 			}
 			if !t.memberPaused && len(t.dirty)+len(t.outbox) >= maxDirty {
 				t.memberPaused = true
@@ -763,6 +756,10 @@ func (t *task) flush(ctx context.Context) error {
 			return nil
 		}
 		t.memberUnknownAt = time.Time{}
+		if t.memberRefused {
+			t.memberRefused = false
+			t.trouble.clear()
+		}
 	}
 	if t.memberPaused {
 		t.memberPaused = false
@@ -784,7 +781,8 @@ func (t *task) flush(ctx context.Context) error {
 	if errp := t.produceErr.Swap(nil); errp != nil {
 		// Nothing of this cycle is written to the store or committed: fold
 		// it again from the last committed offsets, after a backoff.
-		t.rewind(*errp)
+		t.log.Warn(fmt.Sprintf("task [%s] A record of the commit cycle failed to produce; nothing of the cycle is committed", t.name), zap.Error(*errp))
+		t.rewind(*errp, "folding its input again from the last committed offsets")
 		return nil
 	}
 	t.rt.crashPoint("changelog-flushed")
@@ -809,11 +807,11 @@ const (
 	produceBackoffMax = 30 * time.Second
 )
 
-// produceFailed records a cycle that committed nothing because a record
-// failed to produce: the failure shows in the task's status (and past
-// task.timeout.ms in /healthz), the task pauses its partitions for a
-// backoff, and it logs (rate limited) what failed and what happens next.
-func (t *task) produceFailed(err error, next string) {
+// cycleFailed records a cycle that committed nothing because a record
+// failed to produce: the failure shows in the
+// task's status (and past task.timeout.ms in /healthz), the task pauses its
+// partitions for a backoff, and it logs (rate limited) what happens next.
+func (t *task) cycleFailed(err error, next string) {
 	attempts, since := t.trouble.fail(err)
 	t.rt.metrics.produceFailures.Add(1)
 	t.backoff = min(max(2*t.backoff, produceBackoff), produceBackoffMax)
@@ -822,7 +820,7 @@ func (t *task) produceFailed(err error, next string) {
 	}
 	t.resumeAt = time.Now().Add(t.backoff)
 	if ok, suppressed := t.produceLog.allow(time.Now()); ok {
-		msg := fmt.Sprintf("task [%s] A record of the commit cycle failed to produce; nothing of the cycle is committed: %s, in %s", t.name, next, t.backoff)
+		msg := fmt.Sprintf("task [%s] The commit cycle committed nothing: %s, in %s", t.name, next, t.backoff)
 		if failing := time.Since(since); failing > t.rt.cfg.TaskTimeout {
 			t.log.Error(msg+fmt.Sprintf(" (failing for %s: the process reports itself unhealthy)", failing.Round(time.Second)),
 				zap.Int("attempt", attempts), zap.Int64("suppressed", suppressed), zap.Error(err))
@@ -843,14 +841,15 @@ func (t *task) produced() {
 
 // rewind (at-least-once) makes the task fold its input again from the
 // offsets it last reported for commit (or the first it read), after a cycle
-// whose records failed: the cycle's changes are dropped (the store never
-// had them), the batches dispatched since are dropped as they arrive, and
-// the poll loop moves the partitions' position back (applyRewinds).
-func (t *task) rewind(err error) {
+// whose records failed to produce: the cycle's changes are dropped
+// (the store never had them), the batches dispatched since are dropped as
+// they arrive, the poll loop moves the partitions' position back
+// (applyRewinds), and the task pauses for a backoff.
+func (t *task) rewind(err error, next string) {
 	t.dropDirty()
 	t.inputNext, t.repartNext = t.cp.InputOffset, -1
 	t.wantEpoch = t.rewindEpoch.Load() + 1
-	t.produceFailed(err, "folding its input again from the last committed offsets")
+	t.cycleFailed(err, next)
 	t.rt.requestRewind(t)
 }
 
