@@ -50,6 +50,8 @@ type Config struct {
 	// ApplicationServer is the host:port other instances reach this one's
 	// HTTP server at; empty means derived (AdvertisedServer).
 	ApplicationServer string
+	// HTTP is the HTTP server's TLS, authentication and limits.
+	HTTP HTTPSecurity
 	// DLQTopic, when set, receives every bad event as it was read, with
 	// headers naming its source and the error. Empty: bad events are
 	// skipped (and counted).
@@ -115,6 +117,44 @@ type Config struct {
 	// LogFormat is json or console; empty chooses console when standard
 	// error is a terminal, json otherwise.
 	LogFormat string
+
+	// Warnings are problems of the configuration that do not stop the
+	// start (a password given where other users can read it), for the
+	// start-up log.
+	Warnings []string
+}
+
+// HTTPSecurity is how the HTTP server is protected. The zero value serves
+// plain HTTP to anyone.
+type HTTPSecurity struct {
+	// CertFile and KeyFile (PEM) make the server speak HTTPS; they are
+	// read again when they change on disk.
+	CertFile, KeyFile string
+	// ClientCAFile, when set, requires client certificates signed by it
+	// (the probes /healthz and /readyz excepted).
+	ClientCAFile string
+	// PeerCertFile and PeerKeyFile are what this instance presents when it
+	// forwards a query to another; PeerCAFile what it trusts of them
+	// (default: the system roots).
+	PeerCertFile, PeerKeyFile, PeerCAFile string
+	// TokensFile, when set, holds the bearer tokens (one per line) a
+	// request needs; re-read when it changes.
+	TokensFile string
+	// AuthMetrics: /metrics needs a token too (when tokens are set).
+	AuthMetrics bool
+	// MaxConnections bounds the open HTTP connections.
+	MaxConnections int
+}
+
+// TLS reports whether the HTTP server speaks HTTPS.
+func (h HTTPSecurity) TLS() bool { return h.CertFile != "" }
+
+// Scheme is "https" with TLS on, else "http".
+func (h HTTPSecurity) Scheme() string {
+	if h.TLS() {
+		return "https"
+	}
+	return "http"
 }
 
 // Security protocols accepted by security.protocol.
@@ -225,6 +265,15 @@ var keys = []keyDef{
 	{"replication.factor", kindInt, "1", "replication factor of created topics (-1: the broker's default)"},
 	{"http.addr", kindString, ":8080", "address of the HTTP server (queries, tasks, health)"},
 	{"http.pprof", kindBool, "false", "serve Go's runtime profiles (CPU, heap, goroutines) under /debug/pprof/ on the HTTP server"},
+	{"http.tls.cert.file", kindString, "", "PEM certificate (chain) the HTTP server presents: it serves HTTPS (default: plain HTTP); re-read when the file changes"},
+	{"http.tls.key.file", kindString, "", "PEM key of http.tls.cert.file"},
+	{"http.tls.client.ca.file", kindString, "", "PEM CA bundle: every request (the probes /healthz and /readyz excepted) must present a client certificate it signed (mutual TLS)"},
+	{"http.tls.peer.cert.file", kindString, "", "PEM certificate this instance presents to the others when it forwards a query (mutual TLS between instances)"},
+	{"http.tls.peer.key.file", kindString, "", "PEM key of http.tls.peer.cert.file"},
+	{"http.tls.peer.ca.file", kindString, "", "PEM CA bundle this instance trusts the others' HTTPS servers with (default: the system roots)"},
+	{"http.auth.tokens.file", kindString, "", "file of bearer tokens, one per line: every request (the probes excepted) needs 'Authorization: Bearer <token>'; re-read when it changes; instances forward with its first token"},
+	{"http.auth.metrics", kindBool, "true", "with http.auth.tokens.file, GET /metrics needs a token too (false: open, for a scraper without one)"},
+	{"http.max.connections", kindInt, "512", "most HTTP connections open at once (more wait to be accepted), so that clients cannot take the file descriptors the stores and Kafka need"},
 	{"application.server", kindString, "", "host:port other instances reach this one's HTTP server at, advertised in the group for query routing (default: the host name and the port of http.addr; the pod DNS name on Kubernetes)"},
 	{"security.protocol", kindString, ProtocolPlaintext, "PLAINTEXT, SSL, SASL_PLAINTEXT or SASL_SSL"},
 	{"sasl.mechanism", kindString, "PLAIN", "PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512"},
@@ -343,6 +392,11 @@ func Load(fs *pflag.FlagSet, environ []string) (Config, error) {
 	// report it twice.
 	c, failed, errs := decode(v)
 	problems = append(problems, errs...)
+	if f := fs.Lookup("sasl.password"); f != nil && f.Changed {
+		c.Warnings = append(c.Warnings, "sasl.password is given as a command-line flag: every user of the machine can read it (ps, /proc/<pid>/cmdline); put it in a file and give sasl.password.file instead")
+	} else if _, ok := env[EnvName("sasl.password")]; ok {
+		c.Warnings = append(c.Warnings, "sasl.password is given in the environment ("+EnvName("sasl.password")+"): it is visible in the process's environment and to anything that inherits it; put it in a file and give sasl.password.file instead")
+	}
 	if err := c.validate(failed); err != nil {
 		problems = append(problems, err)
 	}
@@ -380,6 +434,13 @@ func decode(v *viper.Viper) (Config, map[string]bool, []error) {
 		failed[key] = true
 	}
 	str := func(key string) string { return strings.TrimSpace(fmt.Sprint(v.Get(key))) }
+	// str0 is str for a key without default: "" when not set.
+	str0 := func(key string) string {
+		if !v.IsSet(key) {
+			return ""
+		}
+		return str(key)
+	}
 	integer := func(key string, min, max int64) int64 {
 		raw := v.Get(key)
 		var n int64
@@ -466,6 +527,17 @@ func decode(v *viper.Viper) (Config, map[string]bool, []error) {
 	c.ReplicationFactor = int16(integer("replication.factor", -1, math.MaxInt16))
 	c.HTTPAddr = str("http.addr")
 	c.HTTPPprof = boolean("http.pprof")
+	c.HTTP = HTTPSecurity{
+		CertFile:       str0("http.tls.cert.file"),
+		KeyFile:        str0("http.tls.key.file"),
+		ClientCAFile:   str0("http.tls.client.ca.file"),
+		PeerCertFile:   str0("http.tls.peer.cert.file"),
+		PeerKeyFile:    str0("http.tls.peer.key.file"),
+		PeerCAFile:     str0("http.tls.peer.ca.file"),
+		TokensFile:     str0("http.auth.tokens.file"),
+		AuthMetrics:    boolean("http.auth.metrics"),
+		MaxConnections: int(integer("http.max.connections", 16, 1_000_000)),
+	}
 	if v.IsSet("application.server") {
 		c.ApplicationServer = str("application.server")
 	}
@@ -548,6 +620,8 @@ func (c Config) validate(skip map[string]bool) error {
 	} {
 		if !legalName.MatchString(val) || len(val) > 200 {
 			bad(key, val, "must be 1 to 200 characters of a-z, A-Z, 0-9, '.', '_' and '-' (it names Kafka topics)")
+		} else if (key == "application.id" || key == "store.name") && (val == "." || val == "..") {
+			bad(key, val, "must not be '.' or '..' (it names a directory in state.dir)")
 		}
 	}
 	if len(c.BootstrapServers) == 0 {
@@ -629,8 +703,27 @@ func (c Config) validate(skip map[string]bool) error {
 		bad("http.addr", c.HTTPAddr, "must be host:port or :port")
 	}
 	if c.ApplicationServer != "" {
-		if host, port, err := net.SplitHostPort(c.ApplicationServer); err != nil || host == "" || port == "" {
-			bad("application.server", c.ApplicationServer, "must be host:port, reachable by the other instances")
+		if err := CheckServer(c.ApplicationServer); err != nil {
+			bad("application.server", c.ApplicationServer, "must be host:port, reachable by the other instances: "+err.Error())
+		}
+	}
+	h := c.HTTP
+	if (h.CertFile == "") != (h.KeyFile == "") {
+		problems = append(problems, fmt.Errorf("config: http.tls.cert.file and http.tls.key.file go together (got cert %q, key %q)", h.CertFile, h.KeyFile))
+	}
+	if (h.PeerCertFile == "") != (h.PeerKeyFile == "") {
+		problems = append(problems, fmt.Errorf("config: http.tls.peer.cert.file and http.tls.peer.key.file go together (got cert %q, key %q)", h.PeerCertFile, h.PeerKeyFile))
+	}
+	if h.ClientCAFile != "" && !h.TLS() {
+		bad("http.tls.client.ca.file", h.ClientCAFile, "needs http.tls.cert.file and http.tls.key.file (client certificates are asked for over HTTPS)")
+	}
+	for key, f := range map[string]string{"http.tls.cert.file": h.CertFile, "http.tls.key.file": h.KeyFile, "http.tls.client.ca.file": h.ClientCAFile,
+		"http.tls.peer.cert.file": h.PeerCertFile, "http.tls.peer.key.file": h.PeerKeyFile, "http.tls.peer.ca.file": h.PeerCAFile, "http.auth.tokens.file": h.TokensFile} {
+		if f == "" {
+			continue
+		}
+		if _, err := os.Stat(f); err != nil {
+			bad(key, f, "must be a readable file: "+err.Error())
 		}
 	}
 	if !slices.Contains([]string{"debug", "info", "warn", "error"}, c.LogLevel) {
@@ -661,6 +754,15 @@ func (c Config) Fields() map[string]any {
 		"topics.partitions":             c.TopicsPartitions,
 		"replication.factor":            c.ReplicationFactor,
 		"http.addr":                     c.HTTPAddr,
+		"http.tls.cert.file":            c.HTTP.CertFile,
+		"http.tls.key.file":             c.HTTP.KeyFile,
+		"http.tls.client.ca.file":       c.HTTP.ClientCAFile,
+		"http.tls.peer.cert.file":       c.HTTP.PeerCertFile,
+		"http.tls.peer.key.file":        c.HTTP.PeerKeyFile,
+		"http.tls.peer.ca.file":         c.HTTP.PeerCAFile,
+		"http.auth.tokens.file":         c.HTTP.TokensFile,
+		"http.auth.metrics":             c.HTTP.AuthMetrics,
+		"http.max.connections":          c.HTTP.MaxConnections,
 		"http.pprof":                    c.HTTPPprof,
 		"application.server":            c.ApplicationServer,
 		"dlq.topic":                     c.DLQTopic,
@@ -722,6 +824,41 @@ func (c Config) AdvertisedServer(bound string) string {
 	}
 	return net.JoinHostPort(host, port)
 }
+
+// CheckServer checks that s is an address to reach another instance at,
+// host:port and nothing else: a DNS name or an IP address (IPv6 in
+// brackets), and a decimal port from 1 to 65535. It is the check of
+// application.server, made again on every member's advertised address
+// before a query is forwarded to it.
+func CheckServer(s string) error {
+	host, port, err := net.SplitHostPort(s)
+	if err != nil {
+		return fmt.Errorf("not host:port: %w", err)
+	}
+	if n, err := strconv.Atoi(port); err != nil || n < 1 || n > 65535 || strconv.Itoa(n) != port {
+		return fmt.Errorf("port %q is not a number from 1 to 65535", port)
+	}
+	if host == "" {
+		return errors.New("the host is empty")
+	}
+	if ip := net.ParseIP(host); ip != nil {
+		if strings.Contains(host, ":") && !strings.HasPrefix(s, "[") {
+			return errors.New("an IPv6 host must be in brackets")
+		}
+		return nil
+	}
+	if len(host) > 253 {
+		return errors.New("the host name is longer than 253 characters")
+	}
+	for _, label := range strings.Split(strings.TrimSuffix(host, "."), ".") {
+		if !hostLabel.MatchString(label) {
+			return fmt.Errorf("%q is not a host name (letters, digits and '-' in dot-separated labels of up to 63)", host)
+		}
+	}
+	return nil
+}
+
+var hostLabel = regexp.MustCompile(`^[a-zA-Z0-9]([a-zA-Z0-9-]{0,61}[a-zA-Z0-9])?$`)
 
 // StateDirUnderTemp reports whether the state dir lies under the OS temp dir,
 // where it may not survive a reboot or a container restart.

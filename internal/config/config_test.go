@@ -429,3 +429,49 @@ func TestTransactionTimeoutKey(t *testing.T) {
 		}
 	}
 }
+
+func TestHTTPSecurityConfig(t *testing.T) {
+	// Scenario: application.server is host:port and nothing else; application.id cannot climb
+	// out of state.dir; the HTTP TLS keys go in pairs and name readable files; client
+	// certificates need TLS; a SASL password given as a flag or in the environment starts the
+	// service with a warning pointing to sasl.password.file.
+	for _, bad := range []string{"host:8080/any/path#", "host:8080?x", "user@host:8080", "host:http", "host:99999", "host", "[::1]:80/x"} {
+		if _, err := load(t, "", nil, "--application.server", bad); err == nil || !strings.Contains(err.Error(), "application.server") {
+			t.Errorf("application.server %q: %v", bad, err)
+		}
+	}
+	if c, err := load(t, "", nil, "--application.server", "salesagg-0.salesagg:8080"); err != nil || c.ApplicationServer != "salesagg-0.salesagg:8080" {
+		t.Fatalf("a pod DNS name: %v", err)
+	}
+	for _, id := range []string{"..", "."} {
+		if _, err := load(t, "", nil, "--application.id", id); err == nil || !strings.Contains(err.Error(), "application.id") {
+			t.Errorf("application.id %q: %v", id, err)
+		}
+	}
+	cert := filepath.Join(t.TempDir(), "c.pem")
+	if err := os.WriteFile(cert, []byte("x"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	_, err := load(t, "", nil, "--http.tls.cert.file", cert, "--http.tls.client.ca.file", "/nonexistent/ca.pem")
+	for _, want := range []string{"http.tls.cert.file and http.tls.key.file go together", "http.tls.client.ca.file", "must be a readable file"} {
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("half a TLS pair and a missing CA: %v, want %q", err, want)
+		}
+	}
+	if _, err := load(t, "", nil, "--http.tls.client.ca.file", cert); err == nil || !strings.Contains(err.Error(), "needs http.tls.cert.file") {
+		t.Errorf("client certificates without TLS: %v", err)
+	}
+	c, err := load(t, "", nil, "--http.tls.cert.file", cert, "--http.tls.key.file", cert)
+	if err != nil || !c.HTTP.TLS() || c.HTTP.Scheme() != "https" || c.HTTP.MaxConnections != 512 || !c.HTTP.AuthMetrics {
+		t.Fatalf("TLS on: %+v, %v", c.HTTP, err)
+	}
+	sasl := []string{"--security.protocol", "SASL_PLAINTEXT", "--sasl.username", "u"}
+	c, err = load(t, "", nil, append(sasl, "--sasl.password", "hunter2")...)
+	if err != nil || len(c.Warnings) != 1 || !strings.Contains(c.Warnings[0], "sasl.password.file") || strings.Contains(c.Warnings[0], "hunter2") {
+		t.Fatalf("password as a flag: %v %v", c.Warnings, err)
+	}
+	c, err = load(t, "", []string{"SALESAGG_SASL_PASSWORD=hunter2"}, sasl...)
+	if err != nil || len(c.Warnings) != 1 || !strings.Contains(c.Warnings[0], "environment") {
+		t.Fatalf("password in the environment: %v %v", c.Warnings, err)
+	}
+}
