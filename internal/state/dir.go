@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"sort"
@@ -39,10 +40,24 @@ type Dir struct {
 // OpenDir creates <stateDir>/<appID> if needed, takes its lock and loads (or
 // creates) the process id. It fails with an error wrapping ErrLocked, naming
 // the lock file and its holder, when another process holds the lock.
+//
+// The state dir holds every total: <appID> and what it holds are the
+// process user's alone (0700 directories, 0600 files), and nothing in it may
+// be a symbolic link (one planted there would make this process write
+// where it points). appID must be one path segment.
 func OpenDir(stateDir, appID string) (*Dir, error) {
+	if err := CheckSegment(appID); err != nil {
+		return nil, fmt.Errorf("application.id %q: %w", appID, err)
+	}
 	path := filepath.Join(stateDir, appID)
-	if err := os.MkdirAll(path, 0o755); err != nil {
+	if err := os.MkdirAll(stateDir, 0o700); err != nil {
+		return nil, fmt.Errorf("creating state dir %s: %w", stateDir, err)
+	}
+	if err := os.Mkdir(path, 0o700); err != nil && !errors.Is(err, os.ErrExist) {
 		return nil, fmt.Errorf("creating state dir %s: %w", path, err)
+	}
+	if err := checkPrivateDir(path); err != nil {
+		return nil, err
 	}
 	lock, err := acquireLock(filepath.Join(path, lockFileName))
 	if err != nil {
@@ -62,9 +77,9 @@ func OpenDir(stateDir, appID string) (*Dir, error) {
 }
 
 func acquireLock(name string) (*os.File, error) {
-	f, err := os.OpenFile(name, os.O_RDWR|os.O_CREATE, 0o644)
+	f, err := os.OpenFile(name, os.O_RDWR|os.O_CREATE|syscall.O_NOFOLLOW, 0o600)
 	if err != nil {
-		return nil, fmt.Errorf("opening lock file %s: %w", name, err)
+		return nil, fmt.Errorf("opening lock file %s: %w", name, linkError(err))
 	}
 	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
 		holder, _ := os.ReadFile(name)
@@ -90,7 +105,7 @@ type processMetadata struct {
 }
 
 func loadProcessID(name string) (string, error) {
-	b, err := os.ReadFile(name)
+	b, err := readNoFollow(name)
 	if err == nil {
 		var md processMetadata
 		if json.Unmarshal(b, &md) == nil && md.ProcessID != "" {
@@ -98,7 +113,7 @@ func loadProcessID(name string) (string, error) {
 		}
 		// A corrupt metadata file only costs the old id: write a new one.
 	} else if !errors.Is(err, os.ErrNotExist) {
-		return "", fmt.Errorf("reading process metadata %s: %w", name, err)
+		return "", fmt.Errorf("reading process metadata %s: %w", name, linkError(err))
 	}
 	md := processMetadata{ProcessID: newUUID()}
 	b, _ = json.Marshal(md)
@@ -116,12 +131,86 @@ func newUUID() string {
 	return fmt.Sprintf("%x-%x-%x-%x-%x", u[0:4], u[4:6], u[6:8], u[8:10], u[10:])
 }
 
+// writeFileAtomic writes data to name through a new temporary file (any
+// file or link left at its name is removed first, never followed).
 func writeFileAtomic(name string, data []byte) error {
 	tmp := name + ".tmp"
-	if err := os.WriteFile(tmp, data, 0o644); err != nil {
+	if err := os.Remove(tmp); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return err
+	}
+	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_EXCL|syscall.O_NOFOLLOW, 0o600)
+	if err != nil {
+		return linkError(err)
+	}
+	_, err = f.Write(data)
+	if err == nil {
+		err = f.Sync()
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
 		return err
 	}
 	return os.Rename(tmp, name)
+}
+
+// readNoFollow reads a file that must not be a symbolic link.
+func readNoFollow(name string) ([]byte, error) {
+	f, err := os.OpenFile(name, os.O_RDONLY|syscall.O_NOFOLLOW, 0)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	return io.ReadAll(f)
+}
+
+// ErrSymlink is returned for a symbolic link where the state dir expects a
+// file or directory of its own.
+var ErrSymlink = errors.New("state: refusing a symbolic link in the state dir")
+
+// linkError turns the error of opening a symbolic link with O_NOFOLLOW
+// (ELOOP) into ErrSymlink.
+func linkError(err error) error {
+	if errors.Is(err, syscall.ELOOP) {
+		return fmt.Errorf("%w: %w", ErrSymlink, err)
+	}
+	return err
+}
+
+// checkPrivateDir checks that path is a directory, not a symbolic link,
+// and makes it the owner's alone (0700) when it is not.
+func checkPrivateDir(path string) error {
+	fi, err := os.Lstat(path)
+	if err != nil {
+		return err
+	}
+	if fi.Mode()&os.ModeSymlink != 0 {
+		return fmt.Errorf("%w: %s", ErrSymlink, path)
+	}
+	if !fi.IsDir() {
+		return fmt.Errorf("%s is not a directory", path)
+	}
+	if fi.Mode().Perm()&0o077 != 0 {
+		if err := os.Chmod(path, 0o700); err != nil {
+			return fmt.Errorf("making %s private (0700): %w", path, err)
+		}
+	}
+	return nil
+}
+
+// CheckSegment checks that s names one directory entry: not empty, not
+// "." or "..", without a path separator or NUL.
+func CheckSegment(s string) error {
+	switch {
+	case s == "":
+		return errors.New("must not be empty")
+	case s == "." || s == "..":
+		return errors.New("must not be '.' or '..'")
+	case strings.ContainsAny(s, "/\\\x00"):
+		return errors.New("must not hold a path separator")
+	}
+	return nil
 }
 
 // Path returns <state.dir>/<application.id>.
@@ -134,6 +223,16 @@ func (d *Dir) ProcessID() string { return d.processID }
 // TaskName returns the name of the task (and of its directory) that owns the
 // given partition of the single sub-topology: "0_<partition>".
 func TaskName(partition int32) string { return "0_" + strconv.Itoa(int(partition)) }
+
+// IsTaskName reports whether s is a task's name as TaskName writes it.
+func IsTaskName(s string) bool {
+	rest, ok := strings.CutPrefix(s, "0_")
+	if !ok {
+		return false
+	}
+	p, err := strconv.ParseInt(rest, 10, 32)
+	return err == nil && p >= 0 && strconv.FormatInt(p, 10) == rest
+}
 
 // TaskPath returns the directory of the task owning partition.
 func (d *Dir) TaskPath(partition int32) string { return filepath.Join(d.path, TaskName(partition)) }
@@ -187,7 +286,7 @@ func (d *Dir) moveToTrash(partition int32) (string, error) {
 		return "", nil
 	}
 	trash := filepath.Join(d.path, trashDirName)
-	if err := os.MkdirAll(trash, 0o755); err != nil {
+	if err := os.MkdirAll(trash, 0o700); err != nil {
 		return "", fmt.Errorf("wiping task %s: %w", TaskName(partition), err)
 	}
 	to := filepath.Join(trash, TaskName(partition)+"-"+time.Now().UTC().Format("20060102T150405.000000000"))
@@ -214,6 +313,11 @@ func syncDir(dir string) error {
 // writes: the disk is (nearly) full, read-only, or failing.
 var ErrUnwritable = errors.New("state: store cannot be written")
 
+// ErrNoFileDescriptors is returned by CheckWritable when the process is out
+// of file descriptors (RLIMIT_NOFILE): the disk could not be checked, which
+// is no reason to stall.
+var ErrNoFileDescriptors = errors.New("state: out of file descriptors")
+
 // MinFreeBytes is the free space below which a store counts as unwritable.
 // Pebble treats a failed write to its log as fatal to the process, so the
 // check is made before each write, with this margin.
@@ -232,7 +336,19 @@ func (d *Dir) CheckWritable(partition int32) error {
 		return fmt.Errorf("%w: %s: %d bytes free, %d needed", ErrUnwritable, dir, free, MinFreeBytes)
 	}
 	probe := filepath.Join(dir, ".write-probe")
-	if err := os.WriteFile(probe, []byte("ok"), 0o644); err != nil {
+	_ = os.Remove(probe) // a leftover, or a planted link: never written through
+	f, err := os.OpenFile(probe, os.O_WRONLY|os.O_CREATE|os.O_EXCL|syscall.O_NOFOLLOW, 0o600)
+	if err == nil {
+		_, err = f.Write([]byte("ok"))
+		if cerr := f.Close(); err == nil {
+			err = cerr
+		}
+	}
+	if errors.Is(err, syscall.EMFILE) || errors.Is(err, syscall.ENFILE) {
+		// Out of file descriptors says nothing of the disk: not a stall.
+		return fmt.Errorf("%w: %s: %v", ErrNoFileDescriptors, dir, err)
+	}
+	if err != nil {
 		return fmt.Errorf("%w: %s: %v", ErrUnwritable, dir, err)
 	}
 	if err := os.Remove(probe); err != nil {
@@ -246,7 +362,7 @@ func (d *Dir) CheckWritable(partition int32) error {
 // returns where it went. The task's store must be closed.
 func (d *Dir) Quarantine(partition int32) (string, error) {
 	qdir := filepath.Join(d.path, "quarantine")
-	if err := os.MkdirAll(qdir, 0o755); err != nil {
+	if err := os.MkdirAll(qdir, 0o700); err != nil {
 		return "", fmt.Errorf("quarantining task %s: %w", TaskName(partition), err)
 	}
 	to := filepath.Join(qdir, TaskName(partition)+"-"+time.Now().UTC().Format("20060102T150405.000000000"))

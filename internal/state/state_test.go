@@ -363,3 +363,90 @@ func TestWipeInterruptedLeavesNoHalfStore(t *testing.T) {
 		t.Fatalf("a product of the wiped store survived: %v, %v", ok, err)
 	}
 }
+
+func TestStateDirIsPrivateAndFollowsNoLink(t *testing.T) {
+	// Scenario: the state dir is the process user's alone (0700, the lock and metadata 0600);
+	// a symbolic link planted as the lock file, the metadata's temporary file or a task's store
+	// is refused with an error naming it, and nothing is written where it points; an
+	// application.id that is not one path segment is refused.
+	root := t.TempDir()
+	d, err := OpenDir(root, "app")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for path, want := range map[string]os.FileMode{
+		filepath.Join(root, "app"):                   0o700,
+		filepath.Join(root, "app", lockFileName):     0o600,
+		filepath.Join(root, "app", metadataFileName): 0o600,
+	} {
+		fi, err := os.Lstat(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if fi.Mode().Perm() != want {
+			t.Errorf("%s has mode %v, want %v", path, fi.Mode().Perm(), want)
+		}
+	}
+	_ = d.Close()
+
+	target := filepath.Join(t.TempDir(), "victim")
+	if err := os.WriteFile(target, []byte("do not touch"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	untouched := func() {
+		t.Helper()
+		if b, _ := os.ReadFile(target); string(b) != "do not touch" {
+			t.Fatalf("the link's target was written: %q", b)
+		}
+	}
+	plant := func(dir, name string) {
+		t.Helper()
+		p := filepath.Join(dir, name)
+		_ = os.RemoveAll(p)
+		if err := os.Symlink(target, p); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	// The lock file.
+	plant(filepath.Join(root, "app"), lockFileName)
+	if _, err := OpenDir(root, "app"); !errors.Is(err, ErrSymlink) {
+		t.Fatalf("OpenDir with the lock file a link: %v, want ErrSymlink", err)
+	}
+	untouched()
+	_ = os.Remove(filepath.Join(root, "app", lockFileName))
+
+	// The process metadata's temporary file (written when the metadata is new).
+	_ = os.Remove(filepath.Join(root, "app", metadataFileName))
+	plant(filepath.Join(root, "app"), metadataFileName+".tmp")
+	d, err = OpenDir(root, "app")
+	if err != nil {
+		t.Fatalf("OpenDir with a link as the metadata's temporary file: %v", err)
+	}
+	untouched()
+
+	// A task's store.
+	plant(d.path, "0_1")
+	if _, err := Open(d.TaskPath(1), zap.NewNop(), OpenOptions{}); !errors.Is(err, ErrSymlink) {
+		t.Fatalf("opening a store that is a link: %v, want ErrSymlink", err)
+	}
+	if _, err := Open(d.TaskPath(1), zap.NewNop(), OpenOptions{ReadOnly: true}); !errors.Is(err, ErrSymlink) {
+		t.Fatalf("opening a store that is a link read-only: %v, want ErrSymlink", err)
+	}
+	untouched()
+	_ = d.Close()
+
+	// A state dir that is a link below state.dir.
+	_ = os.RemoveAll(filepath.Join(root, "linked"))
+	if err := os.Symlink(t.TempDir(), filepath.Join(root, "linked")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := OpenDir(root, "linked"); !errors.Is(err, ErrSymlink) {
+		t.Fatalf("OpenDir on a linked application dir: %v, want ErrSymlink", err)
+	}
+	for _, id := range []string{"", ".", "..", "a/b", "../up"} {
+		if _, err := OpenDir(root, id); err == nil {
+			t.Errorf("OpenDir accepted application.id %q", id)
+		}
+	}
+}

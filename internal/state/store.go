@@ -197,6 +197,11 @@ type OpenOptions struct {
 
 // Open opens (creating unless read-only) the Pebble database at path.
 func Open(path string, log *zap.Logger, o OpenOptions) (*Store, error) {
+	// A symbolic link where a store goes would make Pebble write (or, read
+	// only, read) wherever it points.
+	if fi, err := os.Lstat(path); err == nil && fi.Mode()&os.ModeSymlink != 0 {
+		return nil, fmt.Errorf("opening store %s: %w", path, ErrSymlink)
+	}
 	if o.CacheSize == 0 {
 		o.CacheSize = 8 << 20
 	}
