@@ -1,6 +1,8 @@
 package main
 
 import (
+	"crypto/tls"
+	"crypto/x509"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -35,7 +37,10 @@ healthcheck (the image has no shell or curl).
 
 The default URL is http://HOST:PORT/readyz from http.addr, read like the service
 reads it (--config file, SALESAGG_HTTP_ADDR, --http.addr); an empty or wildcard
-host (":8080", "0.0.0.0:8080", "[::]:8080") probes 127.0.0.1.
+host (":8080", "0.0.0.0:8080", "[::]:8080") probes 127.0.0.1. With
+http.tls.cert.file set (read the same way) it probes https: the certificate is
+checked against http.tls.peer.ca.file (or the certificate file itself) but not
+its name, since the probe asks this process on loopback.
 `
 
 // runHealth implements "salesagg health". It returns the process exit code.
@@ -66,52 +71,80 @@ func runHealth(args []string, environ []string, stdout, stderr io.Writer) int {
 		return fail("--timeout must be positive, got %s", *timeout)
 	}
 	target := *url
+	tgt, err := healthTarget(*cfgFile, *httpAddr, environ)
+	if err != nil {
+		return fail("%v", err)
+	}
 	if target == "" {
-		addr, err := healthAddr(*cfgFile, *httpAddr, environ)
-		if err != nil {
-			return fail("%v", err)
-		}
 		if !strings.HasPrefix(*path, "/") {
 			return fail("--path must start with '/', got %q", *path)
 		}
-		target = "http://" + addr + *path
+		scheme := "http"
+		if tgt.tls {
+			scheme = "https"
+		}
+		target = scheme + "://" + tgt.addr + *path
 	}
-	if err := probe(target, *timeout); err != nil {
+	if err := probe(target, *timeout, tgt.ca); err != nil {
 		return fail("%v", err)
 	}
 	fmt.Fprintf(stdout, "%s: 200 OK\n", target)
 	return healthOK
 }
 
-// healthAddr returns host:port to probe, from http.addr as the service
-// resolves it: default, --config file, SALESAGG_HTTP_ADDR, --http.addr.
-func healthAddr(cfgFile, flagAddr string, environ []string) (string, error) {
-	addr := flagAddr
-	if addr == "" {
-		addr = lookupEnv(environ, config.EnvName("http.addr"))
-	}
-	if addr == "" && cfgFile != "" {
-		// Only http.addr is read from the file: a probe does not fail
+// probeTarget is what health probes: host:port, whether over TLS, and the
+// CA bundle to check the certificate with ("" with TLS: not checked).
+type probeTarget struct {
+	addr string
+	tls  bool
+	ca   string
+}
+
+// healthTarget reads http.addr and the HTTP TLS keys as the service
+// resolves them: default, --config file, environment, --http.addr.
+func healthTarget(cfgFile, flagAddr string, environ []string) (probeTarget, error) {
+	var file *viper.Viper
+	if cfgFile != "" {
+		// Only these keys are read from the file: a probe does not fail
 		// because of a key it does not use (the service checks those).
-		v := viper.New()
-		v.SetConfigFile(cfgFile)
-		v.SetConfigType("yaml")
-		if err := v.ReadInConfig(); err != nil {
-			return "", fmt.Errorf("reading http.addr from %s: %v", cfgFile, err)
+		file = viper.New()
+		file.SetConfigFile(cfgFile)
+		file.SetConfigType("yaml")
+		if err := file.ReadInConfig(); err != nil {
+			return probeTarget{}, fmt.Errorf("reading http.addr from %s: %v", cfgFile, err)
 		}
-		addr = v.GetString("http.addr")
 	}
+	get := func(key, flag string) string {
+		if flag != "" {
+			return flag
+		}
+		if v := lookupEnv(environ, config.EnvName(key)); v != "" {
+			return v
+		}
+		if file != nil {
+			return file.GetString(key)
+		}
+		return ""
+	}
+	addr := get("http.addr", flagAddr)
 	if addr == "" {
 		addr = config.Default().HTTPAddr
 	}
 	host, port, err := net.SplitHostPort(addr)
 	if err != nil {
-		return "", fmt.Errorf("http.addr %q: must be host:port or :port", addr)
+		return probeTarget{}, fmt.Errorf("http.addr %q: must be host:port or :port", addr)
 	}
 	if ip := net.ParseIP(host); host == "" || (ip != nil && ip.IsUnspecified()) {
 		host = "127.0.0.1"
 	}
-	return net.JoinHostPort(host, port), nil
+	t := probeTarget{addr: net.JoinHostPort(host, port)}
+	if cert := get("http.tls.cert.file", ""); cert != "" {
+		t.tls, t.ca = true, cert
+		if ca := get("http.tls.peer.ca.file", ""); ca != "" {
+			t.ca = ca
+		}
+	}
+	return t, nil
 }
 
 func lookupEnv(environ []string, name string) string {
@@ -125,12 +158,24 @@ func lookupEnv(environ []string, name string) string {
 
 // probe GETs url once and fails unless it answers 200. The error is one line:
 // the URL, the status and the reason the service gave.
-func probe(target string, timeout time.Duration) error {
+//
+// Over https the server's chain is checked against the PEM bundle ca (when
+// given), not its name: the probe asks this process on loopback, whose
+// certificate names the instance's DNS name.
+func probe(target string, timeout time.Duration, ca string) error {
+	tr := &http.Transport{Proxy: nil, DisableKeepAlives: true}
+	if strings.HasPrefix(target, "https://") {
+		tc, err := probeTLS(ca)
+		if err != nil {
+			return oneLine(err.Error())
+		}
+		tr.TLSClientConfig = tc
+	}
 	client := &http.Client{
 		Timeout: timeout,
 		// A probe talks to this one process: no proxy from the environment,
 		// no redirect followed, no connection kept.
-		Transport: &http.Transport{Proxy: nil, DisableKeepAlives: true},
+		Transport: tr,
 		CheckRedirect: func(*http.Request, []*http.Request) error {
 			return http.ErrUseLastResponse
 		},
@@ -168,6 +213,42 @@ func probe(target string, timeout time.Duration) error {
 		msg += ": " + reason
 	}
 	return oneLine(msg)
+}
+
+// probeTLS checks the server's chain against the bundle in ca (when set),
+// without its name.
+func probeTLS(ca string) (*tls.Config, error) {
+	c := &tls.Config{MinVersion: tls.VersionTLS12, InsecureSkipVerify: true} // the chain is checked below
+	if ca == "" {
+		return c, nil
+	}
+	b, err := os.ReadFile(ca)
+	if err != nil {
+		return nil, fmt.Errorf("reading the CA to check the HTTPS certificate with: %v", err)
+	}
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM(b) {
+		return nil, fmt.Errorf("%s holds no PEM certificate", ca)
+	}
+	c.VerifyPeerCertificate = func(raw [][]byte, _ [][]*x509.Certificate) error {
+		if len(raw) == 0 {
+			return errors.New("the server presented no certificate")
+		}
+		certs := make([]*x509.Certificate, len(raw))
+		for i, r := range raw {
+			var err error
+			if certs[i], err = x509.ParseCertificate(r); err != nil {
+				return err
+			}
+		}
+		inter := x509.NewCertPool()
+		for _, c := range certs[1:] {
+			inter.AddCert(c)
+		}
+		_, err := certs[0].Verify(x509.VerifyOptions{Roots: pool, Intermediates: inter})
+		return err
+	}
+	return c, nil
 }
 
 // oneLine folds s onto one line of at most 300 bytes.

@@ -2,7 +2,14 @@ package main
 
 import (
 	"bytes"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
 	"errors"
+	"math/big"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -211,4 +218,44 @@ func portOf(t *testing.T, rawURL string) string {
 		t.Fatal(err)
 	}
 	return port
+}
+
+func TestHealthOverTLS(t *testing.T) {
+	// Scenario: with http.tls.cert.file set (here in the environment, as on Kubernetes), health
+	// probes https on loopback and checks the certificate's chain against the CA, not its name
+	// (the certificate names the pod's DNS name); a certificate from another CA fails.
+	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = w.Write([]byte(`{"ready":true}`))
+	}))
+	srv.StartTLS()
+	t.Cleanup(srv.Close)
+	dir := t.TempDir()
+	caFile := filepath.Join(dir, "ca.pem")
+	if err := os.WriteFile(caFile, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: srv.Certificate().Raw}), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	env := []string{"SALESAGG_HTTP_TLS_CERT_FILE=" + caFile, "SALESAGG_HTTP_ADDR=" + srv.Listener.Addr().String()}
+	if code, out, errOut := runHealthT(t, env); code != healthOK || !strings.HasPrefix(out, "https://") {
+		t.Fatalf("health over TLS: %d %q %q", code, out, errOut)
+	}
+	// A CA of its own (httptest's servers all share one certificate).
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := &x509.Certificate{SerialNumber: big.NewInt(7), Subject: pkix.Name{CommonName: "another CA"}, IsCA: true, BasicConstraintsValid: true,
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour), KeyUsage: x509.KeyUsageCertSign}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	wrong := filepath.Join(dir, "other.pem")
+	if err := os.WriteFile(wrong, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	env = append(env, "SALESAGG_HTTP_TLS_PEER_CA_FILE="+wrong)
+	if code, _, errOut := runHealthT(t, env); code != healthUnhealthy || !strings.Contains(errOut, "certificate") {
+		t.Fatalf("health against another CA: %d %q", code, errOut)
+	}
 }

@@ -14,6 +14,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"syscall"
 
 	"github.com/spf13/pflag"
 )
@@ -53,6 +54,9 @@ func run(args []string) int {
 		fmt.Fprint(os.Stderr, usage)
 		return exitUsage
 	}
+	// What the process creates (stores, state files, the dev broker's
+	// data) is its own user's alone: the state dir holds every total.
+	syscall.Umask(0o077)
 	var err error
 	switch args[0] {
 	case "run":

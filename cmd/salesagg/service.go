@@ -53,6 +53,9 @@ func runService(args []string) error {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
 	logStart(log, cfg, format)
+	for _, w := range cfg.Warnings {
+		log.Warn(w)
+	}
 	if cfg.StateDirUnderTemp() {
 		log.Warn("state.dir is under the OS temp dir: it may not survive a reboot, and a lost state dir means a full restore from the changelog",
 			zap.String("state.dir", cfg.StateDir))
@@ -69,7 +72,7 @@ func runService(args []string) error {
 	defer dir.Close()
 
 	rt := stream.New(cfg, log, dir, stream.Knobs{CrashPoint: crashPointFromEnv(log)})
-	srv, err := httpapi.Listen(cfg.HTTPAddr, rt, log, httpapi.WithRecentLog(recent), httpapi.WithPprof(cfg.HTTPPprof))
+	srv, err := httpapi.Listen(cfg.HTTPAddr, rt, log, httpapi.WithRecentLog(recent), httpapi.WithPprof(cfg.HTTPPprof), httpapi.WithSecurity(cfg.HTTP))
 	if err != nil {
 		return err
 	}

@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"go.uber.org/zap/zapcore"
+
+	"github.com/salesagg/salesagg/internal/config"
 )
 
 // RecentLog is a zapcore.Core that keeps the last log entries at or above a
@@ -179,6 +181,13 @@ type Option func(*options)
 type options struct {
 	recent *RecentLog
 	pprof  bool
+	sec    config.HTTPSecurity
+}
+
+// WithSecurity serves with sec's TLS, client certificates, tokens and
+// connection limit (Listen only; the zero value: plain HTTP to anyone).
+func WithSecurity(sec config.HTTPSecurity) Option {
+	return func(o *options) { o.sec = sec }
 }
 
 // WithPprof serves net/http/pprof's handlers under /debug/pprof/.

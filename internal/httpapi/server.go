@@ -4,16 +4,19 @@ package httpapi
 
 import (
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"net"
 	"net/http"
 	"net/http/pprof"
 	"net/url"
+	"slices"
 	"sort"
 	"strconv"
+	"strings"
+	"syscall"
 	"time"
 
 	"go.uber.org/zap"
@@ -43,7 +46,7 @@ type Backend interface {
 	StandbyTotal(product string) (total int64, ok bool, lag int64, err error)
 	// StandbyServers are the other instances keeping a standby copy of the
 	// product's task.
-	StandbyServers(product string) []string
+	StandbyServers(product string) []stream.Peer
 }
 
 // Headers of the query routing.
@@ -61,7 +64,8 @@ const (
 	StandbyLagHeader = "X-Salesagg-Standby-Lag"
 )
 
-// forwardTimeout bounds a forwarded request.
+// forwardTimeout bounds a forwarded request, and GET /v1/products' gathering
+// from every instance.
 const forwardTimeout = 2 * time.Second
 
 // Paging limits of GET /v1/products.
@@ -70,28 +74,67 @@ const (
 	MaxPageSize     = 1000
 )
 
+// Connections: an idle keep-alive connection is closed after idleTimeout;
+// fdReserve file descriptors are kept for the stores and Kafka when the
+// process's limit (RLIMIT_NOFILE) is lower than http.max.connections.
+const (
+	idleTimeout = 15 * time.Second
+	fdReserve   = 256
+)
+
 // Server is the HTTP server. Create it with Listen, run it with Serve.
 type Server struct {
-	srv *http.Server
-	ln  net.Listener
-	log *zap.Logger
+	srv   *http.Server
+	ln    net.Listener
+	log   *zap.Logger
+	guard *guard
+	// maxConns is the connection limit in force (http.max.connections,
+	// lowered to fit the file descriptor limit).
+	maxConns int
 }
 
-// Listen binds addr (":0" picks a free port) and prepares the handlers.
+// Listen binds addr (":0" picks a free port) and prepares the handlers,
+// with the TLS, authentication and connection limit of WithSecurity.
 func Listen(addr string, b Backend, log *zap.Logger, opts ...Option) (*Server, error) {
+	var o options
+	for _, opt := range opts {
+		opt(&o)
+	}
+	g, err := newGuard(o.sec, log)
+	if err != nil {
+		return nil, err
+	}
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		return nil, fmt.Errorf("listening on http.addr %s: %w", addr, err)
 	}
-	s := &Server{ln: ln, log: log}
+	limit := o.sec.MaxConnections
+	if limit <= 0 {
+		limit = 512
+	}
+	var rl syscall.Rlimit
+	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &rl); err == nil && rl.Cur < uint64(limit+2*fdReserve) {
+		lowered := max(16, int(rl.Cur)/2)
+		if lowered < limit {
+			log.Warn("Lowering http.max.connections to fit the file descriptor limit: the stores and Kafka need the rest",
+				zap.Int("http.max.connections", limit), zap.Int("lowered_to", lowered), zap.Uint64("RLIMIT_NOFILE", rl.Cur))
+			limit = lowered
+		}
+	}
+	var l net.Listener = newLimitListener(ln, limit)
+	s := &Server{log: log, guard: g, maxConns: limit}
+	if tc := g.serverTLS(); tc != nil {
+		l = tls.NewListener(l, tc)
+	}
+	s.ln = l
 	s.srv = &http.Server{
-		Handler:           Handler(b, opts...),
+		Handler:           handler(b, g, log, o),
 		ReadHeaderTimeout: 5 * time.Second,
 		ReadTimeout:       10 * time.Second,
 		WriteTimeout:      30 * time.Second,
-		IdleTimeout:       60 * time.Second,
+		IdleTimeout:       idleTimeout,
 		MaxHeaderBytes:    16 << 10,
-		ErrorLog:          zap.NewStdLog(log),
+		ErrorLog:          zap.NewStdLog(log.WithOptions(zap.IncreaseLevel(zap.WarnLevel))),
 	}
 	return s, nil
 }
@@ -101,7 +144,7 @@ func (s *Server) Addr() string { return s.ln.Addr().String() }
 
 // Serve serves until Shutdown.
 func (s *Server) Serve() error {
-	s.log.Info("HTTP server listening", zap.String("addr", s.Addr()))
+	s.log.Info("HTTP server listening", append([]zap.Field{zap.String("addr", s.Addr()), zap.Int("max_connections", s.maxConns)}, s.guard.describe()...)...)
 	if err := s.srv.Serve(s.ln); !errors.Is(err, http.ErrServerClosed) {
 		return fmt.Errorf("serving HTTP on %s: %w", s.Addr(), err)
 	}
@@ -122,60 +165,25 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	return err
 }
 
-// Handler returns the routes over b.
+// Handler returns the routes over b, serving anyone (the security of
+// WithSecurity is Listen's).
 func Handler(b Backend, opts ...Option) http.Handler {
+	var o options
+	for _, opt := range opts {
+		opt(&o)
+	}
+	return handler(b, &guard{}, zap.NewNop(), o)
+}
+
+// productsPrefix is the path of one product's total; the rest of the path
+// is the product, escaped as one segment.
+const productsPrefix = "/v1/products/"
+
+func handler(b Backend, g *guard, log *zap.Logger, o options) http.Handler {
 	mux := http.NewServeMux()
-	fwd := &http.Client{Timeout: forwardTimeout}
-	mux.HandleFunc("GET /v1/products/{product}", func(w http.ResponseWriter, r *http.Request) {
-		queryProduct(w, r, fwd, b, r.PathValue("product"))
-	})
+	fw := newForwarder(g, log)
 	mux.HandleFunc("GET /v1/products", func(w http.ResponseWriter, r *http.Request) {
-		limit := DefaultPageSize
-		if v := r.URL.Query().Get("limit"); v != "" {
-			n, err := strconv.Atoi(v)
-			if err != nil || n < 1 || n > MaxPageSize {
-				writeJSON(w, http.StatusBadRequest, map[string]string{"error": fmt.Sprintf("limit must be an integer from 1 to %d", MaxPageSize)})
-				return
-			}
-			limit = n
-		}
-		after := r.URL.Query().Get("after")
-		page, unavailable, err := b.Products(after, limit)
-		if err != nil {
-			writeError(w, err)
-			return
-		}
-		if r.Header.Get(ForwardedHeader) == "" {
-			// Gather the same page from every other owner.
-			for _, is := range b.Instances() {
-				if is.Self || len(is.Tasks) == 0 {
-					continue
-				}
-				got, unav, err := fetchPage(r.Context(), fwd, b.InstanceID(), is.Server, after, limit)
-				if err != nil {
-					unavailable = append(unavailable, is.Tasks...)
-					continue
-				}
-				page = append(page, got...)
-				unavailable = append(unavailable, unav...)
-			}
-			sort.Slice(page, func(i, j int) bool { return page[i].Product < page[j].Product })
-			if len(page) > limit {
-				page = page[:limit]
-			}
-			sort.Strings(unavailable)
-		}
-		if page == nil {
-			page = []state.Total{}
-		}
-		resp := map[string]any{"products": page}
-		if len(page) == limit {
-			resp["next"] = page[len(page)-1].Product
-		}
-		if len(unavailable) > 0 {
-			resp["unavailable_tasks"] = unavailable
-		}
-		writeJSON(w, http.StatusOK, resp)
+		listProducts(w, r, fw, b)
 	})
 	mux.HandleFunc("GET /v1/tasks", func(w http.ResponseWriter, _ *http.Request) {
 		ts := b.Tasks()
@@ -187,7 +195,7 @@ func Handler(b Backend, opts ...Option) http.Handler {
 	mux.HandleFunc("GET /v1/instances", func(w http.ResponseWriter, _ *http.Request) {
 		writeJSON(w, http.StatusOK, map[string]any{"instances": b.Instances()})
 	})
-	mux.Handle("GET /{$}", newStatusPage(b, opts...)) // the status page, statuspage.go
+	mux.Handle("GET /{$}", newStatusPage(b, o))
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
 		// Alive unless a task kept failing past task.timeout.ms: then a
 		// restart (the liveness probe's) is the next thing to try.
@@ -206,53 +214,151 @@ func Handler(b Backend, opts ...Option) http.Handler {
 		writeJSON(w, code, map[string]any{"ready": ready, "reason": reason})
 	})
 	mux.Handle("GET /metrics", metricsHandler(b))
-	var o options
-	for _, opt := range opts {
-		opt(&o)
-	}
 	if o.pprof {
 		// Profiles are bounded by the server's WriteTimeout (30 s): a CPU
-		// profile asks for at most ?seconds=29.
+		// profile asks for at most ?seconds=29. The command line is not
+		// served: it can hold secrets given as flags.
 		mux.HandleFunc("GET /debug/pprof/", pprof.Index)
-		mux.HandleFunc("GET /debug/pprof/cmdline", pprof.Cmdline)
 		mux.HandleFunc("GET /debug/pprof/profile", pprof.Profile)
 		mux.HandleFunc("GET /debug/pprof/symbol", pprof.Symbol)
 		mux.HandleFunc("GET /debug/pprof/trace", pprof.Trace)
+		mux.HandleFunc("GET /debug/pprof/cmdline", func(w http.ResponseWriter, _ *http.Request) {
+			writeJSON(w, http.StatusNotFound, map[string]string{"error": "the command line is not served"})
+		})
 	}
-	return http.MaxBytesHandler(mux, 1<<20)
+	// One product's total is routed here, not by the mux: the mux cleans
+	// dot segments, so that the products "." and ".." (sent as %2E and
+	// %2E%2E) would be redirected to other paths.
+	routes := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if rest, ok := strings.CutPrefix(r.URL.EscapedPath(), productsPrefix); ok && !strings.Contains(rest, "/") {
+			if r.Method != http.MethodGet && r.Method != http.MethodHead {
+				w.Header().Set("Allow", "GET, HEAD")
+				writeJSON(w, http.StatusMethodNotAllowed, map[string]string{"error": "method not allowed"})
+				return
+			}
+			product, err := url.PathUnescape(rest)
+			if err != nil || product == "" {
+				writeJSON(w, http.StatusBadRequest, map[string]string{"error": "the product must be one path segment, escaped"})
+				return
+			}
+			queryProduct(w, r, fw, b, product)
+			return
+		}
+		mux.ServeHTTP(w, r)
+	})
+	return http.MaxBytesHandler(g.protect(routes), 1<<20)
 }
+
+// listProducts answers GET /v1/products: this instance's page merged with
+// the same page of every other instance running tasks, asked in parallel
+// under one deadline (forwardTimeout).
+func listProducts(w http.ResponseWriter, r *http.Request, fw *forwarder, b Backend) {
+	limit := DefaultPageSize
+	if v := r.URL.Query().Get("limit"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 || n > MaxPageSize {
+			writeJSON(w, http.StatusBadRequest, map[string]string{"error": fmt.Sprintf("limit must be an integer from 1 to %d", MaxPageSize)})
+			return
+		}
+		limit = n
+	}
+	after := r.URL.Query().Get("after")
+	page, unavailable, err := b.Products(after, limit)
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	if !forwarded(r) {
+		ctx, cancel := context.WithTimeout(r.Context(), forwardTimeout)
+		defer cancel()
+		type result struct {
+			tasks       []string
+			page        []state.Total
+			unavailable []string
+			err         error
+		}
+		var peers []stream.InstanceStatus
+		for _, is := range b.Instances() {
+			if !is.Self && len(is.Tasks) > 0 {
+				peers = append(peers, is)
+			}
+		}
+		results := make(chan result, len(peers))
+		for _, is := range peers {
+			go func() {
+				got, unav, err := fw.page(ctx, b.InstanceID(), is, after, limit)
+				results <- result{tasks: is.Tasks, page: got, unavailable: unav, err: err}
+			}()
+		}
+		for range peers {
+			res := <-results
+			if res.err != nil {
+				unavailable = append(unavailable, res.tasks...)
+				continue
+			}
+			page = append(page, res.page...)
+			unavailable = append(unavailable, res.unavailable...)
+		}
+		sort.Slice(page, func(i, j int) bool { return page[i].Product < page[j].Product })
+		if len(page) > limit {
+			page = page[:limit]
+		}
+		sort.Strings(unavailable)
+		unavailable = slices.Compact(unavailable)
+	}
+	if page == nil {
+		page = []state.Total{}
+	}
+	resp := map[string]any{"products": page}
+	if len(page) == limit {
+		resp["next"] = page[len(page)-1].Product
+	}
+	if len(unavailable) > 0 {
+		resp["unavailable_tasks"] = unavailable
+	}
+	writeJSON(w, http.StatusOK, resp)
+}
+
+// forwarded reports whether r came from another instance (it is answered
+// where it lands, never forwarded again).
+func forwarded(r *http.Request) bool { return r.Header.Get(ForwardedHeader) != "" }
 
 // queryProduct answers GET /v1/products/{product}:
 //  1. from this instance's active task;
 //  2. else, unless the request was forwarded to us, by one hop to the
-//     owner, whose answer is relayed unless it could not give one (it did
-//     not answer, or answered 503: restoring);
+//     owner, whose answer is decoded and written again (never relayed as
+//     it came) unless it could not give one (it did not answer, or
+//     answered 503: restoring);
 //  3. else from this instance's standby copy, within
 //     acceptable.recovery.lag, marked stale (StandbyLagHeader);
 //  4. else, unless forwarded, by one hop to an instance with a standby copy;
-//  5. else an error: the owner's 503, or 503 naming an unreachable owner,
-//     or this instance's own answer (404 naming the owner, 503 while no
-//     owner is known).
+//  5. else an error: the owner's 503, or 503 naming an owner that did not
+//     answer or advertises no usable address, or this instance's own answer
+//     (404 naming the owner, 503 while no owner is known).
 //
 // A forwarded request is answered where it lands (steps 1, 3, 5): never
 // forwarded again, so there are no loops.
-func queryProduct(w http.ResponseWriter, r *http.Request, fwd *http.Client, b Backend, product string) {
-	servedBy := b.InstanceID() + "; task=" + b.TaskOf(product)
+func queryProduct(w http.ResponseWriter, r *http.Request, fw *forwarder, b Backend, product string) {
+	task := b.TaskOf(product)
+	servedBy := b.InstanceID() + "; task=" + task
 	total, ok, err := b.Total(product)
 	if err == nil {
 		w.Header().Set(ServedByHeader, servedBy)
 		writeTotal(w, product, total, ok, nil)
 		return
 	}
-	forwarded := r.Header.Get(ForwardedHeader) != ""
 	var nh *stream.NotHostedError
 	var ownerAnswer *answer
-	var ownerErr error
-	if errors.As(err, &nh) && nh.Server != "" && !forwarded {
-		ownerAnswer, ownerErr = ask(r.Context(), fwd, b.InstanceID(), nh.Server, product)
-		if ownerErr == nil && ownerAnswer.code != http.StatusServiceUnavailable {
-			ownerAnswer.relay(w)
+	ownerFailed := false
+	if errors.As(err, &nh) && nh.Server != "" && !forwarded(r) {
+		a, err := fw.ask(r.Context(), b.InstanceID(), nh.Owner, nh.Server, product, task)
+		if err != nil {
+			ownerFailed = true
+		} else if a.code != http.StatusServiceUnavailable {
+			a.write(w)
 			return
+		} else {
+			ownerAnswer = a
 		}
 	}
 	if st, ok, lag, serr := b.StandbyTotal(product); serr == nil {
@@ -261,24 +367,26 @@ func queryProduct(w http.ResponseWriter, r *http.Request, fwd *http.Client, b Ba
 		writeTotal(w, product, st, ok, &lag)
 		return
 	}
-	if !forwarded {
-		for _, server := range b.StandbyServers(product) {
-			a, err := ask(r.Context(), fwd, b.InstanceID(), server, product)
+	if !forwarded(r) {
+		for _, peer := range b.StandbyServers(product) {
+			a, err := fw.ask(r.Context(), b.InstanceID(), peer.Name, peer.Server, product, task)
 			if err == nil && (a.code == http.StatusOK || a.code == http.StatusNotFound) {
-				a.relay(w)
+				a.write(w)
 				return
 			}
 		}
 	}
 	switch {
 	case ownerAnswer != nil:
-		ownerAnswer.relay(w)
-	case ownerErr != nil:
+		ownerAnswer.write(w)
+	case ownerFailed:
+		// What went wrong stays in this instance's log: the answer names
+		// the owner, not the dial error.
 		w.Header().Set(ServedByHeader, servedBy)
 		w.Header().Set("Retry-After", "1")
 		writeJSON(w, http.StatusServiceUnavailable, map[string]any{
-			"error": fmt.Sprintf("the owner of task %s, %s at %s, did not answer: %v", nh.Task, nh.Owner, nh.Server, ownerErr),
-			"task":  nh.Task, "partition": nh.Partition, "owner": nh.Owner, "server": nh.Server,
+			"error": fmt.Sprintf("the owner of task %s, %s, did not answer", nh.Task, nh.Owner),
+			"task":  nh.Task, "partition": nh.Partition, "owner": nh.Owner,
 		})
 	default:
 		w.Header().Set(ServedByHeader, servedBy)
@@ -304,80 +412,6 @@ func writeTotal(w http.ResponseWriter, product string, total int64, ok bool, sta
 	writeJSON(w, code, body)
 }
 
-// answer is another instance's answer to a product query.
-type answer struct {
-	code   int
-	header http.Header
-	body   []byte
-}
-
-// relayed are the headers of an answer that are passed on.
-var relayed = []string{"Content-Type", ServedByHeader, StandbyLagHeader, "Retry-After"}
-
-func (a *answer) relay(w http.ResponseWriter) {
-	for _, h := range relayed {
-		if v := a.header.Get(h); v != "" {
-			w.Header().Set(h, v)
-		}
-	}
-	w.WriteHeader(a.code)
-	_, _ = w.Write(a.body)
-}
-
-// ask forwards a product query to server: one hop, bounded by
-// forwardTimeout, marked forwarded so that it is answered where it lands.
-func ask(ctx context.Context, cl *http.Client, self, server, product string) (*answer, error) {
-	ctx, cancel := context.WithTimeout(ctx, forwardTimeout)
-	defer cancel()
-	u := "http://" + server + "/v1/products/" + url.PathEscape(product)
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u, nil)
-	if err != nil {
-		return nil, err
-	}
-	req.Header.Set(ForwardedHeader, self)
-	resp, err := cl.Do(req)
-	if err != nil {
-		return nil, err
-	}
-	defer resp.Body.Close()
-	body, err := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
-	if err != nil {
-		return nil, err
-	}
-	return &answer{code: resp.StatusCode, header: resp.Header, body: body}, nil
-}
-
-// fetchPage reads one page of GET /v1/products from another instance.
-func fetchPage(ctx context.Context, cl *http.Client, self, server, after string, limit int) ([]state.Total, []string, error) {
-	ctx, cancel := context.WithTimeout(ctx, forwardTimeout)
-	defer cancel()
-	q := url.Values{"limit": {strconv.Itoa(limit)}}
-	if after != "" {
-		q.Set("after", after)
-	}
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+server+"/v1/products?"+q.Encode(), nil)
-	if err != nil {
-		return nil, nil, err
-	}
-	req.Header.Set(ForwardedHeader, self)
-	resp, err := cl.Do(req)
-	if err != nil {
-		return nil, nil, err
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		return nil, nil, fmt.Errorf("GET /v1/products on %s: %s", server, resp.Status)
-	}
-	var body struct {
-		Products    []state.Total `json:"products"`
-		Unavailable []string      `json:"unavailable_tasks"`
-	}
-	if err := json.NewDecoder(io.LimitReader(resp.Body, 8<<20)).Decode(&body); err != nil {
-		return nil, nil, fmt.Errorf("GET /v1/products on %s: %w", server, err)
-	}
-	return body.Products, body.Unavailable, nil
-}
-
 // writeError answers a failed query. A product whose task runs on another
 // member is 404 with the task and the owner (ask it instead); 503 with
 // Retry-After when no owner is known yet (a rebalance) or the task is not
@@ -386,6 +420,12 @@ func writeError(w http.ResponseWriter, err error) {
 	var nh *stream.NotHostedError
 	if errors.As(err, &nh) {
 		body := map[string]any{"error": err.Error(), "task": nh.Task, "partition": nh.Partition}
+		if nh.Owner != "" && nh.Unroutable != "" {
+			body["owner"] = nh.Owner
+			w.Header().Set("Retry-After", "1")
+			writeJSON(w, http.StatusServiceUnavailable, body)
+			return
+		}
 		if nh.Owner != "" {
 			body["owner"] = nh.Owner
 			writeJSON(w, http.StatusNotFound, body)

@@ -31,7 +31,7 @@ func (idle) Instances() []stream.InstanceStatus                    { return nil 
 func (idle) StandbyTotal(string) (int64, bool, int64, error) {
 	return 0, false, 0, stream.ErrNotHosted
 }
-func (idle) StandbyServers(string) []string { return nil }
+func (idle) StandbyServers(string) []stream.Peer { return nil }
 
 func TestServerLimits(t *testing.T) {
 	// Scenario: the HTTP server drops a client that sends its headers too slowly, refuses oversized

@@ -10,12 +10,14 @@ import (
 	"html/template"
 	"math"
 	"net/http"
+	"net/url"
 	"sort"
 	"strconv"
 	"strings"
 	"sync"
 	"time"
 
+	"github.com/salesagg/salesagg/internal/config"
 	"github.com/salesagg/salesagg/internal/state"
 	"github.com/salesagg/salesagg/internal/stream"
 )
@@ -72,19 +74,18 @@ func sha256Source(s string) string {
 // statusPage serves GET /. It keeps, across renders, the counters' samples
 // (for events/s, restore rates and ETAs) and the top-products scan.
 type statusPage struct {
-	b       Backend
-	recent  *RecentLog // nil: not wired
-	now     func() time.Time
+	b      Backend
+	recent *RecentLog // nil: not wired
+	now    func() time.Time
+	// scheme is how the other instances are linked to: http, or https
+	// with TLS on.
+	scheme  string
 	sampler rateSampler
 	top     topProducts
 }
 
-func newStatusPage(b Backend, opts ...Option) *statusPage {
-	var o options
-	for _, opt := range opts {
-		opt(&o)
-	}
-	return &statusPage{b: b, recent: o.recent, now: time.Now}
+func newStatusPage(b Backend, o options) *statusPage {
+	return &statusPage{b: b, recent: o.recent, now: time.Now, scheme: o.sec.Scheme()}
 }
 
 func (p *statusPage) ServeHTTP(w http.ResponseWriter, r *http.Request) {
@@ -259,8 +260,8 @@ func (p *statusPage) view(now time.Time) statusView {
 	for _, is := range p.b.Instances() {
 		m := memberView{Name: is.Name, Server: is.Server, Self: is.Self,
 			Tasks: strings.Join(is.Tasks, ", "), Standbys: strings.Join(is.Standbys, ", ")}
-		if is.Server != "" {
-			m.Link = "http://" + is.Server + "/"
+		if config.CheckServer(is.Server) == nil {
+			m.Link = (&url.URL{Scheme: p.scheme, Host: is.Server, Path: "/"}).String()
 		}
 		if is.Self {
 			v.Server = is.Server

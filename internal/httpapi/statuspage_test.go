@@ -123,7 +123,7 @@ func TestStatusPageShowsTasksRestoreProgressAndEscapes(t *testing.T) {
 	log.With(zap.String("task", "0_1")).Warn(`Skipping bad event <img src=x onerror=alert(1)>`, zap.Int64("offset", 17), zap.Error(errors.New("not JSON")))
 	log.Error("Task failed")
 
-	page := newStatusPage(b, WithRecentLog(recent))
+	page := newStatusPage(b, options{recent: recent})
 	now := time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)
 	page.now = func() time.Time { return now }
 	h := http.Handler(page)

@@ -17,6 +17,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/salesagg/salesagg/internal/assign"
+	"github.com/salesagg/salesagg/internal/config"
 )
 
 // The group balancer.
@@ -162,6 +163,10 @@ type assignmentInfo struct {
 	standbys map[string]map[int32]copyKind
 	// probe: some tasks wait for warm-ups to catch up.
 	probe bool
+	// badServers are the members (by name) whose advertised
+	// application.server is not host:port, with why; they are left out of
+	// servers (not kept on the wire: every member checks for itself).
+	badServers map[string]string
 }
 
 // copyKind is what a standby copy is for (its byte on the wire).
@@ -433,6 +438,19 @@ func (b *taskBalancer) ParseSyncAssignment(assignment []byte) (map[string][]int3
 		b.log.Warn("Assignment carries no task owners", zap.Error(err))
 		info = assignmentInfo{}
 	}
+	// An address from another member is used only if it is host:port: no
+	// path, query or credentials ride along into a forwarded URL.
+	for name, server := range info.servers {
+		if err := config.CheckServer(server); err != nil {
+			if info.badServers == nil {
+				info.badServers = map[string]string{}
+			}
+			info.badServers[name] = "advertises an application.server that is not host:port"
+			delete(info.servers, name)
+			b.log.Warn("A group member advertises an application.server that is not host:port; its tasks are answered 503, not forwarded to",
+				zap.String("member", name), zap.String("application.server", server), zap.Error(err))
+		}
+	}
 	b.mu.Lock()
 	b.mu.info = info
 	b.mu.synced = maps.Clone(out)
@@ -495,7 +513,10 @@ func (b *taskBalancer) MemberBalancer(members []kmsg.JoinGroupResponseMember) (k
 			am.Partitions = info.partitions
 			am.Offsets = info.offsets
 			am.Ends = info.ends
-			if info.appServer != "" {
+			if err := config.CheckServer(info.appServer); info.appServer != "" && err != nil {
+				b.log.Warn("Group member advertises an application.server that is not host:port; not passing it on", zap.String("member", m.MemberID),
+					zap.String("application.server", info.appServer), zap.Error(err))
+			} else if info.appServer != "" {
 				mb.servers = append(mb.servers, [2]string{m.MemberID, info.appServer})
 			}
 		} else {

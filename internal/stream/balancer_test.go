@@ -163,3 +163,37 @@ func TestBalancerRejoinsWhenItsAddressIsStale(t *testing.T) {
 		t.Fatal("did not rejoin when the group advertises an old address")
 	}
 }
+
+func TestBalancerDropsAddressesThatAreNotHostPort(t *testing.T) {
+	// Scenario: an assignment names, for another member, an application.server carrying a path
+	// and a fragment (as a hostile member could advertise): the member drops the address, marks
+	// the owner unroutable, and a query for its task is told why instead of being forwarded;
+	// a leader passes no such address on either.
+	b := &taskBalancer{input: "in", repartition: "in-rep", log: zap.NewNop(), name: "inst-a"}
+	b.start(memberInfo{partitions: 3, processID: "pa", appServer: "127.0.0.1:2002"})
+	a := kmsg.ConsumerMemberAssignment{UserData: encodeAssignmentInfo(assignmentInfo{partitions: 3,
+		owners:  map[int32]string{0: "inst-a", 1: "evil", 2: "good"},
+		servers: map[string]string{"inst-a": "127.0.0.1:2002", "evil": "10.0.0.1:80/latest/meta-data#", "good": "salesagg-2.salesagg:8080"}})}
+	if _, err := b.ParseSyncAssignment(a.AppendTo(nil)); err != nil {
+		t.Fatal(err)
+	}
+	info := b.assignment()
+	if _, ok := info.servers["evil"]; ok || info.badServers["evil"] == "" || info.servers["good"] != "salesagg-2.salesagg:8080" {
+		t.Fatalf("servers %v, bad %v", info.servers, info.badServers)
+	}
+
+	meta := kmsg.NewConsumerMemberMetadata()
+	meta.Version = 2
+	meta.Topics = []string{"in", "in-rep"}
+	meta.UserData = encodeMemberInfo(memberInfo{partitions: 3, processID: "pe", appServer: "evil:80/path"})
+	jm := kmsg.NewJoinGroupResponseMember()
+	jm.MemberID = "m-evil"
+	jm.ProtocolMetadata = meta.AppendTo(nil)
+	mb, _, err := b.MemberBalancer([]kmsg.JoinGroupResponseMember{jm})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if servers := mb.(*memberBalancer).servers; len(servers) != 0 {
+		t.Fatalf("the leader passes on %v", servers)
+	}
+}

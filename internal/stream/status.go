@@ -83,7 +83,14 @@ type NotHostedError struct {
 	Owner string
 	// Server is the owner's application.server, "" when unknown.
 	Server string
+	// Unroutable, when set, says why the owner cannot be asked: it
+	// advertises an address that is not host:port. Its tasks are answered
+	// 503 here.
+	Unroutable string
 }
+
+// Peer is another instance: its name in the group and its application.server.
+type Peer struct{ Name, Server string }
 
 // StandbyTotal returns product's total from this instance's standby copy
 // of its task, when one runs here within acceptable.recovery.lag; lag is how
@@ -99,9 +106,9 @@ func (rt *Runtime) StandbyTotal(product string) (total int64, ok bool, lag int64
 	return rt.standbyTotal(sales.Partition([]byte(product), n), product)
 }
 
-// StandbyServers returns the application.server of every other member
-// keeping a standby copy of product's task, by name.
-func (rt *Runtime) StandbyServers(product string) []string {
+// StandbyServers returns the other members keeping a standby copy of
+// product's task (with a usable application.server), by name.
+func (rt *Runtime) StandbyServers(product string) []Peer {
 	rt.mu.Lock()
 	n := rt.topo.partitions
 	rt.mu.Unlock()
@@ -110,23 +117,22 @@ func (rt *Runtime) StandbyServers(product string) []string {
 	}
 	p := sales.Partition([]byte(product), n)
 	info := rt.balancer.assignment()
-	var names []string
+	var out []Peer
 	for name, tasks := range info.standbys {
 		if _, ok := tasks[p]; ok && name != rt.instanceID && info.servers[name] != "" {
-			names = append(names, name)
+			out = append(out, Peer{Name: name, Server: info.servers[name]})
 		}
 	}
-	sort.Strings(names)
-	out := make([]string, len(names))
-	for i, name := range names {
-		out[i] = info.servers[name]
-	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
 	return out
 }
 
 func (e *NotHostedError) Error() string {
 	if e.Owner == "" {
 		return fmt.Sprintf("%v: task %s (partition %d) has no known owner yet (a rebalance is in progress)", ErrNotHosted, e.Task, e.Partition)
+	}
+	if e.Unroutable != "" {
+		return fmt.Sprintf("%v: task %s (partition %d) runs on member %s, which %s", ErrNotHosted, e.Task, e.Partition, e.Owner, e.Unroutable)
 	}
 	return fmt.Sprintf("%v: task %s (partition %d) runs on member %s", ErrNotHosted, e.Task, e.Partition, e.Owner)
 }
@@ -139,6 +145,7 @@ func (rt *Runtime) notHosted(p int32) error {
 	if owner := info.owners[p]; owner != rt.instanceID {
 		e.Owner = owner
 		e.Server = info.servers[owner]
+		e.Unroutable = info.badServers[owner]
 	}
 	return e
 }

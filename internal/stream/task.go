@@ -153,6 +153,9 @@ type task struct {
 	// cycleRecords are the records the task's last cycle produced.
 	cycleRecords int
 	produceLog   rateLimiter
+	// fdLog rate-limits the warning about a write whose check found the
+	// process out of file descriptors.
+	fdLog rateLimiter
 	// rewindEpoch is the epoch the poll loop stamps this task's batches
 	// with; it adds one after each rewind it applies.
 	rewindEpoch atomic.Int64
@@ -265,6 +268,7 @@ func newTask(rt *Runtime, partition int32) *task {
 		retryLog:   rateLimiter{every: 30 * time.Second, burst: 1},
 		memberLog:  rateLimiter{every: 10 * time.Second, burst: 1},
 		produceLog: rateLimiter{every: 10 * time.Second, burst: 3},
+		fdLog:      rateLimiter{every: 30 * time.Second, burst: 1},
 		reported:   [2]int64{-1, -1},
 		first:      [2]int64{-1, -1},
 		standbyAt:  -1,
@@ -700,7 +704,14 @@ func (t *task) apply(updates []state.Update, maxOffset, inputNext int64) error {
 		}
 		return nil
 	}
-	if err := t.rt.checkWritable(t.partition); err != nil {
+	if err := t.rt.checkWritable(t.partition); errors.Is(err, state.ErrNoFileDescriptors) {
+		// The check needs a file descriptor; the write does not: go on, and
+		// say what is short.
+		if ok, suppressed := t.fdLog.allow(time.Now()); ok {
+			t.log.Warn(fmt.Sprintf("task [%s] The process is out of file descriptors (RLIMIT_NOFILE): the store's space was not checked before this write; raise the limit or lower http.max.connections", t.name),
+				zap.Int64("suppressed", suppressed), zap.Error(err))
+		}
+	} else if err != nil {
 		return err
 	}
 	cp := t.cp
