@@ -22,6 +22,7 @@ import (
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
 	policyv1 "k8s.io/api/policy/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
@@ -108,6 +109,8 @@ type Manifests struct {
 	Services     []*corev1.Service
 	ConfigMaps   []*corev1.ConfigMap
 	PDBs         []*policyv1.PodDisruptionBudget
+	Policies     []*networkingv1.NetworkPolicy
+	Certificates []*Certificate
 	// Objects names every object as kind/name, in the rendered order.
 	Objects []string
 }
@@ -142,6 +145,12 @@ func Decode(stream []byte) (*Manifests, error) {
 		case "policy/v1 PodDisruptionBudget":
 			o := &policyv1.PodDisruptionBudget{}
 			m.PDBs, obj = append(m.PDBs, o), o
+		case "networking.k8s.io/v1 NetworkPolicy":
+			o := &networkingv1.NetworkPolicy{}
+			m.Policies, obj = append(m.Policies, o), o
+		case "cert-manager.io/v1 Certificate":
+			o := &Certificate{}
+			m.Certificates, obj = append(m.Certificates, o), o
 		default:
 			return nil, fmt.Errorf("document %d: unexpected apiVersion %q kind %q", i, tm.APIVersion, tm.Kind)
 		}
@@ -154,6 +163,66 @@ func Decode(stream []byte) (*Manifests, error) {
 		m.Objects = append(m.Objects, tm.Kind+"/"+obj.GetName())
 	}
 	return m, nil
+}
+
+// Certificate is the part of cert-manager's Certificate (cert-manager.io/v1)
+// the TLS component uses; decoded strictly like the rest, so a field outside
+// it is an error here (extend the type when the component grows).
+type Certificate struct {
+	metav1.TypeMeta   `json:",inline"`
+	metav1.ObjectMeta `json:"metadata"`
+	Spec              struct {
+		SecretName  string `json:"secretName"`
+		Duration    string `json:"duration"`
+		RenewBefore string `json:"renewBefore"`
+		PrivateKey  struct {
+			Algorithm      string `json:"algorithm"`
+			Size           int    `json:"size"`
+			RotationPolicy string `json:"rotationPolicy"`
+		} `json:"privateKey"`
+		Usages    []string `json:"usages"`
+		DNSNames  []string `json:"dnsNames"`
+		IssuerRef struct {
+			Kind string `json:"kind"`
+			Name string `json:"name"`
+		} `json:"issuerRef"`
+	} `json:"spec"`
+}
+
+// RenderWith renders a kustomization made on the fly in a temporary dir:
+// the overlay's resources with the components added (as an operator's own
+// overlay would).
+func RenderWith(root, overlay string, components ...string) ([]byte, error) {
+	dir, err := os.MkdirTemp("", "salesagg-kustomize-")
+	if err != nil {
+		return nil, err
+	}
+	defer os.RemoveAll(dir)
+	// kustomize takes relative paths only.
+	rel := func(p string) (string, error) {
+		abs, err := filepath.Abs(p)
+		if err != nil {
+			return "", err
+		}
+		return filepath.Rel(dir, abs)
+	}
+	var b strings.Builder
+	o, err := rel(OverlayDir(root, overlay))
+	if err != nil {
+		return nil, err
+	}
+	b.WriteString("apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources:\n  - " + o + "\ncomponents:\n")
+	for _, c := range components {
+		cp, err := rel(filepath.Join(root, "deploy", "k8s", "components", c))
+		if err != nil {
+			return nil, err
+		}
+		b.WriteString("  - " + cp + "\n")
+	}
+	if err := os.WriteFile(filepath.Join(dir, "kustomization.yaml"), []byte(b.String()), 0o644); err != nil {
+		return nil, err
+	}
+	return Render(dir)
 }
 
 // StrictJSON decodes one JSON value into v, failing on a field v's type does

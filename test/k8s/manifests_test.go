@@ -15,6 +15,7 @@ import (
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
@@ -140,8 +141,8 @@ func checkOverlay(t *testing.T, m *Manifests, wantReplicas int32, grace time.Dur
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(m.Services) != 2 || len(m.ConfigMaps) != 1 || len(m.PDBs) != 1 || len(m.Objects) != 5 {
-		t.Errorf("objects %v: want a StatefulSet, 2 Services, a ConfigMap and a PodDisruptionBudget", m.Objects)
+	if len(m.Services) != 2 || len(m.ConfigMaps) != 1 || len(m.PDBs) != 1 || len(m.Policies) != 1 || len(m.Objects) != 6 {
+		t.Fatalf("objects %v: want a StatefulSet, 2 Services, a ConfigMap, a PodDisruptionBudget and a NetworkPolicy", m.Objects)
 	}
 	spec := sts.Spec
 	tmpl := spec.Template
@@ -255,6 +256,33 @@ func checkOverlay(t *testing.T, m *Manifests, wantReplicas int32, grace time.Dur
 	}
 	if !selects(t, "PodDisruptionBudget selector", pdb.Spec.Selector, podLabels) {
 		t.Errorf("PodDisruptionBudget %s does not select the pods (%v)", pdb.Name, tmpl.Labels)
+	}
+
+	// The NetworkPolicy: the HTTP port from the app's own pods and labelled
+	// client namespaces only.
+	np := m.Policies[0]
+	if !selects(t, "NetworkPolicy podSelector", &np.Spec.PodSelector, podLabels) {
+		t.Errorf("NetworkPolicy %s does not select the pods (%v)", np.Name, tmpl.Labels)
+	}
+	if !slices.Contains(np.Spec.PolicyTypes, networkingv1.PolicyTypeIngress) || len(np.Spec.Ingress) != 1 {
+		t.Fatalf("NetworkPolicy %s: policy types %v, %d ingress rules; want one Ingress rule", np.Name, np.Spec.PolicyTypes, len(np.Spec.Ingress))
+	}
+	rule := np.Spec.Ingress[0]
+	var fromPods, fromNamespaces bool
+	for _, peer := range rule.From {
+		switch {
+		case peer.PodSelector != nil && peer.NamespaceSelector == nil && selects(t, "NetworkPolicy from podSelector", peer.PodSelector, podLabels):
+			fromPods = true
+		case peer.NamespaceSelector != nil && peer.PodSelector == nil && peer.NamespaceSelector.MatchLabels["salesagg.io/client"] == "true":
+			fromNamespaces = true
+		default:
+			t.Errorf("NetworkPolicy %s admits more than the app's pods and labelled namespaces: %+v", np.Name, peer)
+		}
+	}
+	if !fromPods || !fromNamespaces || len(rule.Ports) != 1 {
+		t.Errorf("NetworkPolicy %s: from the app's pods %v, from salesagg.io/client namespaces %v, %d ports", np.Name, fromPods, fromNamespaces, len(rule.Ports))
+	} else if n, err := ContainerPort(c, *rule.Ports[0].Port); err != nil || n != httpPort {
+		t.Errorf("NetworkPolicy %s admits port %v, not the http port %d", np.Name, rule.Ports[0].Port, httpPort)
 	}
 
 	// Volumes: the state claim, the config, the optional credentials.
@@ -477,6 +505,67 @@ func ptrString[T any](p *T) string {
 // TestServiceLinksWouldStopTheStart: with the kubelet's Service link
 // variables (enableServiceLinks left at its default), salesagg refuses the
 // environment: the reason statefulset.yaml disables them.
+func TestTLSComponent(t *testing.T) {
+	// Scenario: the prod overlay with the tls component: a cert-manager Certificate for the
+	// headless Service's names (what the pods advertise and forward to), for server and client
+	// use, into the Secret the pods mount; the HTTP TLS keys name its files (serving, client CA,
+	// peer certificate and CA); every probe asks over HTTPS.
+	root := repoRoot(t)
+	out, err := RenderWith(root, "prod", "tls")
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := Decode(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(m.Certificates) != 1 {
+		t.Fatalf("objects %v: want one Certificate", m.Objects)
+	}
+	cert := m.Certificates[0]
+	if !slices.Contains(cert.Spec.Usages, "server auth") || !slices.Contains(cert.Spec.Usages, "client auth") {
+		t.Errorf("Certificate usages %v: the pods serve with it and present it to each other", cert.Spec.Usages)
+	}
+	if !slices.Contains(cert.Spec.DNSNames, "*.salesagg-headless.default.svc.cluster.local") {
+		t.Errorf("Certificate DNS names %v do not cover the pods' application.server names", cert.Spec.DNSNames)
+	}
+	sts, err := m.StatefulSet()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ps := sts.Spec.Template.Spec
+	c := ps.Containers[0]
+	mount := ""
+	for _, v := range ps.Volumes {
+		if v.Secret != nil && v.Secret.SecretName == cert.Spec.SecretName {
+			for _, vm := range c.VolumeMounts {
+				if vm.Name == v.Name {
+					mount = vm.MountPath
+				}
+			}
+		}
+	}
+	if mount == "" {
+		t.Fatalf("the Certificate's Secret %s is not mounted", cert.Spec.SecretName)
+	}
+	env := map[string]string{}
+	for _, e := range c.Env {
+		env[e.Name] = e.Value
+	}
+	for key, file := range map[string]string{"http.tls.cert.file": "tls.crt", "http.tls.key.file": "tls.key", "http.tls.client.ca.file": "ca.crt",
+		"http.tls.peer.cert.file": "tls.crt", "http.tls.peer.key.file": "tls.key", "http.tls.peer.ca.file": "ca.crt"} {
+		name := "SALESAGG_" + strings.ToUpper(strings.ReplaceAll(key, ".", "_"))
+		if env[name] != filepath.Join(mount, file) {
+			t.Errorf("%s = %q, want %s", name, env[name], filepath.Join(mount, file))
+		}
+	}
+	for name, p := range map[string]*corev1.Probe{"startup": c.StartupProbe, "readiness": c.ReadinessProbe, "liveness": c.LivenessProbe} {
+		if p == nil || p.HTTPGet == nil || p.HTTPGet.Scheme != corev1.URISchemeHTTPS {
+			t.Errorf("%s probe: %+v, want HTTPS", name, p)
+		}
+	}
+}
+
 func TestServiceLinksWouldStopTheStart(t *testing.T) {
 	m, _, err := Load(repoRoot(t), "prod")
 	if err != nil {
