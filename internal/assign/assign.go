@@ -230,19 +230,7 @@ func Plan(members []Member, partitions int32, o Options) (Result, error) {
 		return cmp.Or(cmp.Compare(a.InstanceID, b.InstanceID), cmp.Compare(a.ID, b.ID))
 	})
 
-	var eligible []*member
-	for _, m := range ms {
-		switch {
-		case m.Version < MinVersion:
-			res.Excluded = append(res.Excluded, Excluded{m.ID, versionReason(m.Version)})
-		case m.Partitions != 0 && m.Partitions != partitions:
-			res.Excluded = append(res.Excluded, Excluded{m.ID, fmt.Sprintf(
-				"member works with %d input partitions, the leader with %d", m.Partitions, partitions)})
-		default:
-			m.eligible = true
-			eligible = append(eligible, m)
-		}
-	}
+	eligible := admit(ms, partitions, &res)
 
 	// holders[t] are all members listing t, excluded ones included: any of
 	// them may still be processing t, so rule 5 must wait for all of them.
@@ -275,8 +263,33 @@ func Plan(members []Member, partitions int32, o Options) (Result, error) {
 		}
 	}
 
-	// Cooperative hand-over: give a task only when its target is the only
-	// member (if any) still holding it.
+	handOver(&res, holders, partitions)
+	return res, nil
+}
+
+// admit returns the members that can take tasks, and lists the others in
+// res.Excluded with the reason.
+func admit(ms []*member, partitions int32, res *Result) []*member {
+	var eligible []*member
+	for _, m := range ms {
+		switch {
+		case m.Version < MinVersion:
+			res.Excluded = append(res.Excluded, Excluded{m.ID, versionReason(m.Version)})
+		case m.Partitions != 0 && m.Partitions != partitions:
+			res.Excluded = append(res.Excluded, Excluded{m.ID, fmt.Sprintf(
+				"member works with %d input partitions, the leader with %d", m.Partitions, partitions)})
+		default:
+			m.eligible = true
+			eligible = append(eligible, m)
+		}
+	}
+	return eligible
+}
+
+// handOver is the cooperative hand-over: a task is given to its target only
+// when the target is the only member (if any) still holding it; otherwise it
+// is withheld this round.
+func handOver(res *Result, holders [][]*member, partitions int32) {
 	for t := range partitions {
 		id, ok := res.Target[t]
 		if !ok {
@@ -295,7 +308,6 @@ func Plan(members []Member, partitions int32, o Options) (Result, error) {
 			res.Withheld = append(res.Withheld, t)
 		}
 	}
-	return res, nil
 }
 
 // versionReason says why a member's metadata version is unreadable.
