@@ -328,7 +328,7 @@ type taskBalancer struct {
 	// name is this member's name in the assignment's owners and servers
 	// (its group.instance.id).
 	name string
-	// rejoin, if set, is called (in its own goroutine) when an assignment
+	// rejoin, if set, is called (it must not block) when an assignment
 	// advertises an address for this member other than its own: a static
 	// member that restarted on another port got its old assignment back
 	// without a rebalance, so the leader never saw its new metadata.
@@ -468,7 +468,7 @@ func (b *taskBalancer) ParseSyncAssignment(assignment []byte) (map[string][]int3
 	if adv, ok := info.servers[b.name]; ok && adv != self && b.rejoin != nil {
 		b.log.Info("The group advertises an old address for this member; rejoining so that the leader learns the new one",
 			zap.String("advertised", adv), zap.String("application.server", self))
-		go b.rejoin()
+		b.rejoin()
 	}
 	return out, nil
 }
@@ -569,7 +569,22 @@ func (mb *memberBalancer) BalanceOrError(topics map[string]int32) (kgo.IntoSyncA
 	for _, ex := range res.Excluded {
 		b.log.Error("Group member gets no task", zap.String("member", ex.ID), zap.String("reason", ex.Reason))
 	}
-	owners := map[int32]string{}
+	name := mb.names()
+	owners, summary := mb.owners(res, name)
+	standbys, standbySummary := mb.copies(res, name)
+	b.log.Info("Assigned tasks", zap.Strings("members", summary), zap.Strings("withheld", taskNames(res.Withheld)),
+		zap.Strings("standbys", standbySummary), zap.Strings("warmups", mb.warmups(res, name, opts)), zap.Int32("partitions", n))
+	servers := map[string]string{}
+	for _, ms := range mb.servers {
+		servers[name[ms[0]]] = ms[1]
+	}
+	info := encodeAssignmentInfo(assignmentInfo{partitions: n, owners: owners, servers: servers, standbys: standbys, probe: res.Probe})
+	return &syncPlan{members: mb.members, res: res, input: b.input, repartition: b.repartition, info: info}, nil
+}
+
+// names maps each member id to the name other members know it by: its
+// group.instance.id when it has one.
+func (mb *memberBalancer) names() map[string]string {
 	name := map[string]string{}
 	for _, m := range mb.members {
 		name[m.ID] = m.ID
@@ -577,6 +592,15 @@ func (mb *memberBalancer) BalanceOrError(topics map[string]int32) (kgo.IntoSyncA
 			name[m.ID] = m.InstanceID
 		}
 	}
+	return name
+}
+
+// owners names the owner of every task, and summarizes the plan per member
+// for the log. A withheld task is still run by its holder until it revokes
+// it: the holder is named, so queries reach it and the next owner knows
+// where the task came from.
+func (mb *memberBalancer) owners(res assign.Result, name map[string]string) (map[int32]string, []string) {
+	owners := map[int32]string{}
 	var summary []string
 	for _, m := range mb.members {
 		tasks := res.Assignment[m.ID]
@@ -585,8 +609,27 @@ func (mb *memberBalancer) BalanceOrError(topics map[string]int32) (kgo.IntoSyncA
 		}
 		summary = append(summary, fmt.Sprintf("%s=%v", name[m.ID], taskNames(tasks)))
 	}
+	for _, t := range res.Withheld {
+		var holder *assign.Member
+		for i := range mb.members {
+			m := &mb.members[i]
+			if slices.Contains(m.Owned, t) && (holder == nil || m.Generation > holder.Generation) {
+				holder = m
+			}
+		}
+		if holder != nil {
+			owners[t] = name[holder.ID]
+		}
+	}
+	return owners, summary
+}
+
+// copies gives each member the kind of every copy it keeps (standby,
+// warm-up, or incoming: the target of a withheld task), and summarizes them
+// for the log.
+func (mb *memberBalancer) copies(res assign.Result, name map[string]string) (map[string]map[int32]copyKind, []string) {
 	standbys := map[string]map[int32]copyKind{}
-	var standbySummary []string
+	var summary []string
 	for _, m := range mb.members {
 		sb := res.Standbys[m.ID]
 		if len(sb) == 0 {
@@ -603,41 +646,25 @@ func (mb *memberBalancer) BalanceOrError(topics map[string]int32) (kgo.IntoSyncA
 			kinds[t] = kindWarmup
 		}
 		standbys[name[m.ID]] = kinds
-		standbySummary = append(standbySummary, fmt.Sprintf("%s=%v", name[m.ID], taskNames(sb)))
+		summary = append(summary, fmt.Sprintf("%s=%v", name[m.ID], taskNames(sb)))
 	}
-	var warmSummary []string
+	return standbys, summary
+}
+
+// warmups summarizes the warm-ups of the plan for the log, with how far
+// behind each is.
+func (mb *memberBalancer) warmups(res assign.Result, name map[string]string, opts assign.Options) []string {
+	var summary []string
 	for _, m := range mb.members {
 		if w := res.Warmups[m.ID]; len(w) > 0 {
 			var parts []string
 			for _, t := range w {
 				parts = append(parts, fmt.Sprintf("0_%d (%d behind)", t, opts.Lag(m, t)))
 			}
-			warmSummary = append(warmSummary, fmt.Sprintf("%s=[%s]", name[m.ID], strings.Join(parts, " ")))
+			summary = append(summary, fmt.Sprintf("%s=[%s]", name[m.ID], strings.Join(parts, " ")))
 		}
 	}
-	b.log.Info("Assigned tasks", zap.Strings("members", summary), zap.Strings("withheld", taskNames(res.Withheld)),
-		zap.Strings("standbys", standbySummary), zap.Strings("warmups", warmSummary), zap.Int32("partitions", n))
-	// A withheld task is still run by its holder until it revokes it: name
-	// the holder, so queries reach it and the next owner knows where the
-	// task came from.
-	for _, t := range res.Withheld {
-		var holder *assign.Member
-		for i := range mb.members {
-			m := &mb.members[i]
-			if slices.Contains(m.Owned, t) && (holder == nil || m.Generation > holder.Generation) {
-				holder = m
-			}
-		}
-		if holder != nil {
-			owners[t] = name[holder.ID]
-		}
-	}
-	servers := map[string]string{}
-	for _, ms := range mb.servers {
-		servers[name[ms[0]]] = ms[1]
-	}
-	info := encodeAssignmentInfo(assignmentInfo{partitions: n, owners: owners, servers: servers, standbys: standbys, probe: res.Probe})
-	return &syncPlan{members: mb.members, res: res, input: b.input, repartition: b.repartition, info: info}, nil
+	return summary
 }
 
 func taskNames(tasks []int32) []string {

@@ -93,15 +93,6 @@ func (c *entryCache) forget() {
 	c.bytes.Store(0)
 }
 
-// cacheBytesPerTask is each task's share of cache.max.bytes.
-func (rt *Runtime) cacheBytesPerTask() int64 {
-	n := int64(rt.topo.partitions)
-	if n < 1 {
-		n = 1
-	}
-	return rt.cfg.CacheMaxBytes / n
-}
-
 // entryArena hands out the entries of a task's dirty map from chunks that
 // are reused once the map is emptied, so that a cycle allocates no entry per
 // product. Only the map points into it; produced updates hold copies.

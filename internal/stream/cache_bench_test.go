@@ -91,13 +91,14 @@ func BenchmarkFold(b *testing.B) {
 				b.Fatal(err)
 			}
 			defer dir.Close()
-			rt := New(cfg, zap.NewNop(), dir, Knobs{})
-			rt.topo = topology{partitions: 3, notificationPartitions: 3, inputID: [16]byte{1}, changelogID: [16]byte{2}}
+			// A task alone, given what it uses: no runtime, no broker.
+			e := &env{cfg: cfg, log: zap.NewNop(), dir: dir, metrics: newInstruments(cfg.ProcessingGuarantee)}
 			// The store as Run opens it: on the runtime's block cache.
-			rt.blockCache = state.NewBlockCache(cfg.StoreCacheBytes)
-			defer rt.blockCache.Close()
-			t := newTask(rt, 0)
-			st, err := state.Open(dir.TaskPath(0), zap.NewNop(), rt.storeOptions())
+			e.blockCache = state.NewBlockCache(cfg.StoreCacheBytes)
+			defer e.blockCache.Close()
+			topo := topology{partitions: 3, notificationPartitions: 3, inputID: [16]byte{1}, changelogID: [16]byte{2}}
+			t := newTask(taskDeps{env: e, topo: topo}, 0)
+			st, err := state.Open(dir.TaskPath(0), zap.NewNop(), e.storeOptions())
 			if err != nil {
 				b.Fatal(err)
 			}
@@ -114,9 +115,9 @@ func BenchmarkFold(b *testing.B) {
 				if err := t.process(ctx, cfg.InputTopic, r); err != nil {
 					b.Fatal(err)
 				}
-				if len(t.dirty) >= c.cycle || (offset%int64(c.cycle) == 0) {
-					updates := make([]state.Update, 0, len(t.dirty))
-					for k, e := range t.dirty {
+				if len(t.fold.dirty) >= c.cycle || (offset%int64(c.cycle) == 0) {
+					updates := make([]state.Update, 0, len(t.fold.dirty))
+					for k, e := range t.fold.dirty {
 						updates = append(updates, state.Update{Product: k, Entry: *e})
 					}
 					t.dropDirty()

@@ -71,7 +71,7 @@ func (t *task) handleCycle(ctx context.Context, req cycleReq) error {
 		// fold what is queued, so the offsets End commits are reflected.
 		for done := false; !done; {
 			select {
-			case b := <-t.inbox:
+			case b := <-t.mail.inbox:
 				if err := t.processBatch(ctx, b); err != nil {
 					return err
 				}
@@ -80,16 +80,16 @@ func (t *task) handleCycle(ctx context.Context, req cycleReq) error {
 			}
 		}
 		updates, maxOffset := t.produceDirty(ctx)
-		t.prepared = &preparedBatch{updates: updates, maxOffset: maxOffset, inputNext: t.inputNext}
+		t.out.prepared = &preparedBatch{updates: updates, maxOffset: maxOffset, inputNext: t.fold.inputNext}
 		return nil
 	case cycleFinish:
-		p := t.prepared
-		t.prepared = nil
-		t.pending.Wait()
+		p := t.out.prepared
+		t.out.prepared = nil
+		t.out.pending.Wait()
 		if !req.committed {
 			// The transaction aborted: its records are invisible, the input
 			// is rewound, and the store still holds the committed state.
-			t.produceErr.Store(nil)
+			t.out.produceErr.Store(nil)
 			t.dropDirty()
 			if req.produceErr != nil {
 				t.log.Warn(fmt.Sprintf("task [%s] A record of the commit cycle failed to produce; the transaction is aborted", t.name), zap.Error(req.produceErr))
@@ -98,7 +98,7 @@ func (t *task) handleCycle(ctx context.Context, req cycleReq) error {
 			return nil
 		}
 		t.produced()
-		if errp := t.produceErr.Load(); errp != nil {
+		if errp := t.out.produceErr.Load(); errp != nil {
 			return *errp
 		}
 		if p == nil {
@@ -108,40 +108,103 @@ func (t *task) handleCycle(ctx context.Context, req cycleReq) error {
 			// Committed in Kafka, not yet in the store: the task stalls and
 			// writes it once it can (a restart would restore it from the
 			// changelog).
-			return t.stall(stalledBatch{updates: p.updates, maxOffset: p.maxOffset.Load(), inputNext: p.inputNext}, err)
+			return t.stallOn(stalledBatch{updates: p.updates, maxOffset: p.maxOffset.Load(), inputNext: p.inputNext}, err)
 		}
-		t.rt.crashPoint("store-written")
+		t.deps.env.crashPoint("store-written")
 		return nil
 	}
 	return fmt.Errorf("unknown cycle phase %d", req.phase)
 }
 
+// exactlyOnce is the exactly-once guarantee of a session.
+type exactlyOnce struct {
+	s   *session
+	txn *kgo.GroupTransactSession
+	// abortCycle makes the cycle in progress abort: records of it found no
+	// running task, or a task that had folded into it was stopped outside
+	// a revoke callback.
+	abortCycle atomic.Bool
+	// commitSoon: a task has maxDirty changed products; the poll loop runs
+	// the cycle without waiting for the interval. commitNow (buffered 1)
+	// wakes the poll loop for it.
+	commitSoon atomic.Bool
+	commitNow  chan struct{}
+}
+
+func newExactlyOnce(s *session) *exactlyOnce {
+	return &exactlyOnce{s: s, commitNow: make(chan struct{}, 1)}
+}
+
+func (e *exactlyOnce) client(opts []kgo.Opt) (*kgo.Client, error) {
+	cfg := e.s.env.cfg
+	txnID := cfg.ApplicationID + "-" + e.s.env.dir.ProcessID()
+	txn, err := kgo.NewGroupTransactSession(append(opts, kgo.TransactionalID(txnID), kgo.TransactionTimeout(cfg.TransactionTimeout()))...)
+	if err != nil {
+		return nil, err
+	}
+	e.txn = txn
+	e.s.env.log.Info("Exactly-once processing: one transaction per commit interval", zap.String("transactional_id", txnID),
+		zap.Duration("commit_interval", cfg.CommitInterval))
+	return txn.Client(), nil
+}
+
+func (e *exactlyOnce) taskDeps(d *taskDeps) {
+	d.commitNow = func() {
+		e.commitSoon.Store(true)
+		select {
+		case e.commitNow <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// revoked stops the revoked tasks: a rebalance can come at any time, and
+// the session aborts the open transaction, so their uncommitted totals are
+// dropped and their stores hold the committed state.
+func (e *exactlyOnce) revoked(_ context.Context, _ *kgo.Client, ps []int32) {
+	if err := e.s.stopTasks(ps, false, "revoked; the open transaction is aborted, the store holds the committed state"); err != nil {
+		e.s.env.log.Error("Stopping revoked tasks", zap.Error(err))
+	}
+}
+
+// dropped: tasks that folded into the open transaction were stopped.
+func (e *exactlyOnce) dropped([]int32) { e.abortCycle.Store(true) }
+
+// stop ends the session's work: the last transaction commits what was
+// folded (unless polling ended in an error), then the tasks close.
+func (e *exactlyOnce) stop(work context.Context, pollErr error) error {
+	var lastErr error
+	outcome := "committed with the last transaction"
+	switch {
+	case errors.Is(pollErr, errSessionFenced):
+		outcome = "dropped: the producer was fenced, the store holds the committed state"
+	case pollErr == nil:
+		lastErr = e.transact(work)
+	}
+	return errors.Join(lastErr, e.s.stopTasks(e.s.reg.partitions(), false, outcome))
+}
+
+func (e *exactlyOnce) close() { e.txn.Close() }
+
 // pollEOS is the poll loop under exactly-once: it dispatches records to the
 // tasks and, every commit interval, runs the transaction cycle for all of
 // them. It returns when ctx is done (the caller then runs the last cycle) or
 // a task fails.
-func (rt *Runtime) pollEOS(ctx context.Context) error {
-	ctx, cancel := rt.untilFailure(ctx)
-	defer cancel()
-	if err := rt.session.Begin(); err != nil {
+func (e *exactlyOnce) poll(ctx, work context.Context) error {
+	s := e.s
+	if err := e.txn.Begin(); err != nil {
 		return fmt.Errorf("beginning transaction: %w", err)
 	}
-	next := time.Now().Add(rt.cfg.CommitInterval)
+	next := time.Now().Add(s.env.cfg.CommitInterval)
 	for {
-		pctx, pcancel := context.WithDeadline(ctx, next)
-		go func() {
-			// A task past maxDirty cuts the poll short.
-			select {
-			case <-rt.commitNow:
-				rt.commitSoon.Store(true)
-				pcancel()
-			case <-pctx.Done():
-			}
-		}()
-		fetches := rt.session.PollRecords(pctx, 10_000)
+		// A task past maxDirty cuts the poll short.
+		dctx, dcancel := context.WithDeadline(ctx, next)
+		pctx, pcancel := cancelOn(dctx, e.commitNow, func() { e.commitSoon.Store(true) })
+		fetches := e.txn.PollRecords(pctx, 10_000)
 		pcancel()
-		if rt.knobs.AfterPoll != nil {
-			rt.knobs.AfterPoll(fetches.NumRecords())
+		dcancel()
+		if s.env.knobs.AfterPoll != nil {
+			s.env.knobs.AfterPoll(fetches.NumRecords())
 		}
 		if fetches.IsClientClosed() {
 			return nil
@@ -150,99 +213,74 @@ func (rt *Runtime) pollEOS(ctx context.Context) error {
 		// during the poll: the transaction commits the offsets of all of
 		// them (Run's last cycle does on shutdown). Hence the work context.
 		// Records that found no running task make the cycle abort.
-		if rt.dispatch(rt.work, fetches, nil) {
-			rt.abortCycle.Store(true)
+		if s.dispatch(work, fetches, nil) {
+			e.abortCycle.Store(true)
 		}
 		if ctx.Err() != nil {
-			select {
-			case <-rt.failed:
-				return rt.failure
-			default:
-				return nil
-			}
+			return nil
 		}
-		if time.Now().Before(next) && !rt.commitSoon.Load() {
+		if time.Now().Before(next) && !e.commitSoon.Load() {
 			continue
 		}
 		// A task past maxDirty asked for the cycle early: the changed
 		// products of one transaction stay bounded in memory.
-		rt.commitSoon.Store(false)
+		e.commitSoon.Store(false)
 		// The cycle runs under the work context: a shutdown beginning
 		// now must not cut a transaction short.
-		if err := rt.transact(rt.work); err != nil {
+		if err := e.transact(work); err != nil {
 			return err
 		}
-		if err := rt.session.Begin(); err != nil {
+		if err := e.txn.Begin(); err != nil {
 			return fmt.Errorf("beginning transaction: %w", fenced(err))
 		}
-		next = time.Now().Add(rt.cfg.CommitInterval)
+		next = time.Now().Add(s.env.cfg.CommitInterval)
 	}
 }
 
 // transact runs prepare, End and finish for every running task.
-func (rt *Runtime) transact(ctx context.Context) error {
+func (e *exactlyOnce) transact(ctx context.Context) error {
+	s := e.s
 	began := time.Now()
-	defer func() { rt.metrics.commitSeconds.Observe(time.Since(began).Seconds()) }()
+	defer func() { s.env.metrics.commitSeconds.Observe(time.Since(began).Seconds()) }()
 	var ts []*task
-	for _, t := range rt.tasks() {
+	for _, t := range s.reg.tasks() {
 		if t.State() == TaskRunning {
 			ts = append(ts, t)
 		}
 	}
-	var errs []error
 	try := kgo.TryCommit
-	if rt.abortCycle.Swap(false) {
+	if e.abortCycle.Swap(false) {
 		// Records of this cycle found no running task, or a task that
 		// folded some was stopped: abort, so the session rewinds the
 		// input and they are read again.
 		try = kgo.TryAbort
 	}
-	prepared := ts[:0:0]
-	for _, t := range ts {
-		if err := t.send(ctx, cycleReq{phase: cyclePrepare}); err != nil {
-			// A task revoked meanwhile had folded records of this
-			// transaction: abort (the session would anyway).
-			try = kgo.TryAbort
-			if !errors.Is(err, errTaskStopped) {
-				errs = append(errs, err)
-			}
-			continue
-		}
-		prepared = append(prepared, t)
-	}
-	rt.crashPoint("changelog-produced")
-	if len(errs) > 0 {
+	prepared, errs := prepare(ctx, ts)
+	s.env.crashPoint("changelog-produced")
+	if len(prepared) < len(ts) {
+		// A task revoked meanwhile had folded records of this
+		// transaction: abort (the session would anyway).
 		try = kgo.TryAbort
 	}
-	// Every record of the cycle is acknowledged (or failed) before the
-	// transaction is ended: one that failed aborts it, so that nothing is
-	// committed past it (End would commit the input offsets anyway).
-	failed := map[*task]error{}
+	var failed map[*task]error
 	if try == kgo.TryCommit {
-		if err := rt.client.Flush(ctx); err != nil {
+		if failed = e.produced(ctx, prepared); failed != nil {
 			try = kgo.TryAbort
-		}
-		for _, t := range prepared {
-			t.pending.Wait()
-			if errp := t.produceErr.Load(); errp != nil {
-				failed[t] = *errp
-				try = kgo.TryAbort
-			}
 		}
 	}
 	endBegan := time.Now()
-	committed, endErr := rt.session.End(ctx, try)
-	rt.metrics.txnEndSeconds.Observe(time.Since(endBegan).Seconds())
+	committed, endErr := e.txn.End(ctx, try)
+	s.env.metrics.txnEndSeconds.Observe(time.Since(endBegan).Seconds())
 	if endErr == nil && committed {
-		rt.metrics.txnCommitted.Add(1)
+		s.env.metrics.txnCommitted.Add(1)
 	} else {
-		rt.metrics.txnAborted.Add(1)
+		s.env.metrics.txnAborted.Add(1)
 	}
 	if endErr == nil && committed {
-		rt.crashPoint("transaction-committed")
+		s.env.crashPoint("transaction-committed")
 	}
 	if endErr == nil && !committed && try == kgo.TryCommit {
-		rt.log.Warn("Transaction aborted (a rebalance or a fenced commit); the input is rewound to the committed offsets and folded again")
+		s.env.log.Warn("Transaction aborted (a rebalance or a fenced commit); the input is rewound to the committed offsets and folded again")
 	}
 	for _, t := range prepared {
 		// A task revoked after End has nothing to finish: its store is a
@@ -254,11 +292,46 @@ func (rt *Runtime) transact(ctx context.Context) error {
 	if endErr != nil {
 		if fatalTxnError(endErr) {
 			errs = append(errs, fmt.Errorf("ending transaction: %w", fenced(endErr)))
-		} else if err := rt.abortUntilKafkaAnswers(ctx, endErr); err != nil {
+		} else if err := e.abortUntilKafkaAnswers(ctx, endErr); err != nil {
 			errs = append(errs, err)
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// prepare asks each task to produce its cycle's records. It returns the
+// tasks that did, and the errors of those that failed other than by being
+// stopped.
+func prepare(ctx context.Context, ts []*task) (prepared []*task, errs []error) {
+	for _, t := range ts {
+		if err := t.send(ctx, cycleReq{phase: cyclePrepare}); err != nil {
+			if !errors.Is(err, errTaskStopped) {
+				errs = append(errs, err)
+			}
+			continue
+		}
+		prepared = append(prepared, t)
+	}
+	return prepared, errs
+}
+
+// produced waits until every record of the cycle is acknowledged or failed,
+// and returns the tasks whose records failed, or nil when none did and the
+// flush succeeded. A failure aborts the transaction, so that nothing is
+// committed past it (End would commit the input offsets anyway).
+func (e *exactlyOnce) produced(ctx context.Context, prepared []*task) map[*task]error {
+	failed := map[*task]error{}
+	flushErr := e.s.kc().Flush(ctx)
+	for _, t := range prepared {
+		t.out.pending.Wait()
+		if errp := t.out.produceErr.Load(); errp != nil {
+			failed[t] = *errp
+		}
+	}
+	if flushErr == nil && len(failed) == 0 {
+		return nil
+	}
+	return failed
 }
 
 // fatalTxnError reports whether a transaction error ends this producer
@@ -288,22 +361,23 @@ func fenced(err error) error {
 // coordinator moving): the tasks dropped the cycle's totals, and the
 // transaction is aborted, retried with backoff until Kafka answers; the
 // session then rewinds the input to the committed offsets.
-func (rt *Runtime) abortUntilKafkaAnswers(ctx context.Context, cause error) error {
-	rt.kafkaDown.Store(true)
-	defer rt.kafkaDown.Store(false)
-	rt.log.Warn("Ending the transaction failed; aborting it, and folding the input again once Kafka answers", zap.Error(cause))
+func (e *exactlyOnce) abortUntilKafkaAnswers(ctx context.Context, cause error) error {
+	env := e.s.env
+	env.kafkaDown.Store(true)
+	defer env.kafkaDown.Store(false)
+	env.log.Warn("Ending the transaction failed; aborting it, and folding the input again once Kafka answers", zap.Error(cause))
 	wait := 100 * time.Millisecond
 	for attempt := 1; ; attempt++ {
-		_, err := rt.session.End(ctx, kgo.TryAbort)
+		_, err := e.txn.End(ctx, kgo.TryAbort)
 		if err == nil {
-			rt.log.Info("Transaction aborted; processing resumes from the committed offsets", zap.Int("attempts", attempt))
+			env.log.Info("Transaction aborted; processing resumes from the committed offsets", zap.Int("attempts", attempt))
 			return nil
 		}
 		if fatalTxnError(err) {
 			return fmt.Errorf("aborting transaction: %w", fenced(err))
 		}
 		if attempt%10 == 0 {
-			rt.log.Warn("Still waiting for Kafka to abort the transaction", zap.Int("attempts", attempt), zap.Error(err))
+			env.log.Warn("Still waiting for Kafka to abort the transaction", zap.Int("attempts", attempt), zap.Error(err))
 		}
 		select {
 		case <-ctx.Done():
@@ -328,8 +402,8 @@ func (t *task) send(ctx context.Context, req cycleReq) error {
 		return fmt.Errorf("task %s: %w", t.name, errTaskStopped)
 	}
 	select {
-	case t.cycle <- req:
-	case <-t.done:
+	case t.mail.cycle <- req:
+	case <-t.life.done:
 		return stopped()
 	case <-ctx.Done():
 		return ctx.Err()
@@ -337,12 +411,7 @@ func (t *task) send(ctx context.Context, req cycleReq) error {
 	select {
 	case err := <-req.done:
 		return err
-	case <-t.done:
+	case <-t.life.done:
 		return stopped()
 	}
-}
-
-func (rt *Runtime) logTransactionalID(id string) {
-	rt.log.Info("Exactly-once processing: one transaction per commit interval", zap.String("transactional_id", id),
-		zap.Duration("commit_interval", rt.cfg.CommitInterval))
 }

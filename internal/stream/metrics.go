@@ -59,19 +59,6 @@ func newInstruments(guarantee string) *instruments {
 	}
 }
 
-// producedKind tells what a produced record was, from its topic.
-func (rt *Runtime) producedKind(topic string) int {
-	switch topic {
-	case rt.cfg.ChangelogTopic():
-		return producedChangelog
-	case rt.cfg.NotificationTopic:
-		return producedNotification
-	case rt.cfg.RepartitionTopic():
-		return producedRepartition
-	}
-	return producedDeadLetter
-}
-
 // badReasons counts a task's bad events by reason.
 type badReasons struct {
 	mu sync.Mutex
@@ -142,8 +129,8 @@ func (rt *Runtime) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range allDescs {
 		ch <- d.Desc
 	}
-	rt.metrics.commitSeconds.Describe(ch)
-	rt.metrics.txnEndSeconds.Describe(ch)
+	rt.env.metrics.commitSeconds.Describe(ch)
+	rt.env.metrics.txnEndSeconds.Describe(ch)
 }
 
 // Collect implements prometheus.Collector.
@@ -151,58 +138,20 @@ func (rt *Runtime) Collect(ch chan<- prometheus.Metric) {
 	emit := func(d desc, v float64, labels ...string) {
 		ch <- prometheus.MustNewConstMetric(d.Desc, d.typ, v, labels...)
 	}
+	m := rt.env.metrics
 	ready, _ := rt.Ready()
 	emit(descReady, b2f(ready))
-	emit(descBadTotal, float64(rt.badEvents.Load()))
+	emit(descBadTotal, float64(rt.env.badEvents.Load()))
 	healthy, _ := rt.Healthy()
 	emit(descHealthy, b2f(healthy))
-	emit(descFailures, float64(rt.metrics.restoreFailures.Load()), "restore")
-	emit(descFailures, float64(rt.metrics.produceFailures.Load()), "produce")
-	for _, t := range rt.tasks() {
-		st := t.State()
-		emit(descProcessed, float64(t.stats.processed.Load()), t.name)
-		emit(descDuplicates, float64(t.stats.duplicates.Load()), t.name)
-		emit(descForwarded, float64(t.stats.forwarded.Load()), t.name)
-		reasons := t.stats.badReasons.snapshot()
-		names := make([]string, 0, len(reasons))
-		for r := range reasons {
-			names = append(names, r)
-		}
-		sort.Strings(names)
-		for _, r := range names {
-			emit(descSkipped, float64(reasons[r]), t.name, r)
-		}
-		emit(descTaskState, 1, t.name, "active", st.String())
-		lag := int64(0)
-		if pos, hwm := t.stats.inputPos.Load(), t.stats.inputHWM.Load(); pos >= 0 && hwm > pos {
-			lag = hwm - pos
-		}
-		emit(descLag, float64(lag), t.name, strconv.Itoa(int(t.partition)))
-		emit(descCheckpoint, float64(t.stats.checkpoint.Load()), t.name, "active")
-		emit(descRestored, float64(t.stats.restored.Load()), t.name)
-		remaining := int64(0)
-		if st == TaskRestoring {
-			remaining = max(0, t.stats.restoreTo.Load()-max(t.stats.checkpoint.Load(), t.stats.restoreFrom.Load()))
-		}
-		emit(descRemaining, float64(remaining), t.name)
-		emit(descRestoreSec, (time.Duration(t.stats.restoreMillis.Load()) * time.Millisecond).Seconds(), t.name)
-		if s := t.store.Load(); s != nil {
-			emit(descStoreBytes, float64(s.DiskUsage()), t.name, "active")
-		}
-		emit(descCacheHits, float64(t.cache.hits.Load()), t.name)
-		emit(descCacheMiss, float64(t.cache.misses.Load()), t.name)
-		emit(descCacheEvict, float64(t.cache.evictions.Load()), t.name)
-		emit(descCacheBytes, float64(t.cache.bytes.Load()), t.name)
+	emit(descFailures, float64(m.restoreFailures.Load()), "restore")
+	emit(descFailures, float64(m.produceFailures.Load()), "produce")
+	for _, t := range rt.reg.tasks() {
+		collectTask(emit, t)
 	}
-	rt.mu.Lock()
-	sbs := make([]*standby, 0, len(rt.mu.standbys))
-	for _, sb := range rt.mu.standbys {
-		sbs = append(sbs, sb)
-	}
-	rt.mu.Unlock()
-	for _, sb := range sbs {
-		emit(descTaskState, 1, sb.name, sb.role(), TaskState(sb.state.Load()).String())
-		emit(descCheckpoint, float64(sb.position.Load()), sb.name, sb.role())
+	for _, sb := range rt.reg.standbys() {
+		emit(descTaskState, 1, sb.name, sb.role(), sb.State().String())
+		emit(descCheckpoint, float64(sb.pos.position.Load()), sb.name, sb.role())
 		if lag := sb.lag(); lag >= 0 {
 			emit(descStandbyLag, float64(lag), sb.name, sb.role())
 		}
@@ -211,14 +160,52 @@ func (rt *Runtime) Collect(ch chan<- prometheus.Metric) {
 		}
 	}
 	for k := range producedKinds {
-		emit(descProduced, float64(rt.metrics.produced[k].Load()), producedNames[k])
+		emit(descProduced, float64(m.produced[k].Load()), producedNames[k])
 	}
-	if rt.eos {
-		emit(descTxns, float64(rt.metrics.txnCommitted.Load()), "committed")
-		emit(descTxns, float64(rt.metrics.txnAborted.Load()), "aborted")
+	if rt.env.eos {
+		emit(descTxns, float64(m.txnCommitted.Load()), "committed")
+		emit(descTxns, float64(m.txnAborted.Load()), "aborted")
 	}
-	rt.metrics.commitSeconds.Collect(ch)
-	rt.metrics.txnEndSeconds.Collect(ch)
+	m.commitSeconds.Collect(ch)
+	m.txnEndSeconds.Collect(ch)
+}
+
+// collectTask emits an active task's metrics.
+func collectTask(emit func(d desc, v float64, labels ...string), t *task) {
+	st := t.State()
+	emit(descProcessed, float64(t.stats.processed.Load()), t.name)
+	emit(descDuplicates, float64(t.stats.duplicates.Load()), t.name)
+	emit(descForwarded, float64(t.stats.forwarded.Load()), t.name)
+	reasons := t.stats.badReasons.snapshot()
+	names := make([]string, 0, len(reasons))
+	for r := range reasons {
+		names = append(names, r)
+	}
+	sort.Strings(names)
+	for _, r := range names {
+		emit(descSkipped, float64(reasons[r]), t.name, r)
+	}
+	emit(descTaskState, 1, t.name, "active", st.String())
+	lag := int64(0)
+	if pos, hwm := t.stats.inputPos.Load(), t.stats.inputHWM.Load(); pos >= 0 && hwm > pos {
+		lag = hwm - pos
+	}
+	emit(descLag, float64(lag), t.name, strconv.Itoa(int(t.partition)))
+	emit(descCheckpoint, float64(t.stats.checkpoint.Load()), t.name, "active")
+	emit(descRestored, float64(t.stats.restored.Load()), t.name)
+	remaining := int64(0)
+	if st == TaskRestoring {
+		remaining = max(0, t.stats.restoreTo.Load()-max(t.stats.checkpoint.Load(), t.stats.restoreFrom.Load()))
+	}
+	emit(descRemaining, float64(remaining), t.name)
+	emit(descRestoreSec, (time.Duration(t.stats.restoreMillis.Load()) * time.Millisecond).Seconds(), t.name)
+	if s := t.store.Load(); s != nil {
+		emit(descStoreBytes, float64(s.DiskUsage()), t.name, "active")
+	}
+	emit(descCacheHits, float64(t.fold.cache.hits.Load()), t.name)
+	emit(descCacheMiss, float64(t.fold.cache.misses.Load()), t.name)
+	emit(descCacheEvict, float64(t.fold.cache.evictions.Load()), t.name)
+	emit(descCacheBytes, float64(t.fold.cache.bytes.Load()), t.name)
 }
 
 func b2f(b bool) float64 {

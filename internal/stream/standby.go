@@ -4,16 +4,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"sort"
 	"sync"
 	"sync/atomic"
 	"time"
 
-	"github.com/twmb/franz-go/pkg/kerr"
-	"github.com/twmb/franz-go/pkg/kgo"
 	"go.uber.org/zap"
 
 	"github.com/salesagg/salesagg/internal/assign"
+	"github.com/salesagg/salesagg/internal/changelog"
 	"github.com/salesagg/salesagg/internal/state"
 )
 
@@ -40,47 +38,73 @@ const standbyFetchBytes = 4 << 20
 // over.
 const standbyRetry = 5 * time.Second
 
+// standby is one copy: its goroutine, its store, its position. Its fields
+// are set by newStandby; the atomics and probe are read by status queries
+// and the balancer, the rest is the goroutine's.
 type standby struct {
-	rt        *Runtime
+	deps      copyDeps
 	partition int32
 	name      string
 	log       *zap.Logger
 	// kind is what the copy is for (set by the reconciler): a copyKind.
 	kind atomic.Uint32
 	// probe is when this warm-up last asked for a rejoin because it caught
-	// up, and the offsets it judged by (the same pair it then reports at
-	// the join, see storeOffsets); guarded by probeMu.
-	probeMu sync.Mutex
-	probe   struct {
-		at          time.Time
-		offset, end int64
-	}
+	// up, and the offsets it judged by (the pair it then reports at the
+	// join, see storeOffsets); guarded by its mu.
+	probe probeMark
 	// after, if not nil, is closed once the store's previous user (this
 	// partition's active task, stopping here) is done with it.
 	after <-chan struct{}
-
-	quit     chan struct{}
-	quitOnce sync.Once
-	done     chan struct{}
-
+	life  copyLife
 	store atomic.Pointer[state.Store]
-	state atomic.Int32 // TaskRestoring while opening, TaskRunning while tailing
-	// position is the next changelog offset the store reflects (-1: not
-	// opened yet); end the changelog's last stable offset last seen (-1:
-	// unknown); applied the records applied since the standby started.
-	position atomic.Int64
-	end      atomic.Int64
-	applied  atomic.Int64
-
-	cp state.Checkpoint // owned by the goroutine
+	// pos is where the copy is (see copyPosition).
+	pos copyPosition
+	cp  state.Checkpoint // owned by the goroutine
 }
 
-func newStandby(rt *Runtime, p int32, kind copyKind, after <-chan struct{}) *standby {
-	s := &standby{rt: rt, partition: p, name: state.TaskName(p), after: after, quit: make(chan struct{}), done: make(chan struct{})}
-	s.log = rt.log.With(zap.String("task", s.name), zap.Int32("partition", p), zap.String("role", "standby"))
+// copyDeps are what a copy is given by the session that starts it.
+type copyDeps struct {
+	env   *env
+	topo  topology
+	local *localStores
+	// probe asks the group for a rebalance (a warm-up caught up); it
+	// reports whether it asked.
+	probe func(reason string) bool
+	// spawn runs a function as one of the session's goroutines.
+	spawn func(func())
+}
+
+// probeMark is a warm-up's last caught-up probe. Guarded by mu.
+type probeMark struct {
+	mu          sync.Mutex
+	at          time.Time
+	offset, end int64
+}
+
+// copyLife is a copy's state and its stop request.
+type copyLife struct {
+	state    copyState
+	quit     chan struct{}
+	quitOnce sync.Once
+	// done is closed when the copy's goroutine has ended (its store
+	// closed).
+	done chan struct{}
+}
+
+// copyPosition: position is the next changelog offset the store reflects
+// (-1: not opened yet); end the changelog's last stable offset last seen
+// (-1: unknown); applied the records applied since the copy started.
+type copyPosition struct {
+	position, end, applied atomic.Int64
+}
+
+func newStandby(deps copyDeps, p int32, kind copyKind, after <-chan struct{}) *standby {
+	s := &standby{deps: deps, partition: p, name: state.TaskName(p), after: after,
+		life: copyLife{quit: make(chan struct{}), done: make(chan struct{})}}
+	s.log = deps.env.log.With(zap.String("task", s.name), zap.Int32("partition", p), zap.String("role", "standby"))
 	s.kind.Store(uint32(kind))
-	s.position.Store(-1)
-	s.end.Store(-1)
+	s.pos.position.Store(-1)
+	s.pos.end.Store(-1)
 	return s
 }
 
@@ -90,65 +114,76 @@ func (s *standby) role() string { return copyKind(s.kind.Load()).String() }
 
 func (s *standby) isWarmup() bool { return copyKind(s.kind.Load()) == kindWarmup }
 
+// State returns the copy's state.
+func (s *standby) State() CopyState { return s.life.state.get() }
+
+// setState moves the copy to st (see copyMoves), logging a move the table
+// does not allow (and not making it).
+func (s *standby) setState(st CopyState) {
+	if from, ok := s.life.state.move(st); !ok {
+		s.log.Error(fmt.Sprintf("task [%s] Refusing the copy state change %s -> %s: not an allowed move (a bug)", s.name, from, st))
+	}
+}
+
 // lag is how many changelog offsets the store is behind the last stable
 // offset last seen (-1: unknown yet).
 func (s *standby) lag() int64 {
-	pos, end := s.position.Load(), s.end.Load()
+	pos, end := s.pos.position.Load(), s.pos.end.Load()
 	if pos < 0 || end < 0 {
 		return -1
 	}
 	return max(0, end-pos)
 }
 
-// stop asks the standby to stop and waits until its store is closed.
+// requestStop asks the copy to stop; it returns at once (done is closed
+// once its store is).
+func (s *standby) requestStop() { s.life.quitOnce.Do(func() { close(s.life.quit) }) }
+
+// stop asks the copy to stop and waits until its store is closed. Never
+// called with the registry's lock held.
 func (s *standby) stop() {
-	s.quitOnce.Do(func() { close(s.quit) })
-	<-s.done
+	s.requestStop()
+	<-s.life.done
 }
 
 // run tails the changelog until stopped. A failure is logged and retried
 // after standbyRetry: a standby never stops the process.
 func (s *standby) run(ctx context.Context) {
-	defer close(s.done)
+	defer close(s.life.done)
 	if s.after != nil {
 		select {
 		case <-s.after:
-		case <-s.quit:
+		case <-s.life.quit:
+			s.setState(CopyClosed)
 			return
 		case <-ctx.Done():
+			s.setState(CopyClosed)
 			return
 		}
 	}
-	ctx, cancel := context.WithCancel(ctx)
+	ctx, cancel := cancelOn(ctx, s.life.quit, nil)
 	defer cancel()
-	go func() {
-		select {
-		case <-s.quit:
-			cancel()
-		case <-ctx.Done():
-		}
-	}()
 	s.log.Info(fmt.Sprintf("task [%s] Starting %s copy", s.name, s.role()))
 	for {
 		err := s.tail(ctx)
 		if st := s.store.Swap(nil); st != nil {
 			if cerr := st.Close(); cerr != nil {
 				s.log.Warn("Closing standby store", zap.Error(cerr))
-			} else if s.position.Load() >= 0 {
-				s.rt.noteLocal(s.partition, s.cp)
+			} else if s.pos.position.Load() >= 0 {
+				s.deps.local.note(s.partition, s.cp)
 			}
 		}
 		if ctx.Err() != nil {
-			s.state.Store(int32(TaskClosed))
-			s.log.Info(fmt.Sprintf("task [%s] Closed %s copy at changelog offset %d", s.name, s.role(), s.position.Load()),
-				zap.Int64("checkpoint", s.position.Load()), zap.Int64("applied", s.applied.Load()))
+			s.setState(CopyClosed)
+			s.log.Info(fmt.Sprintf("task [%s] Closed %s copy at changelog offset %d", s.name, s.role(), s.pos.position.Load()),
+				zap.Int64("checkpoint", s.pos.position.Load()), zap.Int64("applied", s.pos.applied.Load()))
 			return
 		}
-		s.state.Store(int32(TaskFailed))
+		s.setState(CopyRetrying)
 		s.log.Warn(fmt.Sprintf("task [%s] Standby copy failed; starting over in %s", s.name, standbyRetry), zap.Error(err))
 		select {
 		case <-ctx.Done():
-			s.state.Store(int32(TaskClosed))
+			s.setState(CopyClosed)
 			return
 		case <-time.After(standbyRetry):
 		}
@@ -158,14 +193,16 @@ func (s *standby) run(ctx context.Context) {
 // tail opens the store, validates its checkpoint against the changelog and
 // applies the changelog from there until ctx is done.
 func (s *standby) tail(ctx context.Context) error {
-	s.state.Store(int32(TaskRestoring))
-	st, err := s.rt.openStore(s.partition, s.log)
+	e := s.deps.env
+	s.setState(CopyOpening)
+	st, err := e.openStore(s.partition, s.log)
 	if err != nil {
 		return err
 	}
 	s.store.Store(st)
-	tp := fmt.Sprintf("%s-%d", s.rt.cfg.ChangelogTopic(), s.partition)
-	logStart, end, err := s.rt.changelogBounds(ctx, s.partition, s.log)
+	topic := e.cfg.ChangelogTopic()
+	tp := fmt.Sprintf("%s-%d", topic, s.partition)
+	logStart, end, err := changelog.Bounds(ctx, e.admin, topic, s.partition, boundsRetryLog(s.log, tp))
 	if err != nil {
 		return err
 	}
@@ -178,7 +215,7 @@ func (s *standby) tail(ctx context.Context) error {
 	} else if err != nil {
 		return err
 	}
-	from, ok := s.rt.checkCheckpoint(s.log, s.name, tp, cp, found, logStart, end)
+	from, ok := checkCheckpoint(s.log, e.cfg.StoreName, s.name, tp, cp, found, logStart, end, s.deps.topo.changelogID)
 	if !ok && found {
 		if err := s.wipe(); err != nil {
 			return err
@@ -187,107 +224,65 @@ func (s *standby) tail(ctx context.Context) error {
 	if ok {
 		s.cp = cp
 	} else {
-		s.cp = state.Checkpoint{ChangelogOffset: logStart, InputOffset: -1, ChangelogTopicID: s.rt.topo.changelogID}
+		s.cp = state.Checkpoint{ChangelogOffset: logStart, InputOffset: -1, ChangelogTopicID: s.deps.topo.changelogID}
 	}
-	s.position.Store(from)
-	s.end.Store(end)
+	s.pos.position.Store(from)
+	s.pos.end.Store(end)
 
-	client, err := kgo.NewClient(append(s.rt.kafkaOpts(),
-		kgo.ConsumePartitions(map[string]map[int32]kgo.Offset{s.rt.cfg.ChangelogTopic(): {s.partition: kgo.NewOffset().At(from)}}),
-		kgo.FetchIsolationLevel(kgo.ReadCommitted()),
-		kgo.KeepControlRecords(),
-		kgo.FetchMaxBytes(standbyFetchBytes),
-		kgo.FetchMaxPartitionBytes(standbyFetchBytes),
-		kgo.MaxConcurrentFetches(1),
-		// Out of range is seen (and the copy wiped), never a silent jump.
-		kgo.ConsumeResetOffset(kgo.NoResetOffset()),
-	)...)
+	r, err := changelog.Open(changelog.Options{Client: e.kafkaOpts(), Topic: topic, TopicID: s.deps.topo.changelogID,
+		Partition: s.partition, From: from, FetchBytes: standbyFetchBytes, Log: s.log})
 	if err != nil {
-		return fmt.Errorf("creating standby consumer: %w", err)
+		return err
 	}
-	defer client.Close()
-	s.state.Store(int32(TaskRunning))
+	defer r.Close()
+	s.setState(CopyTailing)
 	s.log.Info(fmt.Sprintf("task [%s] %s copy tailing changelog %s from offset %d (%d behind)", s.name, s.role(), tp, from, max(0, end-from)),
 		zap.Int64("from", from), zap.Int64("end_offset", end))
 	s.checkCaughtUp()
-
 	var updates []state.Update
 	for {
-		qctx, cancel := context.WithTimeout(ctx, restoreQuiet)
-		fetches := client.PollFetches(qctx)
-		quiet := qctx.Err() != nil && fetches.NumRecords() == 0 && !hasFetchErrors(fetches)
-		cancel()
-		if ctx.Err() != nil {
-			return ctx.Err()
-		}
-		if quiet {
-			// Idle, or behind records the consumer never reports (an
-			// aborted tail): ask the broker, so that the copy's position
-			// reaches the stable end.
-			if end := s.end.Load(); end > s.cp.ChangelogOffset {
-				if vis, err := s.rt.visibleFrom(ctx, client, s.partition, s.cp.ChangelogOffset, end); err == nil && vis > s.cp.ChangelogOffset {
-					cp := s.cp
-					cp.ChangelogOffset = vis
-					if err := s.store.Load().ApplyUnsynced(nil, cp); err != nil {
-						return err
-					}
-					s.cp = cp
-					s.position.Store(vis)
-				}
-			}
-			s.checkCaughtUp()
-			continue
-		}
-		var ferr error
-		fetches.EachError(func(_ string, _ int32, err error) {
-			if ferr == nil && !errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, context.Canceled) {
-				ferr = err
-			}
-		})
-		if errors.Is(ferr, kerr.OffsetOutOfRange) {
+		b, err := r.Next(ctx)
+		if errors.Is(err, changelog.ErrOutOfRange) {
 			// Compaction or retention moved the log start past us.
 			s.log.Warn("Changelog start moved past the standby copy; wiping it and starting over", zap.String("changelog", tp))
-			return errors.Join(ferr, s.wipe())
+			return errors.Join(err, s.wipe())
 		}
-		if ferr != nil {
-			s.log.Warn("Fetching changelog for a standby copy", zap.String("changelog", tp), zap.Error(ferr))
-			select {
-			case <-ctx.Done():
-				return ctx.Err()
-			case <-time.After(time.Second):
-			}
-			continue
+		if err != nil {
+			return err
 		}
-		updates = updates[:0]
-		next := s.cp.ChangelogOffset
-		var n int64
-		fetches.EachPartition(func(p kgo.FetchTopicPartition) {
-			if p.LastStableOffset >= 0 {
-				s.end.Store(p.LastStableOffset)
-			}
-			for _, r := range p.Records {
-				next = r.Offset + 1
-				if r.Attrs.IsControl() {
-					continue
-				}
-				n++
-				if u, ok := changelogUpdate(r, s.log, tp); ok {
-					updates = append(updates, u)
-				}
-			}
-		})
-		if next > s.cp.ChangelogOffset {
-			cp := s.cp
-			cp.ChangelogOffset = next
-			if err := s.store.Load().ApplyUnsynced(updates, cp); err != nil {
-				return err
-			}
-			s.cp = cp
-			s.position.Store(next)
-			s.applied.Add(n)
+		if updates, err = s.apply(b, tp, updates[:0]); err != nil {
+			return err
 		}
 		s.checkCaughtUp()
 	}
+}
+
+// apply writes a batch of the changelog into the copy and moves its
+// checkpoint and position past it. updates is scratch space, returned for
+// reuse.
+func (s *standby) apply(b changelog.Batch, tp string, updates []state.Update) ([]state.Update, error) {
+	if b.StableEnd >= 0 {
+		s.pos.end.Store(b.StableEnd)
+	}
+	for _, rec := range b.Records {
+		u, err := changelog.Update(rec)
+		if err != nil {
+			changelog.LogUnreadable(s.log, tp, rec.Offset, err)
+			continue
+		}
+		updates = append(updates, u)
+	}
+	if b.Next > s.cp.ChangelogOffset {
+		cp := s.cp
+		cp.ChangelogOffset = b.Next
+		if err := s.store.Load().ApplyUnsynced(updates, cp); err != nil {
+			return updates, err
+		}
+		s.cp = cp
+		s.pos.position.Store(b.Next)
+		s.pos.applied.Add(int64(len(b.Records)))
+	}
+	return updates, nil
 }
 
 // checkCaughtUp asks for a rebalance once a warm-up is caught up by the rule
@@ -299,282 +294,56 @@ func (s *standby) checkCaughtUp() {
 	if !s.isWarmup() {
 		return
 	}
-	pos, end := s.position.Load(), s.end.Load()
-	if !assign.CaughtUp(pos, end, s.rt.cfg.AcceptableRecoveryLag) {
+	pos, end := s.pos.position.Load(), s.pos.end.Load()
+	cfg := s.deps.env.cfg
+	if !assign.CaughtUp(pos, end, cfg.AcceptableRecoveryLag) {
 		return
 	}
-	s.probeMu.Lock()
-	if !s.probe.at.IsZero() && time.Since(s.probe.at) < s.rt.cfg.ProbingRebalanceInterval {
-		s.probeMu.Unlock()
+	s.probe.mu.Lock()
+	if !s.probe.at.IsZero() && time.Since(s.probe.at) < cfg.ProbingRebalanceInterval {
+		s.probe.mu.Unlock()
 		return
 	}
-	prev := s.probe
+	prevAt, prevOffset, prevEnd := s.probe.at, s.probe.offset, s.probe.end
 	s.probe.at, s.probe.offset, s.probe.end = time.Now(), pos, end
-	s.probeMu.Unlock()
-	// Not inline: the caller may hold the runtime's lock. A probe the rate
+	s.probe.mu.Unlock()
+	// Not inline: the caller may hold the registry's lock. A probe the rate
 	// limit refused is asked again by the probe loop.
-	go func() {
-		if !s.rt.probe(fmt.Sprintf("warm-up copy of task %s caught up (%d behind)", s.name, max(0, end-pos))) {
-			s.probeMu.Lock()
-			s.probe = prev
-			s.probeMu.Unlock()
+	s.deps.spawn(func() {
+		if !s.deps.probe(fmt.Sprintf("warm-up copy of task %s caught up (%d behind)", s.name, max(0, end-pos))) {
+			s.probe.mu.Lock()
+			s.probe.at, s.probe.offset, s.probe.end = prevAt, prevOffset, prevEnd
+			s.probe.mu.Unlock()
 		}
-	}()
+	})
 }
 
 // reported returns the offset and end this copy reports at a join: while a
 // caught-up probe is recent, the pair it judged by, so that the leader
 // decides on the same offsets; else its position and the end last seen.
 func (s *standby) reported() (offset, end int64) {
-	s.probeMu.Lock()
-	defer s.probeMu.Unlock()
-	if !s.probe.at.IsZero() && time.Since(s.probe.at) < s.rt.cfg.ProbingRebalanceInterval && s.probe.offset >= 0 {
+	s.probe.mu.Lock()
+	defer s.probe.mu.Unlock()
+	if !s.probe.at.IsZero() && time.Since(s.probe.at) < s.deps.env.cfg.ProbingRebalanceInterval && s.probe.offset >= 0 {
 		return s.probe.offset, s.probe.end
 	}
-	return s.position.Load(), s.end.Load()
+	return s.pos.position.Load(), s.pos.end.Load()
 }
 
 // wipe deletes the standby's store and opens an empty one.
 func (s *standby) wipe() error {
+	e := s.deps.env
 	if st := s.store.Swap(nil); st != nil {
 		_ = st.Close()
 	}
-	if err := s.rt.dir.Wipe(s.partition); err != nil {
+	if err := e.dir.Wipe(s.partition); err != nil {
 		return err
 	}
-	st, err := state.Open(s.rt.dir.TaskPath(s.partition), s.log, s.rt.storeOptions())
+	st, err := state.Open(e.dir.TaskPath(s.partition), s.log, e.storeOptions())
 	if err != nil {
 		return err
 	}
 	s.store.Store(st)
-	s.cp = state.Checkpoint{InputOffset: -1, ChangelogTopicID: s.rt.topo.changelogID}
+	s.cp = state.Checkpoint{InputOffset: -1, ChangelogTopicID: s.deps.topo.changelogID}
 	return nil
-}
-
-// reconcileStandbys makes the standbys running here those the latest
-// assignment gives this member, minus the tasks active here: it stops the
-// others (their stores stay on disk) and starts the missing ones. A
-// standby of a task still stopping here starts once the task is done with
-// the store. It is called after every assignment and revoke.
-func (rt *Runtime) reconcileStandbys() {
-	info := rt.balancer.assignment()
-	want := info.standbys[rt.instanceID]
-	rt.mu.Lock()
-	defer rt.mu.Unlock()
-	if rt.mu.stopping || rt.work == nil {
-		return
-	}
-	for p, sb := range rt.mu.standbys {
-		if _, ok := want[p]; ok && rt.mu.tasks[p] == nil {
-			continue
-		}
-		if rt.mu.tasks[p] == nil && info.owners[p] == rt.instanceID {
-			// The task comes here: its start takes the copy over
-			// (takeStandbyLocked), which the revoke callback running
-			// first must not stop.
-			continue
-		}
-		delete(rt.mu.standbys, p)
-		sb.stop()
-	}
-	ps := make([]int32, 0, len(want))
-	for p := range want {
-		ps = append(ps, p)
-	}
-	sort.Slice(ps, func(i, j int) bool { return ps[i] < ps[j] })
-	for _, p := range ps {
-		kind := want[p]
-		if p < 0 || p >= rt.topo.partitions || rt.mu.tasks[p] != nil {
-			continue
-		}
-		if sb := rt.mu.standbys[p]; sb != nil {
-			if copyKind(sb.kind.Swap(uint32(kind))) != kind {
-				sb.log.Info(fmt.Sprintf("task [%s] Copy is now a %s copy", sb.name, sb.role()))
-			}
-			sb.checkCaughtUp()
-			continue
-		}
-		sb := newStandby(rt, p, kind, rt.mu.closing[p])
-		rt.mu.standbys[p] = sb
-		rt.wg.Add(1)
-		go func() {
-			defer rt.wg.Done()
-			sb.run(rt.work)
-		}()
-	}
-}
-
-// takeStandbyLocked stops task p's standby, if one runs here, and returns
-// the changelog offset its store reflects (-1: none ran) and the records it
-// applied since it started. Called with rt.mu held, before the active task
-// p starts.
-func (rt *Runtime) takeStandbyLocked(p int32) (at, applied int64) {
-	sb := rt.mu.standbys[p]
-	if sb == nil {
-		return -1, 0
-	}
-	delete(rt.mu.standbys, p)
-	sb.stop()
-	return sb.position.Load(), sb.applied.Load()
-}
-
-// stopStandbysLocked stops every standby. Called with rt.mu held.
-func (rt *Runtime) stopStandbysLocked() {
-	for p, sb := range rt.mu.standbys {
-		delete(rt.mu.standbys, p)
-		sb.stop()
-	}
-}
-
-// noteLocal records the checkpoint a store of task p was closed with, for
-// the offsets this member reports to the balancer.
-func (rt *Runtime) noteLocal(p int32, cp state.Checkpoint) {
-	rt.localMu.Lock()
-	defer rt.localMu.Unlock()
-	rt.local[p] = cp
-}
-
-// scanLocal reads the checkpoint of every store in the state dir (read
-// only), for the offsets this member reports before it runs anything.
-func (rt *Runtime) scanLocal() {
-	ps, err := rt.dir.Tasks()
-	if err != nil {
-		rt.log.Warn("Listing the stores in the state dir", zap.Error(err))
-		return
-	}
-	for _, p := range ps {
-		st, err := state.Open(rt.dir.TaskPath(p), rt.log, state.OpenOptions{ReadOnly: true})
-		if err != nil {
-			continue // unreadable: it counts as no state; its task deals with it
-		}
-		cp, found, err := st.Checkpoint()
-		_ = st.Close()
-		if err == nil && found {
-			rt.noteLocal(p, cp)
-		}
-	}
-}
-
-// storeOffsets are the checkpoints of this member's local stores, per task,
-// as reported to the balancer: assign.Running for an active task that runs,
-// the position of a standby or a restoring task, the checkpoint a store was
-// last closed with otherwise. Stores of another changelog (recreated since)
-// are left out.
-func (rt *Runtime) storeOffsets() (map[int32]int64, map[int32]int64) {
-	out, ends := map[int32]int64{}, map[int32]int64{}
-	rt.localMu.Lock()
-	for p, cp := range rt.local {
-		if cp.ChangelogTopicID == rt.topo.changelogID && cp.ChangelogOffset >= 0 {
-			out[p] = cp.ChangelogOffset
-		}
-	}
-	rt.localMu.Unlock()
-	rt.mu.Lock()
-	defer rt.mu.Unlock()
-	for p, sb := range rt.mu.standbys {
-		if pos, end := sb.reported(); pos >= 0 {
-			out[p] = pos
-			if end >= 0 {
-				ends[p] = end
-			}
-		}
-	}
-	for p, t := range rt.mu.tasks {
-		switch st := t.State(); {
-		case st == TaskRunning || st == TaskStalled:
-			out[p] = assign.Running
-		case t.stats.checkpoint.Load() >= 0:
-			out[p] = t.stats.checkpoint.Load()
-			delete(ends, p)
-		}
-	}
-	return out, ends
-}
-
-// probe asks the group for a rebalance (this member rejoins), at most once
-// per probeGap: a warm-up caught up, or the probing interval passed. It
-// reports whether it asked.
-func (rt *Runtime) probe(reason string) bool {
-	cl := rt.groupClient.Load()
-	if cl == nil {
-		return false
-	}
-	rt.probeMu.Lock()
-	if time.Since(rt.lastProbe) < probeGap {
-		rt.probeMu.Unlock()
-		return false
-	}
-	rt.lastProbe = time.Now()
-	rt.probeMu.Unlock()
-	rt.log.Info("Rejoining the group so that the balancer can move tasks to caught-up copies", zap.String("reason", reason))
-	cl.ForceRebalance()
-	return true
-}
-
-// probeGap is the least time between two rebalances this member asks for.
-const probeGap = 5 * time.Second
-
-// probeLoop asks for a probing rebalance every probing.rebalance.interval.ms
-// while this member builds warm-ups, and every probeGap checks the warm-ups
-// again: one that caught up while its changelog was idle, or whose report
-// the rate limit refused, reports now.
-func (rt *Runtime) probeLoop(ctx context.Context) {
-	check := time.NewTicker(probeGap)
-	defer check.Stop()
-	next := time.Now().Add(rt.cfg.ProbingRebalanceInterval)
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-check.C:
-		}
-		rt.mu.Lock()
-		var warm []*standby
-		for _, sb := range rt.mu.standbys {
-			if sb.isWarmup() {
-				warm = append(warm, sb)
-			}
-		}
-		rt.mu.Unlock()
-		if len(warm) == 0 {
-			next = time.Now().Add(rt.cfg.ProbingRebalanceInterval)
-			continue
-		}
-		for _, sb := range warm {
-			sb.checkCaughtUp()
-		}
-		if time.Now().After(next) && rt.balancer.assignment().probe {
-			// The leader said tasks wait for warm-ups (the assignment's
-			// probe flag): rejoin so that it can move those caught up.
-			next = time.Now().Add(rt.cfg.ProbingRebalanceInterval)
-			names := make([]string, len(warm))
-			for i, sb := range warm {
-				names[i] = sb.name
-			}
-			sort.Strings(names)
-			rt.probe(fmt.Sprintf("probing rebalance for warm-ups %v", names))
-		}
-	}
-}
-
-// standbyTotal returns product's total from the standby copy of task p
-// here, when it runs and is within acceptable.recovery.lag; lag is how far
-// behind it may be.
-func (rt *Runtime) standbyTotal(p int32, product string) (total int64, ok bool, lag int64, err error) {
-	rt.mu.Lock()
-	sb := rt.mu.standbys[p]
-	rt.mu.Unlock()
-	if sb == nil {
-		return 0, false, 0, ErrNotHosted
-	}
-	lag = sb.lag()
-	st := sb.store.Load()
-	if TaskState(sb.state.Load()) != TaskRunning || st == nil || lag < 0 {
-		return 0, false, lag, fmt.Errorf("%w: the standby copy of task %s is not tailing yet", ErrNotReady, sb.name)
-	}
-	if lag > rt.cfg.AcceptableRecoveryLag {
-		return 0, false, lag, fmt.Errorf("%w: the standby copy of task %s is %d records behind (acceptable.recovery.lag %d)", ErrNotReady, sb.name, lag, rt.cfg.AcceptableRecoveryLag)
-	}
-	e, ok, err := st.Get(product)
-	return e.Total, ok, lag, err
 }

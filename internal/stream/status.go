@@ -24,17 +24,12 @@ var (
 // Total returns the committed total of product from the store of the task
 // that owns it. Totals reflect the last commit cycle (commit.interval.ms).
 func (rt *Runtime) Total(product string) (int64, bool, error) {
-	rt.mu.Lock()
-	n := rt.topo.partitions
-	var t *task
-	if n > 0 {
-		t = rt.mu.tasks[sales.Partition([]byte(product), n)]
-	}
-	rt.mu.Unlock()
+	n := rt.reg.topology().partitions
 	if n == 0 {
 		return 0, false, ErrNotReady
 	}
 	p := sales.Partition([]byte(product), n)
+	t := rt.reg.task(p)
 	if t == nil {
 		return 0, false, rt.notHosted(p)
 	}
@@ -53,7 +48,7 @@ func (rt *Runtime) Total(product string) (int64, bool, error) {
 // after, from every running task. unavailable names the tasks that are
 // assigned but not running, whose products are missing from the page.
 func (rt *Runtime) Products(after string, limit int) (page []state.Total, unavailable []string, err error) {
-	for _, t := range rt.tasks() {
+	for _, t := range rt.reg.tasks() {
 		s := t.store.Load()
 		if t.State() != TaskRunning || s == nil {
 			unavailable = append(unavailable, t.name)
@@ -97,29 +92,25 @@ type Peer struct{ Name, Server string }
 // many changelog records the copy may be behind. It fails (ErrNotHosted,
 // ErrNotReady) otherwise.
 func (rt *Runtime) StandbyTotal(product string) (total int64, ok bool, lag int64, err error) {
-	rt.mu.Lock()
-	n := rt.topo.partitions
-	rt.mu.Unlock()
+	n := rt.reg.topology().partitions
 	if n == 0 {
 		return 0, false, 0, ErrNotReady
 	}
-	return rt.standbyTotal(sales.Partition([]byte(product), n), product)
+	return standbyTotal(rt.reg.standby(sales.Partition([]byte(product), n)), rt.env.cfg.AcceptableRecoveryLag, product)
 }
 
 // StandbyServers returns the other members keeping a standby copy of
 // product's task (with a usable application.server), by name.
 func (rt *Runtime) StandbyServers(product string) []Peer {
-	rt.mu.Lock()
-	n := rt.topo.partitions
-	rt.mu.Unlock()
+	n := rt.reg.topology().partitions
 	if n == 0 {
 		return nil
 	}
 	p := sales.Partition([]byte(product), n)
-	info := rt.balancer.assignment()
+	info := rt.bal.assignment()
 	var out []Peer
 	for name, tasks := range info.standbys {
-		if _, ok := tasks[p]; ok && name != rt.instanceID && info.servers[name] != "" {
+		if _, ok := tasks[p]; ok && name != rt.env.instanceID && info.servers[name] != "" {
 			out = append(out, Peer{Name: name, Server: info.servers[name]})
 		}
 	}
@@ -141,8 +132,8 @@ func (e *NotHostedError) Unwrap() error { return ErrNotHosted }
 
 func (rt *Runtime) notHosted(p int32) error {
 	e := &NotHostedError{Task: state.TaskName(p), Partition: p}
-	info := rt.balancer.assignment()
-	if owner := info.owners[p]; owner != rt.instanceID {
+	info := rt.bal.assignment()
+	if owner := info.owners[p]; owner != rt.env.instanceID {
 		e.Owner = owner
 		e.Server = info.servers[owner]
 		e.Unroutable = info.badServers[owner]
@@ -153,9 +144,7 @@ func (rt *Runtime) notHosted(p int32) error {
 // TaskOf returns the name of the task owning product ("" before the topics
 // are known).
 func (rt *Runtime) TaskOf(product string) string {
-	rt.mu.Lock()
-	n := rt.topo.partitions
-	rt.mu.Unlock()
+	n := rt.reg.topology().partitions
 	if n == 0 {
 		return ""
 	}
@@ -178,17 +167,17 @@ type InstanceStatus struct {
 // Instances returns the group's members and their tasks from the latest
 // assignment, sorted by name; this instance is always listed.
 func (rt *Runtime) Instances() []InstanceStatus {
-	info := rt.balancer.assignment()
+	info := rt.bal.assignment()
 	byName := map[string]*InstanceStatus{}
 	get := func(name string) *InstanceStatus {
 		if is, ok := byName[name]; ok {
 			return is
 		}
-		is := &InstanceStatus{Name: name, Server: info.servers[name], Tasks: []string{}, Standbys: []string{}, Self: name == rt.instanceID}
+		is := &InstanceStatus{Name: name, Server: info.servers[name], Tasks: []string{}, Standbys: []string{}, Self: name == rt.env.instanceID}
 		byName[name] = is
 		return is
 	}
-	me := get(rt.instanceID)
+	me := get(rt.env.instanceID)
 	me.Server = rt.appServer
 	for name := range info.servers {
 		get(name)
@@ -217,17 +206,6 @@ func (rt *Runtime) Instances() []InstanceStatus {
 	return out
 }
 
-func (rt *Runtime) tasks() []*task {
-	rt.mu.Lock()
-	defer rt.mu.Unlock()
-	ts := make([]*task, 0, len(rt.mu.tasks))
-	for _, t := range rt.mu.tasks {
-		ts = append(ts, t)
-	}
-	sort.Slice(ts, func(i, j int) bool { return ts[i].partition < ts[j].partition })
-	return ts
-}
-
 // taskLess orders task names by partition ("0_2" before "0_10").
 func taskLess(a, b string) bool {
 	if len(a) != len(b) {
@@ -249,12 +227,9 @@ type TaskStatus struct {
 	Restore    RestoreStatus `json:"restore"`
 	// Position is the next input offset to process (-1: none read yet);
 	// Lag is the input high watermark minus it.
-	Position   int64 `json:"position"`
-	Lag        int64 `json:"lag"`
-	Processed  int64 `json:"processed"`
-	Duplicates int64 `json:"duplicates_skipped"`
-	BadEvents  int64 `json:"bad_events"`
-	Forwarded  int64 `json:"forwarded"`
+	Position int64 `json:"position"`
+	Lag      int64 `json:"lag"`
+	TaskCounters
 	// Cache is the task's entry cache: hits, misses, evictions, bytes.
 	Cache *CacheStatus `json:"cache,omitempty"`
 	// Waiting says what the task waits for (stable committed offsets, the
@@ -270,6 +245,15 @@ type TaskStatus struct {
 	// is behind the last stable offset it saw (absent for an active task,
 	// or while unknown).
 	ChangelogLag *int64 `json:"changelog_lag,omitempty"`
+}
+
+// TaskCounters are what an active task has done since it started here. It
+// is embedded in TaskStatus, so its fields are served flat.
+type TaskCounters struct {
+	Processed  int64 `json:"processed"`
+	Duplicates int64 `json:"duplicates_skipped"`
+	BadEvents  int64 `json:"bad_events"`
+	Forwarded  int64 `json:"forwarded"`
 }
 
 // FailingStatus is a task's failure, retried with backoff.
@@ -300,7 +284,7 @@ type RestoreStatus struct {
 // Tasks returns the status of every assigned task, by partition.
 func (rt *Runtime) Tasks() []TaskStatus {
 	var out []TaskStatus
-	for _, t := range rt.tasks() {
+	for _, t := range rt.reg.tasks() {
 		st := t.State()
 		pos, hwm := t.stats.inputPos.Load(), t.stats.inputHWM.Load()
 		lag := int64(0)
@@ -320,37 +304,32 @@ func (rt *Runtime) Tasks() []TaskStatus {
 				Done:       st >= TaskRunning && st != TaskFailed,
 				DurationMs: t.stats.restoreMillis.Load(),
 			},
-			Position:   pos,
-			Lag:        lag,
-			Processed:  t.stats.processed.Load(),
-			Duplicates: t.stats.duplicates.Load(),
-			BadEvents:  t.stats.bad.Load(),
-			Forwarded:  t.stats.forwarded.Load(),
-			Cache: &CacheStatus{Hits: t.cache.hits.Load(), Misses: t.cache.misses.Load(),
-				Evictions: t.cache.evictions.Load(), Bytes: t.cache.bytes.Load()},
+			Position: pos,
+			Lag:      lag,
+			TaskCounters: TaskCounters{
+				Processed:  t.stats.processed.Load(),
+				Duplicates: t.stats.duplicates.Load(),
+				BadEvents:  t.stats.bad.Load(),
+				Forwarded:  t.stats.forwarded.Load(),
+			},
+			Cache: &CacheStatus{Hits: t.fold.cache.hits.Load(), Misses: t.fold.cache.misses.Load(),
+				Evictions: t.fold.cache.evictions.Load(), Bytes: t.fold.cache.bytes.Load()},
 		})
 		ts := &out[len(out)-1]
-		waiting, ferr, attempts, since, overdue := t.trouble.snapshot(rt.cfg.TaskTimeout)
+		waiting, ferr, attempts, since, overdue := t.trouble.snapshot(rt.env.cfg.TaskTimeout)
 		ts.Waiting, ts.Unhealthy = waiting, overdue
 		if ferr != "" {
 			ts.Failing = &FailingStatus{Error: ferr, Attempts: attempts, Since: since.UTC().Format(time.RFC3339)}
 		}
 	}
-	rt.mu.Lock()
-	sbs := make([]*standby, 0, len(rt.mu.standbys))
-	for _, sb := range rt.mu.standbys {
-		sbs = append(sbs, sb)
-	}
-	rt.mu.Unlock()
-	sort.Slice(sbs, func(i, j int) bool { return sbs[i].partition < sbs[j].partition })
-	for _, sb := range sbs {
+	for _, sb := range rt.reg.standbys() {
 		ts := TaskStatus{
 			Task:       sb.name,
 			Partition:  sb.partition,
 			Role:       sb.role(),
-			State:      TaskState(sb.state.Load()).String(),
-			Checkpoint: sb.position.Load(),
-			Restore:    RestoreStatus{Restored: sb.applied.Load()},
+			State:      sb.State().String(),
+			Checkpoint: sb.pos.position.Load(),
+			Restore:    RestoreStatus{Restored: sb.pos.applied.Load()},
 			Position:   -1,
 		}
 		if lag := sb.lag(); lag >= 0 {
@@ -364,9 +343,7 @@ func (rt *Runtime) Tasks() []TaskStatus {
 // Ready reports whether the process serves: it has an assignment and every
 // assigned task is running. The reason says what is missing.
 func (rt *Runtime) Ready() (bool, string) {
-	rt.mu.Lock()
-	assigned, stopping, refused := rt.mu.assigned, rt.mu.stopping, rt.mu.refused
-	rt.mu.Unlock()
+	assigned, stopping, refused := rt.reg.readiness()
 	switch {
 	case stopping:
 		return false, "shutting down"
@@ -374,13 +351,13 @@ func (rt *Runtime) Ready() (bool, string) {
 		return false, "assignment refused: " + refused
 	case !assigned:
 		return false, "no partitions assigned yet"
-	case rt.kafkaDown.Load():
+	case rt.env.kafkaDown.Load():
 		return false, "Kafka unreachable: the open transaction is being aborted"
 	}
-	for _, t := range rt.tasks() {
+	for _, t := range rt.reg.tasks() {
 		if st := t.State(); st != TaskRunning {
 			reason := fmt.Sprintf("task %s is %s", t.name, st)
-			waiting, ferr, attempts, _, _ := t.trouble.snapshot(rt.cfg.TaskTimeout)
+			waiting, ferr, attempts, _, _ := t.trouble.snapshot(rt.env.cfg.TaskTimeout)
 			switch {
 			case ferr != "":
 				reason += fmt.Sprintf(" (failed %d times, retrying: %s)", attempts, ferr)
@@ -393,14 +370,12 @@ func (rt *Runtime) Ready() (bool, string) {
 	// A task withheld for this member is about to run here: not ready
 	// until it does, so that a rolling restart waiting for readiness does
 	// not stop the next instance before this one has its tasks back.
-	rt.mu.Lock()
 	var incoming []string
-	for _, sb := range rt.mu.standbys {
+	for _, sb := range rt.reg.standbys() {
 		if copyKind(sb.kind.Load()) == kindIncoming {
 			incoming = append(incoming, sb.name)
 		}
 	}
-	rt.mu.Unlock()
 	if len(incoming) > 0 {
 		sort.Slice(incoming, func(i, j int) bool { return taskLess(incoming[i], incoming[j]) })
 		return false, fmt.Sprintf("tasks %s are being handed over to this instance", strings.Join(incoming, ", "))
@@ -412,14 +387,14 @@ func (rt *Runtime) Ready() (bool, string) {
 // failing (or waiting on what should not take that long) for longer than
 // task.timeout.ms, while it retries. The reason says which and why.
 func (rt *Runtime) Healthy() (bool, string) {
-	for _, t := range rt.tasks() {
-		waiting, ferr, attempts, since, overdue := t.trouble.snapshot(rt.cfg.TaskTimeout)
+	for _, t := range rt.reg.tasks() {
+		waiting, ferr, attempts, since, overdue := t.trouble.snapshot(rt.env.cfg.TaskTimeout)
 		if !overdue {
 			continue
 		}
 		if ferr != "" {
 			return false, fmt.Sprintf("task %s has failed %d times since %s (task.timeout.ms %d): %s", t.name, attempts,
-				since.UTC().Format(time.RFC3339), rt.cfg.TaskTimeout.Milliseconds(), ferr)
+				since.UTC().Format(time.RFC3339), rt.env.cfg.TaskTimeout.Milliseconds(), ferr)
 		}
 		return false, fmt.Sprintf("task %s has waited since %s for %s", t.name, since.UTC().Format(time.RFC3339), waiting)
 	}
@@ -427,4 +402,4 @@ func (rt *Runtime) Healthy() (bool, string) {
 }
 
 // BadEvents returns the number of bad events skipped since start.
-func (rt *Runtime) BadEvents() int64 { return rt.badEvents.Load() }
+func (rt *Runtime) BadEvents() int64 { return rt.env.badEvents.Load() }

@@ -16,7 +16,7 @@ import (
 // It fails with ErrNotHosted when the task does not run here and with
 // ErrNotReady while it is not running (restoring, stalled, stopping).
 func (rt *Runtime) ScanStore(task, after string, limit int) ([]state.Total, error) {
-	for _, t := range rt.tasks() {
+	for _, t := range rt.reg.tasks() {
 		if t.name != task {
 			continue
 		}

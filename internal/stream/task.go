@@ -17,42 +17,6 @@ import (
 	"github.com/salesagg/salesagg/internal/state"
 )
 
-// TaskState is where a task is in its life.
-type TaskState int32
-
-// Task states, in the order a task goes through them.
-const (
-	TaskCreated TaskState = iota
-	TaskRestoring
-	TaskRunning
-	TaskStopping
-	TaskClosed
-	TaskFailed
-	// TaskStalled: the store cannot take writes (disk full, read-only);
-	// the task stopped processing and checks again every second.
-	TaskStalled
-)
-
-func (s TaskState) String() string {
-	switch s {
-	case TaskCreated:
-		return "created"
-	case TaskRestoring:
-		return "restoring"
-	case TaskRunning:
-		return "running"
-	case TaskStopping:
-		return "stopping"
-	case TaskClosed:
-		return "closed"
-	case TaskFailed:
-		return "failed"
-	case TaskStalled:
-		return "stalled"
-	}
-	return fmt.Sprintf("TaskState(%d)", int32(s))
-}
-
 // maxDirty bounds the products a task keeps changed in memory between
 // commits; past it the task flushes early (at-least-once) or asks the poll
 // loop for the transaction cycle now (exactly-once; the products folded
@@ -74,103 +38,150 @@ type batch struct {
 	epoch int64
 }
 
-// task owns one partition: its goroutine, its inbox and its store. Fields
-// under "owned by the task goroutine" are touched by nothing else; the atomic
-// fields are read by status queries.
+// task owns one partition: its goroutine, its inbox and its store. The
+// sub-structs group its fields by concern; what they hold is owned by the
+// task goroutine unless their comment says otherwise (the atomics and
+// trouble are read by status queries).
 type task struct {
-	rt        *Runtime
+	deps      taskDeps
 	partition int32
 	name      string
 	log       *zap.Logger
-
-	inbox chan batch
-	// quit is closed by requestStop; flushOnStop says how to close: flush
-	// before closing (revoked at-least-once, shutdown) or drop (lost, and
-	// always exactly-once).
-	quit        chan struct{}
-	quitOnce    sync.Once
-	flushOnStop atomic.Bool
-	done        chan struct{}
-	// cycle carries the exactly-once commit cycle's requests from the poll
-	// loop (see eos.go); unused at-least-once.
-	cycle chan cycleReq
-
-	state atomic.Int32
+	life      lifecycle
+	mail      mailboxes
 	// store is set once opened; it is read by queries while running.
-	store atomic.Pointer[state.Store]
+	store    atomic.Pointer[state.Store]
+	fold     foldState
+	out      outputs
+	stall    stallState
+	retry    retryState
+	stats    taskStats
+	trouble  trouble
+	handover handover
+}
 
-	// owned by the task goroutine
-	// dirty are the entries changed in the current cycle, not yet produced;
-	// they are the task's own (see process) and come from arena.
-	dirty      map[string]*state.Entry
-	arena      entryArena
-	cp         state.Checkpoint
-	inputNext  int64 // next input offset to process, -1 before the first record
-	repartNext int64 // next repartition offset to process, -1 before the first record
-	pending    sync.WaitGroup
-	plain      func(*kgo.Record, error) // the produce callback of records other than the changelog's
-	produceErr atomic.Pointer[error]
-	badLog     rateLimiter
-	// prepared is the exactly-once cycle's batch, produced in the open
-	// transaction and written to the store only once it commits.
-	prepared *preparedBatch
-	// stalled is the batch the store could not take (see stall), nil
-	// while it can be written.
-	stalled  *stalledBatch
-	retryLog rateLimiter
-	// held are batches read from the inbox while stalled (at-least-once),
-	// processed once the store takes writes again: a stalled task keeps
-	// reading its inbox so that the poll loop never blocks on it. Bounded:
-	// the task's partitions are paused while it is stalled.
-	held []batch
-	// memberLog rate-limits the warning about a flush skipped because this
-	// member may no longer own the task; memberUnknownAt is when that check
-	// last failed (zero: it passed), memberPaused whether the task paused
-	// its partitions meanwhile (its changed products reached maxDirty).
-	memberLog       rateLimiter
-	memberUnknownAt time.Time
-	memberPaused    bool
-	// memberRefused: the last check failed (its trouble is to clear).
-	memberRefused bool
+// taskDeps are what a task is given by the group session that starts it:
+// the process's env, the session's topology and client, and the session's
+// answers to what a task asks of it.
+type taskDeps struct {
+	env    *env
+	topo   topology
+	client *kgo.Client
+	// committer takes the input offsets an at-least-once cycle made safe
+	// to commit (nil exactly-once).
+	committer *committer
+	// member asks the group coordinator whether this member is in the
+	// generation it knows (at-least-once, before a cycle writes).
+	member func(context.Context) error
+	// rewind asks the poll loop to move the task's partitions back to the
+	// offsets it folds again from (at-least-once).
+	rewind func(*task)
+	// commitNow asks the exactly-once poll loop for the cycle at once.
+	commitNow func()
+	// restored tells the session the task's restore ended.
+	restored func(*task)
+	// cameFrom names the member the task ran on before this one ("" when
+	// unknown), for the log.
+	cameFrom func(p int32) string
+}
+
+// mailboxes are what the poll loop hands the task: batches of records, and
+// exactly-once the commit cycle's steps (see eos.go).
+type mailboxes struct {
+	inbox chan batch
+	cycle chan cycleReq
+}
+
+// foldState is the folding of events into totals.
+type foldState struct {
+	// dirty are the entries changed in the current cycle, not yet
+	// produced; they are the task's own (see process) and come from arena.
+	dirty map[string]*state.Entry
+	arena entryArena
+	// cache holds entries the store holds, in front of it.
+	cache *entryCache
+	// cp is the checkpoint the store holds.
+	cp state.Checkpoint
+	// inputNext and repartNext are the next input and repartition offsets
+	// to process (-1 before the first record).
+	inputNext, repartNext int64
+	// reported and first are, per topic (input 0, repartition 1), the last
+	// offset reported for commit and the first offset read (-1: none): an
+	// at-least-once rewind folds again from them.
+	reported, first [2]int64
+	// badLog rate-limits the bad-event warnings.
+	badLog rateLimiter
+}
+
+// outputs are the records a cycle produces.
+type outputs struct {
 	// outbox are the records the cycle produces besides the changelog and
 	// notifications: events forwarded to their owner's task, dead-letter
 	// copies. Produced with the cycle, after the membership check, so that
 	// a member that lost the task writes none of them.
 	outbox []*kgo.Record
-	// Rewinds (at-least-once): after a cycle whose records failed to
-	// produce, the task folds its input again from the offsets it last
-	// committed. wantEpoch is the rewind epoch the task waits for: batches
-	// dispatched before the poll loop moved the position are dropped.
-	// reported and first are, per topic (input 0, repartition 1), the last
-	// offset reported for commit and the first offset read (-1: none).
-	// backoff is the wait before the next attempt; resumeAt when the
-	// task's partitions, paused after a failure, are resumed (zero: not
-	// paused).
-	wantEpoch       int64
-	reported, first [2]int64
-	backoff         time.Duration
-	resumeAt        time.Time
-	// cycleRecords are the records the task's last cycle produced.
+	// pending counts the records produced and not yet acknowledged.
+	pending sync.WaitGroup
+	// plain is the produce callback of records other than the changelog's.
+	plain func(*kgo.Record, error)
+	// produceErr is the first failure of a produced record (set by the
+	// produce callbacks, from any goroutine).
+	produceErr atomic.Pointer[error]
+	// prepared is the exactly-once cycle's batch, produced in the open
+	// transaction and written to the store only once it commits.
+	prepared *preparedBatch
+	// cycleRecords are the records the last cycle produced.
 	cycleRecords int
-	produceLog   rateLimiter
 	// fdLog rate-limits the warning about a write whose check found the
 	// process out of file descriptors.
 	fdLog rateLimiter
-	// rewindEpoch is the epoch the poll loop stamps this task's batches
-	// with; it adds one after each rewind it applies.
-	rewindEpoch atomic.Int64
+}
 
-	stats taskStats
-	// trouble is what keeps the task from progressing, read by status.
-	trouble trouble
-	// standbyAt is the changelog offset the standby copy this task took
-	// over had reached (-1: none), for the promotion log line.
-	standbyAt int64
-	// standbyApplied are the changelog records that copy applied since it
-	// started (its catch-up), for the same line.
-	standbyApplied int64
-	// cache holds entries the store holds, in front of it.
-	cache *entryCache
+// stallState is a store that cannot take writes (see stall).
+type stallState struct {
+	// batch is the batch the store could not take, nil while it can.
+	batch *stalledBatch
+	// held are batches read from the inbox while stalled (at-least-once),
+	// processed once the store takes writes again: a stalled task keeps
+	// reading its inbox so that the poll loop never blocks on it. Bounded:
+	// the task's partitions are paused while it is stalled.
+	held     []batch
+	retryLog rateLimiter
+}
+
+// retryState is a cycle that committed nothing, retried after a backoff,
+// and the at-least-once membership check.
+type retryState struct {
+	// wantEpoch is the rewind epoch the task waits for: batches dispatched
+	// before the poll loop moved the position are dropped.
+	wantEpoch int64
+	// rewindEpoch is the epoch the poll loop stamps this task's batches
+	// with; it adds one after each rewind it applies (poll loop, atomic).
+	rewindEpoch atomic.Int64
+	// backoff is the wait before the next attempt; resumeAt when the
+	// task's partitions, paused after a failure, are resumed (zero: not
+	// paused).
+	backoff    time.Duration
+	resumeAt   time.Time
+	produceLog rateLimiter
+	// memberUnknownAt is when the membership check last failed (zero: it
+	// passed), memberPaused whether the task paused its partitions
+	// meanwhile (its changed products reached maxDirty), memberRefused
+	// whether its trouble is to clear.
+	memberLog       rateLimiter
+	memberUnknownAt time.Time
+	memberPaused    bool
+	memberRefused   bool
+}
+
+// handover is the standby copy this task takes over.
+type handover struct {
+	// from is the copy, asked to stop (nil: none ran here); the restore
+	// opens the store once it is done.
+	from *standby
+	// at is the changelog offset the copy had reached (-1: none), applied
+	// the records it applied since it started (its catch-up), for the log.
+	at, applied int64
 }
 
 // trouble is what keeps a task from making progress: a wait it cannot
@@ -252,60 +263,61 @@ type taskStats struct {
 	badReasons    badReasons
 }
 
-func newTask(rt *Runtime, partition int32) *task {
+func newTask(deps taskDeps, partition int32) *task {
 	t := &task{
-		rt:         rt,
-		partition:  partition,
-		name:       state.TaskName(partition),
-		inbox:      make(chan batch, inboxDepth),
-		quit:       make(chan struct{}),
-		done:       make(chan struct{}),
-		cycle:      make(chan cycleReq),
-		dirty:      make(map[string]*state.Entry),
-		inputNext:  -1,
-		repartNext: -1,
-		badLog:     rateLimiter{every: 10 * time.Second, burst: 5},
-		retryLog:   rateLimiter{every: 30 * time.Second, burst: 1},
-		memberLog:  rateLimiter{every: 10 * time.Second, burst: 1},
-		produceLog: rateLimiter{every: 10 * time.Second, burst: 3},
-		fdLog:      rateLimiter{every: 30 * time.Second, burst: 1},
-		reported:   [2]int64{-1, -1},
-		first:      [2]int64{-1, -1},
-		standbyAt:  -1,
-		cache:      newEntryCache(rt.cacheBytesPerTask()),
+		deps:      deps,
+		partition: partition,
+		name:      state.TaskName(partition),
+		life:      newLifecycle(),
+		mail:      mailboxes{inbox: make(chan batch, inboxDepth), cycle: make(chan cycleReq)},
+		fold: foldState{
+			dirty:     make(map[string]*state.Entry),
+			cache:     newEntryCache(deps.env.cacheBytesPerTask(deps.topo.partitions)),
+			inputNext: -1, repartNext: -1,
+			reported: [2]int64{-1, -1}, first: [2]int64{-1, -1},
+			badLog: rateLimiter{every: 10 * time.Second, burst: 5},
+		},
+		out:   outputs{fdLog: rateLimiter{every: 30 * time.Second, burst: 1}},
+		stall: stallState{retryLog: rateLimiter{every: 30 * time.Second, burst: 1}},
+		retry: retryState{
+			produceLog: rateLimiter{every: 10 * time.Second, burst: 3},
+			memberLog:  rateLimiter{every: 10 * time.Second, burst: 1},
+		},
+		handover: handover{at: -1},
 	}
-	t.log = rt.log.With(zap.String("task", t.name), zap.Int32("partition", partition))
-	t.plain = t.promise(nil)
+	t.log = deps.env.log.With(zap.String("task", t.name), zap.Int32("partition", partition))
+	t.out.plain = t.promise(nil)
 	t.stats.inputPos.Store(-1)
 	t.stats.checkpoint.Store(-1)
 	return t
 }
 
 // requestStop asks the task to stop; it returns at once. A task still
-// restoring abandons its restore within a second.
-func (t *task) requestStop(flush bool) {
-	t.quitOnce.Do(func() {
-		t.flushOnStop.Store(flush)
-		close(t.quit)
-	})
-}
+// restoring abandons its restore at its next fetch or store batch.
+func (t *task) requestStop(flush bool) { t.life.requestStop(flush) }
 
 // State returns the task's state.
-func (t *task) State() TaskState { return TaskState(t.state.Load()) }
+func (t *task) State() TaskState { return t.life.get() }
 
-func (t *task) setState(s TaskState) { t.state.Store(int32(s)) }
+// setState moves the task to s (see taskMoves), logging a move the table
+// does not allow (and not making it).
+func (t *task) setState(s TaskState) {
+	if from, ok := t.life.move(s); !ok {
+		t.log.Error(fmt.Sprintf("task [%s] Refusing the state change %s -> %s: not an allowed move (a bug)", t.name, from, s))
+	}
+}
 
 // run is the task goroutine. It restores the store, then processes records
 // until told to stop. It returns an error only for a failure that leaves the
 // task unable to go on; the runtime then stops.
 func (t *task) run(ctx context.Context) (err error) {
-	defer close(t.done)
+	defer close(t.life.done)
 	defer func() {
 		if err != nil && state.IsCorrupt(err) {
 			// The store is closed by now: move it aside so that the next
 			// start restores the task from the changelog instead of failing
 			// again on the same corruption.
-			if to, qerr := t.rt.dir.Quarantine(t.partition); qerr == nil {
+			if to, qerr := t.deps.env.dir.Quarantine(t.partition); qerr == nil {
 				err = fmt.Errorf("%w; the store was moved to %s and is restored from the changelog at the next start", err, to)
 			}
 		}
@@ -316,103 +328,110 @@ func (t *task) run(ctx context.Context) (err error) {
 			t.setState(TaskClosed)
 		}
 	}()
-	t.setState(TaskRestoring)
-	// The restore is canceled when the task is stopped: a revoked task
-	// lets go at once, however long its restore.
-	rctx, cancelRestore := context.WithCancel(ctx)
-	go func() {
-		select {
-		case <-t.quit:
-			cancelRestore()
-		case <-rctx.Done():
-		}
-	}()
-	err = t.restoreRetrying(rctx)
-	cancelRestore()
-	if err != nil {
-		// Only a stop ends the retries.
-		if s := t.store.Swap(nil); s != nil {
-			_ = s.Close()
-		}
-		t.log.Info(fmt.Sprintf("task [%s] Restore canceled: the task was stopped", t.name))
+	if !t.restoreUntilStopped(ctx) {
 		return nil
 	}
 	select {
-	case <-t.quit:
+	case <-t.life.quit:
 		return t.close(ctx, false, nil)
 	default:
 	}
 	t.setState(TaskRunning)
-	t.rt.taskRestored(t)
+	t.deps.restored(t)
+	return t.loop(ctx)
+}
 
-	// At-least-once, the task runs its own commit cycle on a ticker;
-	// exactly-once, the poll loop drives one cycle for all tasks.
+// restoreUntilStopped restores the store, retrying every failure, and
+// reports whether it got there: only a stop ends the retries. The restore is
+// canceled when the task is stopped, so a revoked task lets go at once,
+// however long its restore.
+func (t *task) restoreUntilStopped(ctx context.Context) bool {
+	t.setState(TaskRestoring)
+	rctx, cancelRestore := cancelOn(ctx, t.life.quit, nil)
+	defer cancelRestore()
+	if err := t.restoreRetrying(rctx); err != nil {
+		if s := t.store.Swap(nil); s != nil {
+			_ = s.Close()
+		}
+		t.log.Info(fmt.Sprintf("task [%s] Restore canceled: the task was stopped", t.name))
+		return false
+	}
+	return true
+}
+
+// loop is the running task's loop: batches from the poll loop, commit
+// cycles (its own ticker at-least-once; the poll loop's requests
+// exactly-once), retries of a stalled or paused task, and the stop.
+func (t *task) loop(ctx context.Context) error {
 	var tick <-chan time.Time
-	if !t.rt.eos {
-		ticker := time.NewTicker(t.rt.cfg.CommitInterval)
+	if !t.deps.env.eos {
+		ticker := time.NewTicker(t.deps.env.cfg.CommitInterval)
 		defer ticker.Stop()
 		tick = ticker.C
 	}
 	retry := time.NewTicker(time.Second)
 	defer retry.Stop()
-	// ended handles an error of processing: it fails the task.
-	ended := func(err error) error { return t.close(ctx, false, err) }
 	for {
 		// A stalled task processes nothing until its store takes writes
 		// again; what it still receives is held. A task paused after a
 		// failed cycle, or for want of a membership answer, checks every
 		// second too.
 		var retryC <-chan time.Time
-		if t.stalled != nil || !t.resumeAt.IsZero() || t.memberPaused {
+		if t.stall.batch != nil || !t.retry.resumeAt.IsZero() || t.retry.memberPaused {
 			retryC = retry.C
 		}
+		var err error
 		select {
-		case b := <-t.inbox:
-			if b.epoch < t.wantEpoch {
-				continue // read before the rewind: it comes again
-			}
-			if t.stalled != nil {
-				t.held = append(t.held, b)
-				continue
-			}
-			if err := t.processBatch(ctx, b); err != nil {
-				return ended(err)
-			}
+		case b := <-t.mail.inbox:
+			err = t.receive(ctx, b)
 		case <-retryC:
-			if t.stalled != nil {
-				if err := t.retryStalled(ctx); err != nil {
-					return ended(err)
-				}
-				continue
-			}
-			if !t.resumeAt.IsZero() && time.Now().After(t.resumeAt) {
-				t.resumeAt = time.Time{}
-				t.rt.client.ResumeFetchPartitions(t.rt.topicsOf([]int32{t.partition}))
-			}
-			if t.memberPaused && !t.rt.eos {
-				if err := t.flush(ctx); err != nil {
-					return ended(err)
-				}
-			}
-		case req := <-t.cycle:
-			err := t.handleCycle(ctx, req)
+			err = t.retryPaused(ctx)
+		case req := <-t.mail.cycle:
+			err = t.handleCycle(ctx, req)
 			req.done <- err
-			if err != nil {
-				return ended(err)
-			}
 		case <-tick:
-			if t.stalled != nil {
-				continue
+			if t.stall.batch == nil {
+				err = t.flush(ctx)
 			}
-			if err := t.flush(ctx); err != nil {
-				return ended(err)
-			}
-		case <-t.quit:
-			return t.close(ctx, t.flushOnStop.Load(), nil)
+		case <-t.life.quit:
+			return t.close(ctx, t.life.flushOnStop.Load(), nil)
 		case <-ctx.Done():
 			return t.close(ctx, false, nil)
 		}
+		if err != nil {
+			// An error of processing fails the task.
+			return t.close(ctx, false, err)
+		}
 	}
+}
+
+// receive folds a batch from the poll loop, or holds it while the task is
+// stalled. A batch read before a rewind is dropped: it comes again.
+func (t *task) receive(ctx context.Context, b batch) error {
+	if b.epoch < t.retry.wantEpoch {
+		return nil
+	}
+	if t.stall.batch != nil {
+		t.stall.held = append(t.stall.held, b)
+		return nil
+	}
+	return t.processBatch(ctx, b)
+}
+
+// retryPaused retries what keeps the task from processing: a stalled
+// batch, partitions paused after a failed cycle, or a membership check.
+func (t *task) retryPaused(ctx context.Context) error {
+	if t.stall.batch != nil {
+		return t.retryStalled(ctx)
+	}
+	if !t.retry.resumeAt.IsZero() && time.Now().After(t.retry.resumeAt) {
+		t.retry.resumeAt = time.Time{}
+		t.deps.client.ResumeFetchPartitions(t.deps.env.topicsOf([]int32{t.partition}))
+	}
+	if t.retry.memberPaused && !t.deps.env.eos {
+		return t.flush(ctx)
+	}
+	return nil
 }
 
 // close drains what the poll loop already handed over, flushes when asked,
@@ -423,11 +442,11 @@ func (t *task) close(ctx context.Context, flush bool, cause error) error {
 	if cause != nil {
 		errs = append(errs, cause)
 	}
-	if flush && cause == nil && !t.rt.eos && t.stalled == nil {
+	if flush && cause == nil && !t.deps.env.eos && t.stall.batch == nil {
 	drain:
 		for {
 			select {
-			case b := <-t.inbox:
+			case b := <-t.mail.inbox:
 				if err := t.processBatch(ctx, b); err != nil {
 					errs = append(errs, err)
 					break drain
@@ -442,7 +461,7 @@ func (t *task) close(ctx context.Context, flush bool, cause error) error {
 	}
 	// Wait for every record produced for this task, whatever happens to
 	// them, so no callback outlives the task.
-	t.pending.Wait()
+	t.out.pending.Wait()
 	if s := t.store.Load(); s != nil {
 		errs = append(errs, s.Close())
 	}
@@ -450,7 +469,7 @@ func (t *task) close(ctx context.Context, flush bool, cause error) error {
 }
 
 func (t *task) processBatch(ctx context.Context, b batch) error {
-	if b.topic == t.rt.cfg.InputTopic && b.hwm >= 0 {
+	if b.topic == t.deps.env.cfg.InputTopic && b.hwm >= 0 {
 		t.stats.inputHWM.Store(b.hwm)
 	}
 	for _, r := range b.recs {
@@ -458,14 +477,10 @@ func (t *task) processBatch(ctx context.Context, b batch) error {
 			return err
 		}
 	}
-	if len(t.dirty)+len(t.outbox) >= maxDirty {
-		if t.rt.eos {
+	if len(t.fold.dirty)+len(t.out.outbox) >= maxDirty {
+		if t.deps.env.eos {
 			// The poll loop runs the transaction cycle at its next turn.
-			t.rt.commitSoon.Store(true)
-			select {
-			case t.rt.commitNow <- struct{}{}:
-			default:
-			}
+			t.deps.commitNow()
 			return nil
 		}
 		return t.flush(ctx)
@@ -475,18 +490,18 @@ func (t *task) processBatch(ctx context.Context, b batch) error {
 
 // process folds one record. Bad events are counted, logged and skipped.
 func (t *task) process(ctx context.Context, topic string, r *kgo.Record) error {
-	srcPart, srcOff, srcTopic := r.Partition, r.Offset, t.rt.topo.inputID
-	if topic == t.rt.cfg.InputTopic {
-		if t.first[0] < 0 {
-			t.first[0] = r.Offset
+	srcPart, srcOff, srcTopic := r.Partition, r.Offset, t.deps.topo.inputID
+	if topic == t.deps.env.cfg.InputTopic {
+		if t.fold.first[0] < 0 {
+			t.fold.first[0] = r.Offset
 		}
-		t.inputNext = r.Offset + 1
-		t.stats.inputPos.Store(t.inputNext)
+		t.fold.inputNext = r.Offset + 1
+		t.stats.inputPos.Store(t.fold.inputNext)
 	} else {
-		if t.first[1] < 0 {
-			t.first[1] = r.Offset
+		if t.fold.first[1] < 0 {
+			t.fold.first[1] = r.Offset
 		}
-		t.repartNext = r.Offset + 1
+		t.fold.repartNext = r.Offset + 1
 		var ok bool
 		if srcPart, srcOff, srcTopic, ok = t.sourceOf(r); !ok {
 			t.badEvent(ctx, topic, r, errors.New("forwarded record without source headers"), "bad_forward")
@@ -498,8 +513,8 @@ func (t *task) process(ctx context.Context, topic string, r *kgo.Record) error {
 		t.badEvent(ctx, topic, r, err, sales.Reason(err))
 		return nil
 	}
-	if topic == t.rt.cfg.InputTopic {
-		if owner := sales.Partition(key, t.rt.topo.partitions); owner != t.partition {
+	if topic == t.deps.env.cfg.InputTopic {
+		if owner := sales.Partition(key, t.deps.topo.partitions); owner != t.partition {
 			t.forward(ctx, owner, key, r)
 			return nil
 		}
@@ -507,9 +522,9 @@ func (t *task) process(ctx context.Context, topic string, r *kgo.Record) error {
 	// An entry in the dirty map is the task's own: it is changed in place.
 	// The first event of a product in a cycle copies the committed entry
 	// (its offsets are shared with the cache) into one.
-	e, owned := t.dirty[string(key)]
+	e, owned := t.fold.dirty[string(key)]
 	if !owned {
-		committed, ok := t.cache.get(string(key))
+		committed, ok := t.fold.cache.get(string(key))
 		if !ok {
 			if committed, _, err = t.store.Load().Lookup(key); err != nil {
 				return err
@@ -519,7 +534,7 @@ func (t *task) process(ctx context.Context, topic string, r *kgo.Record) error {
 			t.stats.duplicates.Add(1)
 			return nil
 		}
-		e = t.arena.alloc()
+		e = t.fold.arena.alloc()
 		*e = state.Entry{Total: committed.Total, Offsets: committed.Offsets.Clone()}
 	} else if e.Offsets.Reflects(srcTopic, srcPart, srcOff) {
 		t.stats.duplicates.Add(1)
@@ -532,14 +547,14 @@ func (t *task) process(ctx context.Context, topic string, r *kgo.Record) error {
 	}
 	e.Total = total
 	var zero [16]byte
-	if srcTopic == t.rt.topo.inputID || srcTopic == zero || t.rt.topo.inputID == zero {
+	if srcTopic == t.deps.topo.inputID || srcTopic == zero || t.deps.topo.inputID == zero {
 		e.Offsets.Set(srcTopic, srcPart, srcOff)
 	}
 	// Else the event was forwarded from an input topic since recreated: it
 	// counts, but recording its offset would drop the product's offsets of
 	// the current topic and let their redeliveries count twice.
 	if !owned {
-		t.dirty[string(key)] = e
+		t.fold.dirty[string(key)] = e
 	}
 	t.stats.processed.Add(1)
 	return nil
@@ -550,17 +565,17 @@ func (t *task) process(ctx context.Context, topic string, r *kgo.Record) error {
 // recognise a redelivery.
 func (t *task) forward(ctx context.Context, owner int32, key []byte, r *kgo.Record) {
 	rec := &kgo.Record{
-		Topic:     t.rt.cfg.RepartitionTopic(),
+		Topic:     t.deps.env.cfg.RepartitionTopic(),
 		Partition: owner,
 		Key:       bytes.Clone(key),
 		Value:     r.Value,
 		Headers: []kgo.RecordHeader{
 			{Key: sales.SourcePartitionHeader, Value: binary.BigEndian.AppendUint32(nil, uint32(r.Partition))},
 			{Key: sales.SourceOffsetHeader, Value: binary.BigEndian.AppendUint64(nil, uint64(r.Offset))},
-			{Key: sales.SourceTopicIDHeader, Value: append([]byte(nil), t.rt.topo.inputID[:]...)},
+			{Key: sales.SourceTopicIDHeader, Value: append([]byte(nil), t.deps.topo.inputID[:]...)},
 		},
 	}
-	t.outbox = append(t.outbox, rec)
+	t.out.outbox = append(t.out.outbox, rec)
 	t.stats.forwarded.Add(1)
 }
 
@@ -569,7 +584,7 @@ func (t *task) forward(ctx context.Context, owner int32, key []byte, r *kgo.Reco
 // id was carried).
 func (t *task) sourceOf(r *kgo.Record) (int32, int64, [16]byte, bool) {
 	var p, o []byte
-	id := t.rt.topo.inputID
+	id := t.deps.topo.inputID
 	for _, h := range r.Headers {
 		switch h.Key {
 		case sales.SourcePartitionHeader:
@@ -590,8 +605,8 @@ func (t *task) sourceOf(r *kgo.Record) (int32, int64, [16]byte, bool) {
 
 // produce sends rec with promise, a callback made by t.promise.
 func (t *task) produce(ctx context.Context, rec *kgo.Record, promise func(*kgo.Record, error)) {
-	t.pending.Add(1)
-	t.rt.client.Produce(ctx, rec, promise)
+	t.out.pending.Add(1)
+	t.deps.client.Produce(ctx, rec, promise)
 }
 
 // promise returns the produce callback of the task's records: failures are
@@ -600,13 +615,13 @@ func (t *task) produce(ctx context.Context, rec *kgo.Record, promise func(*kgo.R
 // per task), not per record.
 func (t *task) promise(max *atomic.Int64) func(*kgo.Record, error) {
 	return func(r *kgo.Record, err error) {
-		defer t.pending.Done()
+		defer t.out.pending.Done()
 		if err != nil {
 			err = fmt.Errorf("producing to %s-%d: %w", r.Topic, r.Partition, err)
-			t.produceErr.CompareAndSwap(nil, &err)
+			t.out.produceErr.CompareAndSwap(nil, &err)
 			return
 		}
-		t.rt.metrics.produced[t.rt.producedKind(r.Topic)].Add(1)
+		t.deps.env.metrics.produced[t.deps.env.producedKind(r.Topic)].Add(1)
 		for max != nil {
 			cur := max.Load()
 			if r.Offset <= cur || max.CompareAndSwap(cur, r.Offset) {
@@ -619,16 +634,16 @@ func (t *task) promise(max *atomic.Int64) func(*kgo.Record, error) {
 // produceDirty produces the changed totals to the changelog, each with the
 // input offsets it reflects, and the notifications of those at or above the
 // threshold. It returns the store updates and the highest changelog offset
-// acknowledged so far (final once t.pending is done).
+// acknowledged so far (final once t.out.pending is done).
 //
 // The cycle's records, headers and bytes come from three allocations, not
 // six per product: they live until the last record's callback, and the
 // updates keep only the product strings (the map's keys).
 func (t *task) produceDirty(ctx context.Context) ([]state.Update, *atomic.Int64) {
-	cl := t.rt.cfg.ChangelogTopic()
-	threshold := t.rt.cfg.NotificationThreshold
-	n, notes, size := len(t.dirty), 0, 0
-	for key, e := range t.dirty {
+	cl := t.deps.env.cfg.ChangelogTopic()
+	threshold := t.deps.env.cfg.NotificationThreshold
+	n, notes, size := len(t.fold.dirty), 0, 0
+	for key, e := range t.fold.dirty {
 		size += len(key) + 8 + e.Offsets.EncodedLen()
 		if sales.Notify(e.Total, threshold) {
 			notes++
@@ -643,7 +658,7 @@ func (t *task) produceDirty(ctx context.Context) ([]state.Update, *atomic.Int64)
 	maxOffset.Store(-1)
 	onChangelog := t.promise(maxOffset)
 	i, j := 0, 0
-	for key, e := range t.dirty {
+	for key, e := range t.fold.dirty {
 		// Each field is appended to buf and taken capacity-limited, so
 		// nothing appended later can reach it.
 		at := len(buf)
@@ -664,20 +679,20 @@ func (t *task) produceDirty(ctx context.Context) ([]state.Update, *atomic.Int64)
 			note := &recs[n+j]
 			j++
 			*note = kgo.Record{
-				Topic:     t.rt.cfg.NotificationTopic,
-				Partition: sales.Partition(k, t.rt.topo.notificationPartitions),
+				Topic:     t.deps.env.cfg.NotificationTopic,
+				Partition: sales.Partition(k, t.deps.topo.notificationPartitions),
 				Key:       k,
 				Value:     buf[at:len(buf):len(buf)],
 			}
-			t.produce(ctx, note, t.plain)
+			t.produce(ctx, note, t.out.plain)
 		}
 		updates = append(updates, state.Update{Product: key, Entry: *e})
 		i++
 	}
-	for _, rec := range t.outbox {
-		t.produce(ctx, rec, t.plain)
+	for _, rec := range t.out.outbox {
+		t.produce(ctx, rec, t.out.plain)
 	}
-	t.cycleRecords = len(recs) + len(t.outbox)
+	t.out.cycleRecords = len(recs) + len(t.out.outbox)
 	t.dropDirty()
 	return updates, maxOffset
 }
@@ -685,10 +700,10 @@ func (t *task) produceDirty(ctx context.Context) ([]state.Update, *atomic.Int64)
 // dropDirty empties the dirty map (reusing its entries' memory) and the
 // outbox.
 func (t *task) dropDirty() {
-	clear(t.dirty)
-	t.arena.reset()
-	clear(t.outbox)
-	t.outbox = t.outbox[:0]
+	clear(t.fold.dirty)
+	t.fold.arena.reset()
+	clear(t.out.outbox)
+	t.out.outbox = t.out.outbox[:0]
 }
 
 // apply writes updates with the checkpoint that follows them: the changelog
@@ -696,7 +711,7 @@ func (t *task) dropDirty() {
 // store can take the write (see state.Dir.CheckWritable): Pebble treats a
 // failed log write as fatal to the process.
 func (t *task) apply(updates []state.Update, maxOffset, inputNext int64) error {
-	if len(updates) == 0 && (inputNext < 0 || inputNext == t.cp.InputOffset) {
+	if len(updates) == 0 && (inputNext < 0 || inputNext == t.fold.cp.InputOffset) {
 		// Nothing to write (duplicates only, or an idle cycle): let go of
 		// the lookups' view of the store.
 		if st := t.store.Load(); st != nil {
@@ -704,17 +719,17 @@ func (t *task) apply(updates []state.Update, maxOffset, inputNext int64) error {
 		}
 		return nil
 	}
-	if err := t.rt.checkWritable(t.partition); errors.Is(err, state.ErrNoFileDescriptors) {
+	if err := t.deps.env.checkWritable(t.partition); errors.Is(err, state.ErrNoFileDescriptors) {
 		// The check needs a file descriptor; the write does not: go on, and
 		// say what is short.
-		if ok, suppressed := t.fdLog.allow(time.Now()); ok {
+		if ok, suppressed := t.out.fdLog.allow(time.Now()); ok {
 			t.log.Warn(fmt.Sprintf("task [%s] The process is out of file descriptors (RLIMIT_NOFILE): the store's space was not checked before this write; raise the limit or lower http.max.connections", t.name),
 				zap.Int64("suppressed", suppressed), zap.Error(err))
 		}
 	} else if err != nil {
 		return err
 	}
-	cp := t.cp
+	cp := t.fold.cp
 	if maxOffset >= 0 {
 		cp.ChangelogOffset = max(cp.ChangelogOffset, maxOffset+1)
 	}
@@ -725,9 +740,9 @@ func (t *task) apply(updates []state.Update, maxOffset, inputNext int64) error {
 		return err
 	}
 	for _, u := range updates {
-		t.cache.put(u.Product, u.Entry)
+		t.fold.cache.put(u.Product, u.Entry)
 	}
-	t.cp = cp
+	t.fold.cp = cp
 	t.stats.checkpoint.Store(cp.ChangelogOffset)
 	return nil
 }
@@ -735,7 +750,7 @@ func (t *task) apply(updates []state.Update, maxOffset, inputNext int64) error {
 // flush runs the at-least-once commit cycle described in the package
 // documentation.
 func (t *task) flush(ctx context.Context) error {
-	if len(t.dirty) > 0 || len(t.outbox) > 0 {
+	if len(t.fold.dirty) > 0 || len(t.out.outbox) > 0 {
 		// A member that lost the task (paused past its session timeout, a
 		// zombie) must not write what its new owner writes: check with the
 		// group coordinator first, at most once a second while it does not
@@ -746,68 +761,68 @@ func (t *task) flush(ctx context.Context) error {
 		// keeps the task here, they are flushed then, and nothing is lost),
 		// and past maxDirty the task pauses its partitions so that they stay
 		// bounded. The refusal shows in the task's status.
-		if !t.memberUnknownAt.IsZero() && time.Since(t.memberUnknownAt) < time.Second {
+		if !t.retry.memberUnknownAt.IsZero() && time.Since(t.retry.memberUnknownAt) < time.Second {
 			return nil
 		}
-		if err := t.rt.checkMembership(ctx); err != nil {
-			t.memberUnknownAt = time.Now()
-			t.memberRefused = true
+		if err := t.deps.member(ctx); err != nil {
+			t.retry.memberUnknownAt = time.Now()
+			t.retry.memberRefused = true
 			t.trouble.fail(err)
 			msg := fmt.Sprintf("task [%s] Not flushing: the group coordinator did not confirm this member owns the task; nothing of the cycle is written, retrying", t.name)
 			if errors.Is(err, errNotMember) {
 				msg = fmt.Sprintf("task [%s] Not flushing: the group coordinator says this member is not in its generation; nothing of the cycle is written, retrying", t.name)
 			}
-			if ok, suppressed := t.memberLog.allow(time.Now()); ok {
-				t.log.Warn(msg, zap.Int("products", len(t.dirty)), zap.Int("records", len(t.outbox)), zap.Int64("suppressed", suppressed), zap.Error(err))
+			if ok, suppressed := t.retry.memberLog.allow(time.Now()); ok {
+				t.log.Warn(msg, zap.Int("products", len(t.fold.dirty)), zap.Int("records", len(t.out.outbox)), zap.Int64("suppressed", suppressed), zap.Error(err))
 			}
-			if !t.memberPaused && len(t.dirty)+len(t.outbox) >= maxDirty {
-				t.memberPaused = true
-				t.rt.client.PauseFetchPartitions(t.rt.topicsOf([]int32{t.partition}))
+			if !t.retry.memberPaused && len(t.fold.dirty)+len(t.out.outbox) >= maxDirty {
+				t.retry.memberPaused = true
+				t.deps.client.PauseFetchPartitions(t.deps.env.topicsOf([]int32{t.partition}))
 			}
 			return nil
 		}
-		t.memberUnknownAt = time.Time{}
-		if t.memberRefused {
-			t.memberRefused = false
+		t.retry.memberUnknownAt = time.Time{}
+		if t.retry.memberRefused {
+			t.retry.memberRefused = false
 			t.trouble.clear()
 		}
 	}
-	if t.memberPaused {
-		t.memberPaused = false
-		if t.resumeAt.IsZero() {
-			t.rt.client.ResumeFetchPartitions(t.rt.topicsOf([]int32{t.partition}))
+	if t.retry.memberPaused {
+		t.retry.memberPaused = false
+		if t.retry.resumeAt.IsZero() {
+			t.deps.client.ResumeFetchPartitions(t.deps.env.topicsOf([]int32{t.partition}))
 		}
 	}
 	began := time.Now()
-	t.rt.crashPoint("flush-start")
+	t.deps.env.crashPoint("flush-start")
 	updates, maxOffset := t.produceDirty(ctx)
-	t.rt.crashPoint("changelog-produced")
-	t.pending.Wait()
+	t.deps.env.crashPoint("changelog-produced")
+	t.out.pending.Wait()
 	if err := ctx.Err(); err != nil {
 		// Past the shutdown grace period: what was produced may be partial;
 		// the store and offsets stay behind, and the next start restores the
 		// changelog tail and skips what it already reflects.
 		return fmt.Errorf("flushing task %s: %w", t.name, err)
 	}
-	if errp := t.produceErr.Swap(nil); errp != nil {
+	if errp := t.out.produceErr.Swap(nil); errp != nil {
 		// Nothing of this cycle is written to the store or committed: fold
 		// it again from the last committed offsets, after a backoff.
 		t.log.Warn(fmt.Sprintf("task [%s] A record of the commit cycle failed to produce; nothing of the cycle is committed", t.name), zap.Error(*errp))
 		t.rewind(*errp, "folding its input again from the last committed offsets")
 		return nil
 	}
-	t.rt.crashPoint("changelog-flushed")
-	b := stalledBatch{updates: updates, maxOffset: maxOffset.Load(), inputNext: t.inputNext, repartNext: t.repartNext, report: true}
+	t.deps.env.crashPoint("changelog-flushed")
+	b := stalledBatch{updates: updates, maxOffset: maxOffset.Load(), inputNext: t.fold.inputNext, repartNext: t.fold.repartNext, report: true}
 	if err := t.apply(updates, b.maxOffset, b.inputNext); err != nil {
 		// The input offsets are not reported: nothing is committed past
 		// what the store holds.
-		return t.stall(b, err)
+		return t.stallOn(b, err)
 	}
-	t.rt.crashPoint("store-written")
+	t.deps.env.crashPoint("store-written")
 	t.reportOffsets(b)
 	t.produced()
 	if len(updates) > 0 {
-		t.rt.metrics.commitSeconds.Observe(time.Since(began).Seconds())
+		t.deps.env.metrics.commitSeconds.Observe(time.Since(began).Seconds())
 	}
 	return nil
 }
@@ -824,15 +839,15 @@ const (
 // partitions for a backoff, and it logs (rate limited) what happens next.
 func (t *task) cycleFailed(err error, next string) {
 	attempts, since := t.trouble.fail(err)
-	t.rt.metrics.produceFailures.Add(1)
-	t.backoff = min(max(2*t.backoff, produceBackoff), produceBackoffMax)
-	if t.resumeAt.IsZero() {
-		t.rt.client.PauseFetchPartitions(t.rt.topicsOf([]int32{t.partition}))
+	t.deps.env.metrics.produceFailures.Add(1)
+	t.retry.backoff = min(max(2*t.retry.backoff, produceBackoff), produceBackoffMax)
+	if t.retry.resumeAt.IsZero() {
+		t.deps.client.PauseFetchPartitions(t.deps.env.topicsOf([]int32{t.partition}))
 	}
-	t.resumeAt = time.Now().Add(t.backoff)
-	if ok, suppressed := t.produceLog.allow(time.Now()); ok {
-		msg := fmt.Sprintf("task [%s] The commit cycle committed nothing: %s, in %s", t.name, next, t.backoff)
-		if failing := time.Since(since); failing > t.rt.cfg.TaskTimeout {
+	t.retry.resumeAt = time.Now().Add(t.retry.backoff)
+	if ok, suppressed := t.retry.produceLog.allow(time.Now()); ok {
+		msg := fmt.Sprintf("task [%s] The commit cycle committed nothing: %s, in %s", t.name, next, t.retry.backoff)
+		if failing := time.Since(since); failing > t.deps.env.cfg.TaskTimeout {
 			t.log.Error(msg+fmt.Sprintf(" (failing for %s: the process reports itself unhealthy)", failing.Round(time.Second)),
 				zap.Int("attempt", attempts), zap.Int64("suppressed", suppressed), zap.Error(err))
 		} else {
@@ -844,8 +859,8 @@ func (t *task) cycleFailed(err error, next string) {
 // produced records a cycle whose records were all produced: once one with
 // records succeeds after failures, the task is out of trouble.
 func (t *task) produced() {
-	if t.backoff > 0 && t.cycleRecords > 0 && t.resumeAt.IsZero() {
-		t.backoff = 0
+	if t.retry.backoff > 0 && t.out.cycleRecords > 0 && t.retry.resumeAt.IsZero() {
+		t.retry.backoff = 0
 		t.trouble.clear()
 	}
 }
@@ -858,17 +873,17 @@ func (t *task) produced() {
 // (applyRewinds), and the task pauses for a backoff.
 func (t *task) rewind(err error, next string) {
 	t.dropDirty()
-	t.inputNext, t.repartNext = t.cp.InputOffset, -1
-	t.wantEpoch = t.rewindEpoch.Load() + 1
+	t.fold.inputNext, t.fold.repartNext = t.fold.cp.InputOffset, -1
+	t.retry.wantEpoch = t.retry.rewindEpoch.Load() + 1
 	t.cycleFailed(err, next)
-	t.rt.requestRewind(t)
+	t.deps.rewind(t)
 }
 
 // rewindTo returns the offsets to fold again from, per topic (input,
 // repartition; -1: none read).
 func (t *task) rewindTo() [2]int64 {
-	out := t.first
-	for i, r := range t.reported {
+	out := t.fold.first
+	for i, r := range t.fold.reported {
 		if r >= 0 {
 			out[i] = r
 		}
@@ -881,12 +896,12 @@ func (t *task) reportOffsets(b stalledBatch) {
 		return
 	}
 	if b.inputNext >= 0 {
-		t.rt.committer.report(t.rt.cfg.InputTopic, t.partition, b.inputNext)
-		t.reported[0] = b.inputNext
+		t.deps.committer.report(t.deps.env.cfg.InputTopic, t.partition, b.inputNext)
+		t.fold.reported[0] = b.inputNext
 	}
 	if b.repartNext >= 0 {
-		t.rt.committer.report(t.rt.cfg.RepartitionTopic(), t.partition, b.repartNext)
-		t.reported[1] = b.repartNext
+		t.deps.committer.report(t.deps.env.cfg.RepartitionTopic(), t.partition, b.repartNext)
+		t.fold.reported[1] = b.repartNext
 	}
 }
 
@@ -898,50 +913,50 @@ type stalledBatch struct {
 	report                bool // at-least-once: report the offsets once written
 }
 
-// stall handles a store that cannot take a write (disk full, read-only):
+// stallOn handles a store that cannot take a write (disk full, read-only):
 // the task pauses its partitions, reads nothing, is not ready, and checks
 // every second; the batch is written once the store can take it. Other
 // errors are returned.
-func (t *task) stall(b stalledBatch, err error) error {
+func (t *task) stallOn(b stalledBatch, err error) error {
 	if !errors.Is(err, state.ErrUnwritable) {
 		return err
 	}
-	t.stalled = &b
+	t.stall.batch = &b
 	t.setState(TaskStalled)
-	t.rt.client.PauseFetchPartitions(t.rt.topicsOf([]int32{t.partition}))
+	t.deps.client.PauseFetchPartitions(t.deps.env.topicsOf([]int32{t.partition}))
 	t.log.Error(fmt.Sprintf("task [%s] Cannot write its store; stopped processing until it can", t.name), zap.Error(err))
 	return nil
 }
 
 // retryStalled writes the stalled batch if the store can take it now.
 func (t *task) retryStalled(ctx context.Context) error {
-	b := *t.stalled
+	b := *t.stall.batch
 	if err := t.apply(b.updates, b.maxOffset, b.inputNext); err != nil {
 		if !errors.Is(err, state.ErrUnwritable) {
 			return err
 		}
-		if ok, suppressed := t.retryLog.allow(time.Now()); ok {
+		if ok, suppressed := t.stall.retryLog.allow(time.Now()); ok {
 			t.log.Warn(fmt.Sprintf("task [%s] Store still cannot be written", t.name), zap.Int64("suppressed", suppressed), zap.Error(err))
 		}
 		return nil
 	}
-	t.stalled = nil
+	t.stall.batch = nil
 	t.setState(TaskRunning)
 	t.reportOffsets(b)
-	t.log.Info(fmt.Sprintf("task [%s] Store writable again; processing resumes", t.name), zap.Int("held_batches", len(t.held)))
-	held := t.held
-	t.held = nil
+	t.log.Info(fmt.Sprintf("task [%s] Store writable again; processing resumes", t.name), zap.Int("held_batches", len(t.stall.held)))
+	held := t.stall.held
+	t.stall.held = nil
 	for i, hb := range held {
 		if err := t.processBatch(ctx, hb); err != nil {
 			return err
 		}
-		if t.stalled != nil {
+		if t.stall.batch != nil {
 			// Stalled again while catching up: hold the rest, stay paused.
-			t.held = append(t.held, held[i+1:]...)
+			t.stall.held = append(t.stall.held, held[i+1:]...)
 			return nil
 		}
 	}
-	t.rt.client.ResumeFetchPartitions(t.rt.topicsOf([]int32{t.partition}))
+	t.deps.client.ResumeFetchPartitions(t.deps.env.topicsOf([]int32{t.partition}))
 	return nil
 }
 
@@ -954,13 +969,13 @@ func (t *task) retryStalled(ctx context.Context) error {
 func (t *task) badEvent(ctx context.Context, topic string, r *kgo.Record, err error, reason string) {
 	t.stats.bad.Add(1)
 	t.stats.badReasons.add(reason)
-	t.rt.badEvents.Add(1)
-	if dlq := t.rt.cfg.DLQTopic; dlq != "" {
-		rec := deadLetter(topic, r, err, reason, int(t.rt.cfg.DLQMaxRecordBytes))
-		rec.Topic, rec.Partition = dlq, r.Partition%t.rt.topo.dlqPartitions
-		t.outbox = append(t.outbox, rec)
+	t.deps.env.badEvents.Add(1)
+	if dlq := t.deps.env.cfg.DLQTopic; dlq != "" {
+		rec := deadLetter(topic, r, err, reason, int(t.deps.env.cfg.DLQMaxRecordBytes))
+		rec.Topic, rec.Partition = dlq, r.Partition%t.deps.topo.dlqPartitions
+		t.out.outbox = append(t.out.outbox, rec)
 	}
-	if ok, suppressed := t.badLog.allow(time.Now()); ok {
+	if ok, suppressed := t.fold.badLog.allow(time.Now()); ok {
 		t.log.Warn("Skipping bad event",
 			zap.String("topic", topic),
 			zap.Int64("offset", r.Offset),

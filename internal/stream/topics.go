@@ -4,6 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
+	"net"
+	"syscall"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kadm"
@@ -174,4 +177,96 @@ func describeFresh(ctx context.Context, adm *kadm.Client, log *zap.Logger, topic
 		}
 		backoff = min(2*backoff, alreadyExistsMaxBackoff)
 	}
+}
+
+// watchTopology checks the input topic every few seconds and ends the group
+// session (cancel with errTopologyChanged) when it was recreated (a new
+// topic id) or its partition count changed. A missing topic is waited for:
+// the operator is recreating it.
+func watchTopology(ctx context.Context, e *env, topo topology, cancel context.CancelCauseFunc) {
+	every := 5 * time.Second
+	if e.knobs.TopologyCheckEvery > 0 {
+		every = e.knobs.TopologyCheckEvery
+	}
+	tick := time.NewTicker(every)
+	defer tick.Stop()
+	missing := false
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+		mctx, mcancel := context.WithTimeout(ctx, 10*time.Second)
+		md, err := e.admin.Metadata(mctx, e.cfg.InputTopic)
+		mcancel()
+		if err != nil {
+			continue // Kafka unreachable: the poll loop reports it
+		}
+		d, ok := md.Topics[e.cfg.InputTopic]
+		if !ok || d.Err != nil || len(d.Partitions) == 0 {
+			if !missing {
+				e.log.Warn("Input topic is missing; waiting for it to be created again", zap.String("input", e.cfg.InputTopic))
+			}
+			missing = true
+			continue
+		}
+		missing = false
+		switch {
+		case d.ID != topo.inputID:
+			cancel(fmt.Errorf("%w: topic %s was recreated (topic id %s, was %s)", errTopologyChanged, e.cfg.InputTopic, d.ID, kadm.TopicID(topo.inputID)))
+			return
+		case int32(len(d.Partitions)) != topo.partitions:
+			cancel(fmt.Errorf("%w: topic %s now has %d partitions, was %d", errTopologyChanged, e.cfg.InputTopic, len(d.Partitions), topo.partitions))
+			return
+		}
+	}
+}
+
+// prepareTopics checks and creates the topics, retrying while Kafka cannot
+// be reached.
+func prepareTopics(ctx context.Context, e *env) (topology, error) {
+	backoff := 250 * time.Millisecond
+	for attempt := 1; ; attempt++ {
+		attemptCtx, cancel := context.WithTimeout(ctx, 15*time.Second)
+		topo, err := ensureTopics(attemptCtx, e.admin, e.cfg, e.log)
+		cancel()
+		if err == nil {
+			return topo, nil
+		}
+		if ctx.Err() != nil {
+			return topology{}, nil
+		}
+		if !retriable(err) {
+			return topology{}, err
+		}
+		e.log.Warn("Waiting for Kafka", zap.Strings("bootstrap.servers", e.cfg.BootstrapServers), zap.Int("attempt", attempt), zap.Error(err))
+		select {
+		case <-ctx.Done():
+			return topology{}, nil
+		case <-time.After(backoff):
+		}
+		backoff = min(2*backoff, 10*time.Second)
+	}
+}
+
+// retriable reports whether a start-up error can go away by waiting: Kafka
+// unreachable or not ready, as opposed to a wrong topic layout.
+func retriable(err error) bool {
+	if errors.Is(err, context.DeadlineExceeded) || kerr.IsRetriable(err) {
+		return true
+	}
+	var netErr net.Error
+	var opErr *net.OpError
+	var dnsErr *net.DNSError
+	switch {
+	case errors.As(err, &netErr) && netErr.Timeout(),
+		errors.As(err, &opErr), errors.As(err, &dnsErr),
+		errors.Is(err, syscall.ECONNREFUSED), errors.Is(err, syscall.ECONNRESET), errors.Is(err, syscall.EPIPE),
+		errors.Is(err, io.EOF), errors.Is(err, io.ErrUnexpectedEOF),
+		errors.Is(err, kerr.CoordinatorNotAvailable), errors.Is(err, kerr.NotCoordinator),
+		errors.Is(err, kerr.NotController), errors.Is(err, kerr.LeaderNotAvailable):
+		return true
+	}
+	return false
 }

@@ -1,0 +1,368 @@
+package stream
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
+	"go.uber.org/zap"
+)
+
+// At-least-once (processing.guarantee=at_least_once)
+//
+// Each task runs its own commit cycle every commit interval: it produces its
+// changed totals (with the input offsets they reflect) and its other
+// records, waits for them to be acknowledged, writes its store with the
+// checkpoint, and only then reports the input offsets it processed; the
+// committer commits them. A crash anywhere in between loses nothing: the
+// input is read again from the last commit and every event already in a
+// total is recognised by its offset and skipped. The poll loop blocks
+// rebalances while it dispatches (BlockRebalanceOnPoll), so a revoke runs
+// between polls: the revoked tasks flush and commit what they processed
+// before letting go.
+
+// atLeastOnce is the at-least-once guarantee of a session.
+type atLeastOnce struct {
+	s         *session
+	committer committer
+	// rewinds are the tasks waiting for the poll loop to move their
+	// position back (see task.rewind); guarded by mu. kick (buffered 1)
+	// cuts the poll short for them.
+	rewinds struct {
+		mu   sync.Mutex
+		todo map[int32]*task
+		kick chan struct{}
+	}
+	// stopCommits ends the commit loop (set by poll, before the loop).
+	commitsDone chan struct{}
+	stopCommits context.CancelFunc
+}
+
+func newAtLeastOnce(s *session) *atLeastOnce {
+	a := &atLeastOnce{s: s}
+	a.rewinds.kick = make(chan struct{}, 1)
+	a.committer.kick = make(chan struct{}, 1)
+	a.committer.onDone = func() { s.env.crashPoint("offsets-committed") }
+	a.committer.held = func(topic string, p int32) bool { return s.reg.holds(p, s.heldBit(topic)) }
+	return a
+}
+
+func (a *atLeastOnce) client(opts []kgo.Opt) (*kgo.Client, error) {
+	// A revoke runs between polls: the revoked tasks flush and commit what
+	// they processed before letting go.
+	return kgo.NewClient(append(opts, kgo.BlockRebalanceOnPoll())...)
+}
+
+func (a *atLeastOnce) taskDeps(d *taskDeps) {
+	d.committer = &a.committer
+	d.member = a.checkMembership
+	d.rewind = a.requestRewind
+}
+
+// poll is the loop that owns the group client: it fetches and hands each
+// partition's records to its task, until ctx is done; the committer commits
+// what the tasks report meanwhile.
+func (a *atLeastOnce) poll(ctx, _ context.Context) error {
+	s := a.s
+	commitCtx, stop := context.WithCancel(context.Background())
+	a.stopCommits, a.commitsDone = stop, make(chan struct{})
+	s.goroutine(func() {
+		defer close(a.commitsDone)
+		a.commitLoop(commitCtx)
+	})
+	for {
+		// A task asking for a rewind cuts the poll short: its partitions
+		// are paused, so the poll may otherwise wait for other records.
+		pctx, pcancel := cancelOn(ctx, a.rewinds.kick, nil)
+		fetches := s.kc().PollRecords(pctx, 10_000)
+		pcancel()
+		if s.env.knobs.AfterPoll != nil {
+			s.env.knobs.AfterPoll(fetches.NumRecords())
+		}
+		if ctx.Err() != nil || fetches.IsClientClosed() {
+			// Records polled now are not committed (at-least-once commits
+			// only what tasks report): the next owner reads them again.
+			s.kc().AllowRebalance()
+			return nil
+		}
+		s.dispatch(ctx, fetches, a.applyRewinds())
+		s.kc().AllowRebalance()
+	}
+}
+
+func (a *atLeastOnce) revoked(ctx context.Context, cl *kgo.Client, ps []int32) {
+	if err := a.s.stopTasks(ps, true, "revoked; flushed and committed"); err != nil {
+		a.s.env.log.Error("Stopping revoked tasks", zap.Error(err))
+	}
+	// The partitions are let go only once their last offsets are committed
+	// (the committer commits only what this member holds).
+	if err := a.committer.commit(ctx, cl); err != nil {
+		a.s.env.log.Error("Committing offsets of revoked partitions", zap.Error(err))
+	}
+}
+
+func (a *atLeastOnce) dropped(ps []int32) {
+	a.committer.forget(a.s.env.cfg.InputTopic, ps)
+	a.committer.forget(a.s.env.cfg.RepartitionTopic(), ps)
+}
+
+// stop stops every task with a flush, then commits what they reported.
+func (a *atLeastOnce) stop(work context.Context, _ error) error {
+	stopErr := a.s.stopTasks(a.s.reg.partitions(), true, "flushed and committed")
+	if a.stopCommits != nil {
+		a.stopCommits()
+		<-a.commitsDone
+	}
+	return errors.Join(stopErr, a.committer.commit(work, a.s.kc()))
+}
+
+func (a *atLeastOnce) close() {
+	a.s.kc().Close()
+	a.committer.forgetAll()
+}
+
+// checkMembership asks the group coordinator whether this member is still
+// in the generation it knows (a Heartbeat with its member id, generation and
+// instance id). At-least-once, a task checks it before writing its
+// changelog: a member that was paused past its session timeout (a zombie)
+// learns it lost its tasks before it writes over their new owner. A
+// rebalance in progress is fine: a cooperative member keeps its tasks until
+// it revokes them, and nobody else gets them before.
+func (a *atLeastOnce) checkMembership(ctx context.Context) error {
+	member, gen := a.s.kc().GroupMetadata()
+	if member == "" || gen < 0 {
+		return errors.New("not a group member yet")
+	}
+	req := kmsg.NewPtrHeartbeatRequest()
+	req.Group = a.s.env.cfg.ApplicationID
+	req.MemberID = member
+	req.Generation = gen
+	req.InstanceID = &a.s.env.instanceID
+	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	resp, err := req.RequestWith(cctx, a.s.kc())
+	if err != nil {
+		return fmt.Errorf("checking group membership: %w", err)
+	}
+	err = kerr.ErrorForCode(resp.ErrorCode)
+	switch {
+	case err == nil, errors.Is(err, kerr.RebalanceInProgress):
+		return nil
+	case errors.Is(err, kerr.UnknownMemberID), errors.Is(err, kerr.IllegalGeneration), errors.Is(err, kerr.FencedInstanceID):
+		return fmt.Errorf("%w (generation %d): %w", errNotMember, gen, err)
+	}
+	return fmt.Errorf("checking group membership (generation %d): %w", gen, err)
+}
+
+// errNotMember: the group coordinator says this member is not in the
+// generation it knows (it was expired, fenced or replaced); its tasks are
+// someone else's now.
+var errNotMember = errors.New("stream: not a member of the group's generation")
+
+// requestRewind asks the poll loop to move task t's partitions back to the
+// offsets t folds again from (see task.rewind).
+func (a *atLeastOnce) requestRewind(t *task) {
+	a.rewinds.mu.Lock()
+	defer a.rewinds.mu.Unlock()
+	if a.rewinds.todo == nil {
+		a.rewinds.todo = map[int32]*task{}
+	}
+	a.rewinds.todo[t.partition] = t
+	select {
+	case a.rewinds.kick <- struct{}{}:
+	default:
+	}
+}
+
+// applyRewinds moves the positions of the tasks that asked for it, between
+// two polls (the poll loop owns the client; at-least-once a revoke cannot
+// run meanwhile), and returns their partitions: what the last poll returned
+// for them is from before the rewind and is not dispatched.
+func (a *atLeastOnce) applyRewinds() map[int32]bool {
+	a.rewinds.mu.Lock()
+	todo := a.rewinds.todo
+	a.rewinds.todo = nil
+	a.rewinds.mu.Unlock()
+	if len(todo) == 0 {
+		return nil
+	}
+	skip := map[int32]bool{}
+	set := map[string]map[int32]kgo.EpochOffset{}
+	for p, t := range todo {
+		if !a.s.reg.isCurrent(t) {
+			continue // stopped meanwhile: its next owner starts from the commits
+		}
+		to := t.rewindTo()
+		for i, topic := range []string{a.s.env.cfg.InputTopic, a.s.env.cfg.RepartitionTopic()} {
+			if to[i] < 0 {
+				continue
+			}
+			if set[topic] == nil {
+				set[topic] = map[int32]kgo.EpochOffset{}
+			}
+			set[topic][p] = kgo.EpochOffset{Epoch: -1, Offset: to[i]}
+		}
+		skip[p] = true
+		t.log.Info(fmt.Sprintf("task [%s] Rewinding to the last committed offsets", t.name),
+			zap.Int64("input_offset", to[0]), zap.Int64("repartition_offset", to[1]))
+	}
+	a.s.kc().SetOffsets(set)
+	for p := range skip {
+		todo[p].retry.rewindEpoch.Add(1)
+	}
+	return skip
+}
+
+// commitLoop commits the offsets tasks report, as soon as they report them
+// (several reports arriving together are one commit).
+func (a *atLeastOnce) commitLoop(ctx context.Context) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-a.committer.kick:
+			if err := a.committer.commit(ctx, a.s.kc()); err != nil && ctx.Err() == nil {
+				a.s.env.log.Warn("Committing offsets", zap.Error(err))
+			}
+		}
+	}
+}
+
+// committer holds the offsets tasks made safe to commit (their changelog is
+// acknowledged and their store written) until they are committed.
+type committer struct {
+	mu      sync.Mutex
+	pending map[string]map[int32]kgo.EpochOffset // guarded by mu
+	// gen counts forgets; forgot is the gen at which each partition was
+	// last forgotten (its task stopped or was lost), so that a commit that
+	// failed does not put back offsets of a partition forgotten meanwhile.
+	// Guarded by mu.
+	gen    uint64
+	forgot map[string]map[int32]uint64
+	onDone func()
+	kick   chan struct{} // signalled by report; buffered 1
+	// held, if set, tells whether this member holds a partition now: only
+	// those are committed.
+	held func(topic string, partition int32) bool
+}
+
+func (c *committer) report(topic string, partition int32, next int64) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.pending == nil {
+		c.pending = make(map[string]map[int32]kgo.EpochOffset)
+	}
+	if c.pending[topic] == nil {
+		c.pending[topic] = make(map[int32]kgo.EpochOffset)
+	}
+	c.pending[topic][partition] = kgo.EpochOffset{Epoch: -1, Offset: next}
+	select {
+	case c.kick <- struct{}{}:
+	default:
+	}
+}
+
+func (c *committer) forgetAll() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.gen++
+	for topic, ps := range c.pending {
+		for p := range ps {
+			c.markForgotLocked(topic, p)
+		}
+	}
+	c.pending = nil
+	// Offsets in flight are of partitions whose session ended: none is put
+	// back (see commit).
+	c.forgot = map[string]map[int32]uint64{"": {-1: c.gen}}
+}
+
+func (c *committer) forget(topic string, ps []int32) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.gen++
+	for _, p := range ps {
+		delete(c.pending[topic], p)
+		c.markForgotLocked(topic, p)
+	}
+}
+
+func (c *committer) markForgotLocked(topic string, p int32) {
+	if c.forgot == nil {
+		c.forgot = map[string]map[int32]uint64{}
+	}
+	if c.forgot[topic] == nil {
+		c.forgot[topic] = map[int32]uint64{}
+	}
+	c.forgot[topic][p] = c.gen
+}
+
+// forgottenSince reports whether topic/p was forgotten after gen.
+func (c *committer) forgottenSince(topic string, p int32, gen uint64) bool {
+	return c.forgot[topic][p] > gen || c.forgot[""][-1] > gen
+}
+
+// commit commits the pending offsets synchronously, those of partitions
+// this member holds. Offsets that fail to commit are kept for the next try,
+// unless newer ones arrived or the partition was forgotten meanwhile.
+func (c *committer) commit(ctx context.Context, cl *kgo.Client) error {
+	c.mu.Lock()
+	todo := c.pending
+	c.pending = nil
+	gen := c.gen
+	c.mu.Unlock()
+	if c.held != nil {
+		for topic, ps := range todo {
+			for p := range ps {
+				if !c.held(topic, p) {
+					delete(ps, p)
+				}
+			}
+		}
+	}
+	if len(todo) == 0 {
+		return nil
+	}
+	var commitErr error
+	cl.CommitOffsetsSync(ctx, todo, func(_ *kgo.Client, _ *kmsg.OffsetCommitRequest, resp *kmsg.OffsetCommitResponse, err error) {
+		if err != nil {
+			commitErr = err
+			return
+		}
+		for _, t := range resp.Topics {
+			for _, p := range t.Partitions {
+				if e := kerr.ErrorForCode(p.ErrorCode); e != nil && commitErr == nil {
+					commitErr = fmt.Errorf("committing %s-%d: %w", t.Topic, p.Partition, e)
+				}
+			}
+		}
+	})
+	if commitErr != nil {
+		c.mu.Lock()
+		for topic, ps := range todo {
+			for p, eo := range ps {
+				if _, newer := c.pending[topic][p]; newer || c.forgottenSince(topic, p, gen) {
+					continue
+				}
+				if c.pending == nil {
+					c.pending = make(map[string]map[int32]kgo.EpochOffset)
+				}
+				if c.pending[topic] == nil {
+					c.pending[topic] = make(map[int32]kgo.EpochOffset)
+				}
+				c.pending[topic][p] = eo
+			}
+		}
+		c.mu.Unlock()
+		return commitErr
+	}
+	if c.onDone != nil {
+		c.onDone()
+	}
+	return nil
+}

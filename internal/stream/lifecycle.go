@@ -1,0 +1,170 @@
+package stream
+
+import (
+	"fmt"
+	"sync"
+	"sync/atomic"
+)
+
+// Lifecycles of tasks and standby copies.
+//
+// Each is a state machine: its states, the moves allowed between them in
+// one table, and one function that moves (refusing a move the table does
+// not allow). TestTaskMoves and TestCopyMoves walk the tables.
+
+// TaskState is where a task is in its life.
+type TaskState int32
+
+// Task states, in the order a task goes through them.
+const (
+	TaskCreated TaskState = iota
+	TaskRestoring
+	TaskRunning
+	TaskStopping
+	TaskClosed
+	TaskFailed
+	// TaskStalled: the store cannot take writes (disk full, read-only);
+	// the task stopped processing and checks again every second.
+	TaskStalled
+)
+
+func (s TaskState) String() string {
+	switch s {
+	case TaskCreated:
+		return "created"
+	case TaskRestoring:
+		return "restoring"
+	case TaskRunning:
+		return "running"
+	case TaskStopping:
+		return "stopping"
+	case TaskClosed:
+		return "closed"
+	case TaskFailed:
+		return "failed"
+	case TaskStalled:
+		return "stalled"
+	}
+	return fmt.Sprintf("TaskState(%d)", int32(s))
+}
+
+// taskMoves are the moves a task may make: it restores, then runs (stalling
+// while its store cannot take writes), then stops; a stop during the
+// restore abandons it (closed); closed and failed are final.
+var taskMoves = map[TaskState][]TaskState{
+	TaskCreated:   {TaskRestoring},
+	TaskRestoring: {TaskRunning, TaskStopping, TaskClosed, TaskFailed},
+	TaskRunning:   {TaskStalled, TaskStopping, TaskFailed},
+	TaskStalled:   {TaskRunning, TaskStopping, TaskFailed},
+	TaskStopping:  {TaskClosed, TaskFailed},
+}
+
+// allowed reports whether the table allows from -> to.
+func allowed[S comparable](moves map[S][]S, from, to S) bool {
+	for _, s := range moves[from] {
+		if s == to {
+			return true
+		}
+	}
+	return false
+}
+
+// lifecycle is a task's state and its stop request. The state is written
+// by the task goroutine only and read by anyone.
+type lifecycle struct {
+	state atomic.Int32
+	// quit is closed by requestStop; flushOnStop says how to close: flush
+	// before closing (revoked at-least-once, shutdown) or drop (lost, and
+	// always exactly-once).
+	quit        chan struct{}
+	quitOnce    sync.Once
+	flushOnStop atomic.Bool
+	// done is closed when the task goroutine has ended.
+	done chan struct{}
+}
+
+func newLifecycle() lifecycle {
+	return lifecycle{quit: make(chan struct{}), done: make(chan struct{})}
+}
+
+func (l *lifecycle) get() TaskState { return TaskState(l.state.Load()) }
+
+// move makes the move to s when the table allows it; it reports the state
+// it was in and whether it moved. Staying in the same state is a no-op.
+func (l *lifecycle) move(s TaskState) (TaskState, bool) {
+	from := l.get()
+	if from == s {
+		return from, true
+	}
+	if !allowed(taskMoves, from, s) {
+		return from, false
+	}
+	l.state.Store(int32(s))
+	return from, true
+}
+
+func (l *lifecycle) requestStop(flush bool) {
+	l.quitOnce.Do(func() {
+		l.flushOnStop.Store(flush)
+		close(l.quit)
+	})
+}
+
+// CopyState is where a standby copy is in its life.
+type CopyState int32
+
+// Copy states. Their names in the status are those of the task states
+// they resemble (a copy opening its store is "restoring", one tailing the
+// changelog "running").
+const (
+	CopyCreated CopyState = iota
+	CopyOpening
+	CopyTailing
+	// CopyRetrying: the copy failed and starts over after standbyRetry.
+	CopyRetrying
+	CopyClosed
+)
+
+func (s CopyState) String() string {
+	switch s {
+	case CopyCreated:
+		return "created"
+	case CopyOpening:
+		return "restoring"
+	case CopyTailing:
+		return "running"
+	case CopyRetrying:
+		return "failed"
+	case CopyClosed:
+		return "closed"
+	}
+	return fmt.Sprintf("CopyState(%d)", int32(s))
+}
+
+// copyMoves are the moves a copy may make: it opens its store and tails the
+// changelog; a failure waits and opens again; a stop closes it from any
+// state.
+var copyMoves = map[CopyState][]CopyState{
+	CopyCreated:  {CopyOpening, CopyClosed},
+	CopyOpening:  {CopyTailing, CopyRetrying, CopyClosed},
+	CopyTailing:  {CopyRetrying, CopyClosed},
+	CopyRetrying: {CopyOpening, CopyClosed},
+}
+
+// copyState is a copy's state, written by its goroutine, read by anyone.
+type copyState struct{ v atomic.Int32 }
+
+func (c *copyState) get() CopyState { return CopyState(c.v.Load()) }
+
+// move makes the move to s when the table allows it (see lifecycle.move).
+func (c *copyState) move(s CopyState) (CopyState, bool) {
+	from := c.get()
+	if from == s {
+		return from, true
+	}
+	if !allowed(copyMoves, from, s) {
+		return from, false
+	}
+	c.v.Store(int32(s))
+	return from, true
+}

@@ -1,0 +1,433 @@
+package stream
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sort"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+	"go.uber.org/zap"
+)
+
+// A group session: one membership of the consumer group, from joining to
+// leaving (or to starting over on a changed input topic, or after the
+// producer was fenced). It owns the group client and every goroutine it
+// starts (tasks, standby copies, the topology watcher, the probe loop),
+// and waits for them; Run starts one session after another.
+
+// session is one group session. Its fields are set by newSession and run,
+// before the client exists; the client, once made, is the poll loop's
+// (callbacks run on franz-go's goroutines and use it only as franz-go
+// allows: pausing, resuming, committing in a revoke).
+type session struct {
+	env   *env
+	reg   *registry
+	bal   *taskBalancer
+	local *localStores
+	topo  topology
+	// client is the group client (exactly-once, the transact session's),
+	// set once made; callbacks can run before run stores it, so they store
+	// the client franz-go passes them first (the same one).
+	client atomic.Pointer[kgo.Client]
+	g      guarantee
+	fail   failure
+	// workDone is closed when the shutdown grace period ran out: tasks stop
+	// where they are.
+	workDone <-chan struct{}
+	// wg counts every goroutine the session started.
+	wg sync.WaitGroup
+	// dropLog rate-limits the warning about records polled for a task that
+	// is not running; the poll loop's.
+	dropLog rateLimiter
+	probes  prober
+}
+
+func newSession(e *env, reg *registry, bal *taskBalancer, local *localStores, topo topology, workDone <-chan struct{}) *session {
+	s := &session{env: e, reg: reg, bal: bal, local: local, topo: topo, workDone: workDone,
+		fail: newFailure(), dropLog: rateLimiter{every: 10 * time.Second, burst: 3}}
+	s.probes.interval = e.cfg.ProbingRebalanceInterval
+	if e.eos {
+		s.g = newExactlyOnce(s)
+	} else {
+		s.g = newAtLeastOnce(s)
+	}
+	return s
+}
+
+// guarantee is the commit cycle of processing.guarantee, chosen once per
+// session: at-least-once (alos.go) or exactly-once (eos.go).
+type guarantee interface {
+	// client makes the group client from the session's options.
+	client(opts []kgo.Opt) (*kgo.Client, error)
+	// taskDeps fills in what tasks get from the guarantee.
+	taskDeps(*taskDeps)
+	// poll is the poll loop, until ctx is done; records are handed to the
+	// tasks (and cycles run) under work.
+	poll(ctx, work context.Context) error
+	// revoked stops the tasks of a revoke callback.
+	revoked(ctx context.Context, cl *kgo.Client, ps []int32)
+	// dropped is told of tasks stopped without their revoke (lost, or
+	// moved away): nothing of theirs may be committed.
+	dropped(ps []int32)
+	// stop is the guarantee's part of a shutdown, after polling ended: the
+	// last cycle, the tasks stopped, the last commit.
+	stop(work context.Context, pollErr error) error
+	// close closes the group client.
+	close()
+}
+
+// kc returns the group client (nil before it exists).
+func (s *session) kc() *kgo.Client { return s.client.Load() }
+
+// rejoin makes this member rejoin the group (the balancer found the group
+// advertising an old address for it); the first sync can come before run
+// stored the client.
+func (s *session) rejoin() {
+	for range 100 {
+		if cl := s.kc(); cl != nil {
+			cl.ForceRebalance()
+			return
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// failure is the first failure of a task: it ends the poll loop and the
+// session.
+type failure struct {
+	once sync.Once
+	err  error // set before ch is closed
+	ch   chan struct{}
+}
+
+func newFailure() failure { return failure{ch: make(chan struct{})} }
+
+func (f *failure) set(err error) {
+	f.once.Do(func() {
+		f.err = err
+		close(f.ch)
+	})
+}
+
+// go runs fn as one of the session's goroutines.
+func (s *session) goroutine(fn func()) {
+	s.wg.Add(1)
+	go func() {
+		defer s.wg.Done()
+		fn()
+	}()
+}
+
+// clientOpts are the group client's options.
+func (s *session) clientOpts() []kgo.Opt {
+	cfg := s.env.cfg
+	reset := kgo.NewOffset().AtStart()
+	if cfg.AutoOffsetReset == "latest" {
+		reset = kgo.NewOffset().AtEnd()
+	}
+	return append(s.env.kafkaOpts(),
+		kgo.ConsumerGroup(cfg.ApplicationID),
+		kgo.InstanceID(s.env.instanceID),
+		kgo.SessionTimeout(cfg.SessionTimeout),
+		// A third of the session (as Kafka advises), at most the 3 s
+		// default: a short session must not expire between heartbeats.
+		kgo.HeartbeatInterval(min(3*time.Second, cfg.SessionTimeout/3)),
+		kgo.ConsumeTopics(cfg.InputTopic, cfg.RepartitionTopic()),
+		kgo.Balancers(s.bal),
+		kgo.ConsumeResetOffset(reset),
+		kgo.DisableAutoCommit(),
+		kgo.OnPartitionsAssigned(s.assigned),
+		kgo.OnPartitionsRevoked(s.revoked),
+		kgo.OnPartitionsLost(s.lost),
+		// The lost callback can be swallowed (see assigned); the hook
+		// cannot: it runs after every group error that lost the partitions.
+		kgo.WithHooks(lostHook{s}),
+		kgo.RecordPartitioner(kgo.ManualPartitioner()),
+		// Forwarded events on the repartition topic become visible to their
+		// owner only once the transaction that forwarded them commits.
+		kgo.FetchIsolationLevel(kgo.ReadCommitted()),
+		// A fetch long-polls for at most this long (the Java consumer's
+		// default); it also bounds how long a partition resumed after its
+		// restore waits for the fetch in flight to return.
+		kgo.FetchMaxWait(500*time.Millisecond),
+		kgo.ProducerLinger(5*time.Millisecond),
+		kgo.ProducerBatchCompression(compression(cfg.CompressionType)),
+		kgo.MaxBufferedRecords(100_000),
+	)
+}
+
+// run joins the group and processes until ctx is done, a task fails, the
+// input topic changes (errTopologyChanged) or the producer is fenced
+// (errSessionFenced); then it shuts down: the guarantee's last cycle and
+// commit, the tasks stopped, the client closed, and (unless the session is
+// followed by another) the group left. work is canceled when the grace
+// period runs out.
+func (s *session) run(ctx context.Context, work context.Context, cancelWork context.CancelFunc, appServer string) error {
+	s.bal.start(memberInfo{partitions: s.topo.partitions, processID: s.env.dir.ProcessID(), appServer: appServer})
+	cl, err := s.g.client(s.clientOpts())
+	if err != nil {
+		return fmt.Errorf("creating group consumer: %w", err)
+	}
+	s.client.Store(cl)
+	s.env.log.Info("Joining consumer group", zap.String("group", s.env.cfg.ApplicationID), zap.String("group.instance.id", s.env.instanceID),
+		zap.String("input", s.env.cfg.InputTopic), zap.Int32("partitions", s.topo.partitions), zap.String("process_id", s.env.dir.ProcessID()))
+
+	// The watcher ends the session when the input topic changes.
+	pollCtx, cancelPoll := context.WithCancelCause(ctx)
+	defer cancelPoll(nil)
+	s.goroutine(func() { watchTopology(pollCtx, s.env, s.topo, cancelPoll) })
+	s.goroutine(func() { s.probeLoop(pollCtx) })
+	pollErr := s.poll(pollCtx, work)
+	changed := topologyChanged(pollCtx, ctx)
+	cancelPoll(nil)
+
+	// Shutdown: whatever the reason, within the grace period.
+	deadline := time.AfterFunc(GracePeriod, cancelWork)
+	defer deadline.Stop()
+	for _, sb := range s.reg.beginStopping() {
+		sb.stop()
+	}
+	stopErr := s.g.stop(work, pollErr)
+	s.g.close()
+	if changed != nil || (errors.Is(pollErr, errSessionFenced) && ctx.Err() == nil) {
+		// Start over without leaving the group: the next session rejoins
+		// under the same instance id at once.
+		s.wg.Wait()
+		return errors.Join(changed, pollErr, stopErr)
+	}
+	leaveErr := s.leaveGroup(work)
+	s.wg.Wait()
+	if work.Err() != nil {
+		s.env.log.Warn("Shutdown grace period ran out; the next start restores the changelog tail", zap.Duration("grace", GracePeriod))
+	}
+	s.env.log.Info("Stopped")
+	return errors.Join(pollErr, stopErr, leaveErr)
+}
+
+// poll runs the guarantee's poll loop, which also ends when a task fails.
+func (s *session) poll(ctx, work context.Context) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	s.goroutine(func() {
+		select {
+		case <-s.fail.ch:
+			cancel()
+		case <-ctx.Done():
+		}
+	})
+	err := s.g.poll(ctx, work)
+	select {
+	case <-s.fail.ch:
+		return errors.Join(err, s.fail.err)
+	default:
+		return err
+	}
+}
+
+// topologyChanged returns errTopologyChanged when the poll context ended
+// for that reason (and not for a shutdown).
+func topologyChanged(pollCtx, ctx context.Context) error {
+	if ctx.Err() == nil && errors.Is(context.Cause(pollCtx), errTopologyChanged) {
+		return context.Cause(pollCtx)
+	}
+	return nil
+}
+
+// dispatch hands each partition's records to its task. It never blocks on a
+// task that cannot take them (a stalled task keeps reading its inbox; a
+// stopped one is skipped). It reports whether records were left unprocessed
+// for want of a running task: exactly-once, the cycle then aborts, so that
+// their offsets are not committed and they are read again. Records of
+// partitions in skip are not dispatched: they were read before their task's
+// rewind and are read again.
+func (s *session) dispatch(ctx context.Context, fetches kgo.Fetches, skip map[int32]bool) (dropped bool) {
+	fetches.EachError(func(topic string, p int32, err error) {
+		if !errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, context.Canceled) {
+			s.env.log.Warn("Fetching", zap.String("topic", topic), zap.Int32("partition", p), zap.Error(err))
+		}
+	})
+	fetches.EachPartition(func(p kgo.FetchTopicPartition) {
+		if len(p.Records) == 0 || skip[p.Partition] {
+			return
+		}
+		t := s.reg.task(p.Partition)
+		if t == nil || (s.env.eos && t.State() != TaskRunning) {
+			// Revoked meanwhile (the session aborts and the new owner reads
+			// from the committed offset), or not processing: nothing of
+			// these records is committed.
+			if ok, suppressed := s.dropLog.allow(time.Now()); ok {
+				s.env.log.Warn("Records polled for a task that is not running here; they are not committed and are read again",
+					zap.String("topic", p.Topic), zap.Int32("partition", p.Partition), zap.Int("records", len(p.Records)), zap.Int64("suppressed", suppressed))
+			}
+			dropped = true
+			return
+		}
+		select {
+		case t.mail.inbox <- batch{topic: p.Topic, recs: p.Records, hwm: p.HighWatermark, epoch: t.retry.rewindEpoch.Load()}:
+		case <-t.life.done:
+			dropped = true
+		case <-ctx.Done():
+			dropped = true
+		}
+	})
+	return dropped
+}
+
+// heldBit is the bit of registry.mu.held for topic.
+func (s *session) heldBit(topic string) uint8 {
+	switch topic {
+	case s.env.cfg.InputTopic:
+		return heldInput
+	case s.env.cfg.RepartitionTopic():
+		return heldRepartition
+	}
+	return 0
+}
+
+// taskDeps are what the session gives a task.
+func (s *session) taskDeps() taskDeps {
+	d := taskDeps{env: s.env, topo: s.topo, client: s.kc(), restored: s.restored, cameFrom: s.bal.cameFrom}
+	s.g.taskDeps(&d)
+	return d
+}
+
+// startTasks starts a task for each of ps (their partitions paused until
+// their restore is done). Called with reg.mu held.
+func (s *session) startTasksLocked(ps []int32, generation int32) {
+	s.kc().PauseFetchPartitions(s.env.topicsOf(ps))
+	r := &s.reg.mu
+	r.restoring = restoreBatch{left: map[int32]bool{}, at: time.Now()}
+	for _, p := range ps {
+		t := newTask(s.taskDeps(), p)
+		// A standby copy here stops first: the task takes its store over
+		// (once the copy closed it) and restores only what it lacked.
+		t.handover.from = s.takeStandbyLocked(p)
+		r.tasks[p] = t
+		r.restoring.left[p] = true
+		r.restoring.names = append(r.restoring.names, t.name)
+		s.goroutine(func() {
+			ctx, cancel := untilClosed(s.workDone)
+			defer cancel()
+			if err := t.run(ctx); err != nil {
+				s.fail.set(err)
+			}
+		})
+	}
+	s.env.log.Info("Assigned partitions", zap.Strings("tasks", r.restoring.names), zap.Int32("generation", generation))
+}
+
+// cancelOn returns a context derived from parent that is also canceled
+// when ch yields a value or is closed; then, when not nil, runs first. The
+// goroutine watching ch ends with the context, so the caller's cancel ends
+// it.
+func cancelOn[T any](parent context.Context, ch <-chan T, then func()) (context.Context, context.CancelFunc) {
+	ctx, cancel := context.WithCancel(parent)
+	go func() {
+		select {
+		case <-ch:
+			if then != nil {
+				then()
+			}
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	return ctx, cancel
+}
+
+// untilClosed returns a context that is done when ch is closed (or its
+// cancel is called).
+func untilClosed(ch <-chan struct{}) (context.Context, context.CancelFunc) {
+	return cancelOn(context.Background(), ch, nil)
+}
+
+// restored resumes fetching for a restored task and logs when the whole
+// latest assignment is restored.
+func (s *session) restored(t *task) {
+	r := s.reg
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.mu.tasks[t.partition] != t {
+		return // stopped meanwhile: its partitions stay paused
+	}
+	s.kc().ResumeFetchPartitions(s.env.topicsOf([]int32{t.partition}))
+	b := &r.mu.restoring
+	if !b.left[t.partition] {
+		return
+	}
+	delete(b.left, t.partition)
+	if len(b.left) == 0 {
+		ms := time.Since(b.at).Milliseconds()
+		s.env.log.Info(fmt.Sprintf("Restoration took %d ms for all tasks [%s]", ms, strings.Join(b.names, ", ")),
+			zap.Int64("duration_ms", ms), zap.Strings("tasks", b.names))
+	}
+}
+
+// stopTasks stops the tasks of ps and waits for them. A task still
+// restoring abandons its restore; the wait is bounded by that, not by the
+// restore's length. outcome says, in the Closed line, what became of the
+// tasks' last changes.
+func (s *session) stopTasks(ps []int32, flush bool, outcome string) error {
+	ts := s.reg.take(ps)
+	for _, t := range ts {
+		t.requestStop(flush)
+	}
+	var errs []error
+	for _, t := range ts {
+		<-t.life.done
+		if t.State() == TaskFailed {
+			errs = append(errs, fmt.Errorf("task %s failed", t.name))
+			t.log.Info(fmt.Sprintf("task [%s] Closed after a failure", t.name))
+		} else {
+			t.log.Info(fmt.Sprintf("task [%s] Closed: %s", t.name, outcome), zap.String("outcome", outcome))
+		}
+		if t.State() == TaskClosed && t.fold.cp.ChangelogTopicID == s.topo.changelogID && t.stats.checkpoint.Load() >= 0 {
+			// The task goroutine is done: its checkpoint is final.
+			s.local.note(t.partition, t.fold.cp)
+		}
+	}
+	s.reg.closed(ts)
+	return errors.Join(errs...)
+}
+
+// partitionsOf returns the partitions of parts, of any topic, sorted.
+func partitionsOf(parts map[string][]int32) []int32 {
+	seen := map[int32]bool{}
+	var ps []int32
+	for _, tps := range parts {
+		for _, p := range tps {
+			if !seen[p] {
+				seen[p] = true
+				ps = append(ps, p)
+			}
+		}
+	}
+	sort.Slice(ps, func(i, j int) bool { return ps[i] < ps[j] })
+	return ps
+}
+
+// compression returns the producer codec of compression.type.
+func compression(name string) kgo.CompressionCodec {
+	switch name {
+	case "gzip":
+		return kgo.GzipCompression()
+	case "snappy":
+		return kgo.SnappyCompression()
+	case "lz4":
+		return kgo.Lz4Compression()
+	case "zstd":
+		return kgo.ZstdCompression()
+	}
+	return kgo.NoCompression()
+}
+
+// generation returns the group generation cl's member is in (-1: none).
+func generation(cl *kgo.Client) int32 {
+	_, gen := cl.GroupMetadata()
+	return gen
+}

@@ -1,0 +1,165 @@
+package stream
+
+import (
+	"context"
+	"fmt"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"go.uber.org/zap/zaptest"
+
+	"github.com/salesagg/salesagg/internal/changelog"
+	"github.com/salesagg/salesagg/internal/config"
+	"github.com/salesagg/salesagg/internal/sales"
+	"github.com/salesagg/salesagg/internal/state"
+)
+
+// TestTaskDrivenAlone drives one at-least-once task with nothing but what it
+// uses (its config, topology, a client, a committer, a membership check): no
+// runtime, no group. It folds a batch, writes nothing while the coordinator
+// does not confirm the member, and then writes the cycle it kept: the
+// changelog, the store and the offsets reported for commit agree.
+func TestTaskDrivenAlone(t *testing.T) {
+	cfg := config.Default()
+	cfg.ApplicationID = "alone"
+	cfg.ProcessingGuarantee = config.AtLeastOnce
+	cfg.StateDir = t.TempDir()
+	c, err := kfake.NewCluster(kfake.NumBrokers(1),
+		kfake.SeedTopics(3, cfg.InputTopic, cfg.ChangelogTopic(), cfg.NotificationTopic))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	seed := []kgo.Opt{kgo.SeedBrokers(c.ListenAddrs()...)}
+	cl, err := kgo.NewClient(seed...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	ids, err := kadm.NewClient(cl).ListTopics(ctx, cfg.InputTopic, cfg.ChangelogTopic())
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	dir, err := state.OpenDir(cfg.StateDir, cfg.ApplicationID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dir.Close()
+	log := zaptest.NewLogger(t)
+	e := &env{cfg: cfg, log: log, dir: dir, metrics: newInstruments(cfg.ProcessingGuarantee),
+		blockCache: state.NewBlockCache(cfg.StoreCacheBytes)}
+	defer e.blockCache.Close()
+	topo := topology{partitions: 3, notificationPartitions: 3,
+		inputID: [16]byte(ids[cfg.InputTopic].ID), changelogID: [16]byte(ids[cfg.ChangelogTopic()].ID)}
+	var refuse atomic.Bool
+	refuse.Store(true)
+	asked := 0
+	com := &committer{kick: make(chan struct{}, 1)}
+	task := newTask(taskDeps{
+		env: e, topo: topo, client: cl, committer: com,
+		member: func(context.Context) error {
+			asked++
+			if refuse.Load() {
+				return errNotMember
+			}
+			return nil
+		},
+		rewind:   func(*task) {},
+		restored: func(*task) {},
+		cameFrom: func(int32) string { return "" },
+	}, 0)
+	st, err := e.openStore(0, log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	task.store.Store(st)
+	defer st.Close()
+
+	// Events of products this partition owns, at input offsets 0..n-1.
+	want := map[string]int64{}
+	var recs []*kgo.Record
+	for i := 0; len(recs) < 30; i++ {
+		p := fmt.Sprintf("product%d", i%40)
+		if sales.Partition([]byte(p), 3) != 0 {
+			continue
+		}
+		v := int64(len(recs)*10 + 5)
+		want[p] += v
+		recs = append(recs, &kgo.Record{Topic: cfg.InputTopic, Partition: 0, Offset: int64(len(recs)),
+			Key: []byte(p), Value: fmt.Appendf(nil, `{"product":%q,"value":%d}`, p, v)})
+	}
+	if err := task.processBatch(ctx, batch{topic: cfg.InputTopic, recs: recs, hwm: int64(len(recs)), epoch: 0}); err != nil {
+		t.Fatal(err)
+	}
+	if err := task.flush(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if asked != 1 {
+		t.Fatalf("the membership check was asked %d times, want 1", asked)
+	}
+	if got := changelogTotals(t, ctx, seed, cfg.ChangelogTopic()); len(got) != 0 {
+		t.Fatalf("an unconfirmed member wrote the changelog: %v", got)
+	}
+	if len(task.fold.dirty) != len(want) {
+		t.Fatalf("the refused cycle kept %d products, want %d", len(task.fold.dirty), len(want))
+	}
+
+	refuse.Store(false)
+	task.retry.memberUnknownAt = time.Time{} // the once-a-second gate, passed
+	if err := task.flush(ctx); err != nil {
+		t.Fatal(err)
+	}
+	got := changelogTotals(t, ctx, seed, cfg.ChangelogTopic())
+	for p, v := range want {
+		if got[p] != v {
+			t.Errorf("changelog %s = %d, want %d", p, got[p], v)
+		}
+		if en, ok, err := st.Get(p); err != nil || !ok || en.Total != v {
+			t.Errorf("store %s = %v %v %v, want %d", p, en.Total, ok, err, v)
+		}
+	}
+	if len(got) != len(want) {
+		t.Errorf("changelog holds %d products, want %d", len(got), len(want))
+	}
+	com.mu.Lock()
+	next := com.pending[cfg.InputTopic][0].Offset
+	com.mu.Unlock()
+	if next != int64(len(recs)) {
+		t.Fatalf("offset reported for commit %d, want %d", next, len(recs))
+	}
+}
+
+// changelogTotals reads partition 0 of a changelog: each product's latest
+// total.
+func changelogTotals(t *testing.T, ctx context.Context, client []kgo.Opt, topic string) map[string]int64 {
+	t.Helper()
+	cl, err := kgo.NewClient(client...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	ends, err := changelog.Ends(ctx, kadm.NewClient(cl), topic)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]int64{}
+	err = changelog.Scan(ctx, client, topic, 0, 0, ends[0], func(r *kgo.Record) {
+		u, err := changelog.Update(r)
+		if err != nil {
+			t.Errorf("offset %d: %v", r.Offset, err)
+			return
+		}
+		out[u.Product] = u.Entry.Total
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
