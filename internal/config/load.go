@@ -1,0 +1,179 @@
+package config
+
+import (
+	"errors"
+	"fmt"
+	"slices"
+	"sort"
+	"strings"
+
+	"github.com/spf13/pflag"
+	"github.com/spf13/viper"
+)
+
+// Keys returns the names of all configuration keys, sorted.
+func Keys() []string {
+	out := make([]string, len(keys))
+	for i, k := range keys {
+		out[i] = k.name
+	}
+	sort.Strings(out)
+	return out
+}
+
+// EnvName returns the environment variable of key: SALESAGG_ and the key in
+// upper case with dots as underscores.
+func EnvName(key string) string {
+	return "SALESAGG_" + strings.ToUpper(strings.ReplaceAll(key, ".", "_"))
+}
+
+// RegisterFlags adds --config and one flag per key to fs.
+func RegisterFlags(fs *pflag.FlagSet) {
+	fs.String("config", "", "YAML configuration file")
+	for _, k := range keys {
+		help := k.help
+		if k.def != "" {
+			help += " (default " + k.def + ")"
+		}
+		fs.String(k.name, "", help)
+	}
+}
+
+// Load reads the configuration: defaults, then the YAML file named by
+// --config, then the environment (environ, as os.Environ returns it), then
+// flags set on fs. It returns every problem found at once.
+func Load(fs *pflag.FlagSet, environ []string) (Config, error) {
+	v := viper.New()
+	for _, k := range keys {
+		if k.def != "" {
+			v.SetDefault(k.name, k.def)
+		}
+	}
+	var problems []error
+	if f := fs.Lookup("config"); f != nil && f.Value.String() != "" {
+		// Its problems are reported with the others: the environment's
+		// and the flags' are still worth knowing.
+		problems = append(problems, setFromFile(v, f.Value.String())...)
+	}
+	env := environment(environ)
+	problems = append(problems, setFromEnv(v, env)...)
+	for _, k := range keys {
+		if f := fs.Lookup(k.name); f != nil && f.Changed {
+			v.Set(k.name, f.Value.String())
+		}
+	}
+
+	// Decode and validation problems are reported together. A key that did
+	// not decode holds its zero value, so validation skips it rather than
+	// report it twice.
+	c, failed, errs := decode(source{v})
+	problems = append(problems, errs...)
+	if f := fs.Lookup("sasl.password"); f != nil && f.Changed {
+		c.Warnings = append(c.Warnings, "sasl.password is given as a command-line flag: every user of the machine can read it (ps, /proc/<pid>/cmdline); put it in a file and give sasl.password.file instead")
+	} else if _, ok := env[EnvName("sasl.password")]; ok {
+		c.Warnings = append(c.Warnings, "sasl.password is given in the environment ("+EnvName("sasl.password")+"): it is visible in the process's environment and to anything that inherits it; put it in a file and give sasl.password.file instead")
+	}
+	if err := c.validate(failed); err != nil {
+		problems = append(problems, err)
+	}
+	if len(problems) > 0 {
+		return Config{}, errors.Join(problems...)
+	}
+	return c, nil
+}
+
+// setFromFile sets on v the keys of the YAML file name. It returns the
+// file's problems: unreadable, or a key that is none of ours.
+func setFromFile(v *viper.Viper, name string) []error {
+	var problems []error
+	file := viper.New()
+	file.SetConfigFile(name)
+	file.SetConfigType("yaml")
+	if err := file.ReadInConfig(); err != nil {
+		problems = append(problems, fmt.Errorf("config: reading %s: %w", name, err))
+	}
+	for _, key := range file.AllKeys() {
+		if !known(key) {
+			problems = append(problems, fmt.Errorf("config: unknown key %q in %s (known keys: %s)", key, name, strings.Join(Keys(), ", ")))
+			continue
+		}
+		v.Set(key, file.Get(key))
+	}
+	return problems
+}
+
+// environment maps the variables of environ (as os.Environ returns it) to
+// their values.
+func environment(environ []string) map[string]string {
+	env := map[string]string{}
+	for _, kv := range environ {
+		name, val, ok := strings.Cut(kv, "=")
+		if ok {
+			env[name] = val
+		}
+	}
+	return env
+}
+
+// setFromEnv sets on v the keys given in env: KAFKA_BOOTSTRAP_SERVERS, then
+// EnvName of each key over it. It returns a problem for each SALESAGG_
+// variable that names no key.
+func setFromEnv(v *viper.Viper, env map[string]string) []error {
+	var problems []error
+	for name := range env {
+		if rest, ok := strings.CutPrefix(name, "SALESAGG_"); ok && !knownEnv(name) {
+			problems = append(problems, fmt.Errorf("config: unknown environment variable %s (no key %q)", name, strings.ToLower(strings.ReplaceAll(rest, "_", "."))))
+		}
+	}
+	if val, ok := env["KAFKA_BOOTSTRAP_SERVERS"]; ok {
+		v.Set("bootstrap.servers", val)
+	}
+	for _, k := range keys {
+		if val, ok := env[EnvName(k.name)]; ok {
+			v.Set(k.name, val)
+		}
+	}
+	return problems
+}
+
+// Default returns the configuration with every key at its default.
+func Default() Config {
+	c, err := Load(pflag.NewFlagSet("default", pflag.ContinueOnError), nil)
+	if err != nil {
+		panic(err) // the defaults are valid; a test guards it
+	}
+	return c
+}
+
+func known(name string) bool {
+	return slices.ContainsFunc(keys, func(k key) bool { return k.name == name })
+}
+
+func knownEnv(name string) bool {
+	return slices.ContainsFunc(keys, func(k key) bool { return EnvName(k.name) == name })
+}
+
+// decode reads every key of src into a Config, in the order of keys. It
+// returns the problems found and the keys they are of.
+func decode(src source) (Config, map[string]bool, []error) {
+	var c Config
+	var problems []error
+	failed := map[string]bool{}
+	for _, k := range keys {
+		if err := k.bind.decode(&c, src, k); err != nil {
+			problems = append(problems, err)
+			failed[k.name] = true
+		}
+	}
+	return c, failed, problems
+}
+
+// Fields returns the effective configuration as key/value pairs, for the
+// start-up log line.
+func (c Config) Fields() map[string]any {
+	out := make(map[string]any, len(keys))
+	for _, k := range keys {
+		out[k.name] = k.bind.show(c)
+	}
+	return out
+}
