@@ -16,7 +16,6 @@ import (
 	"unicode/utf8"
 
 	"github.com/spf13/pflag"
-	"github.com/spf13/viper"
 
 	"github.com/salesagg/salesagg/internal/config"
 )
@@ -103,14 +102,13 @@ type probeTarget struct {
 // healthTarget reads http.addr and the HTTP TLS keys as the service
 // resolves them: default, --config file, environment, --http.addr.
 func healthTarget(cfgFile, flagAddr string, environ []string) (probeTarget, error) {
-	var file *viper.Viper
+	var file map[string]string
 	if cfgFile != "" {
 		// Only these keys are read from the file: a probe does not fail
 		// because of a key it does not use (the service checks those).
-		file = viper.New()
-		file.SetConfigFile(cfgFile)
-		file.SetConfigType("yaml")
-		if err := file.ReadInConfig(); err != nil {
+		var err error
+		file, err = config.Peek(cfgFile, "http.addr", "http.tls.cert.file", "http.tls.peer.ca.file")
+		if err != nil {
 			return probeTarget{}, fmt.Errorf("reading http.addr from %s: %v", cfgFile, err)
 		}
 	}
@@ -121,10 +119,7 @@ func healthTarget(cfgFile, flagAddr string, environ []string) (probeTarget, erro
 		if v := lookupEnv(environ, config.EnvName(key)); v != "" {
 			return v
 		}
-		if file != nil {
-			return file.GetString(key)
-		}
-		return ""
+		return file[key]
 	}
 	addr := get("http.addr", flagAddr)
 	if addr == "" {

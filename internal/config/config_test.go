@@ -475,3 +475,34 @@ func TestHTTPSecurityConfig(t *testing.T) {
 		t.Fatalf("password in the environment: %v %v", c.Warnings, err)
 	}
 }
+
+func TestPeek(t *testing.T) {
+	// Scenario: Peek reads the keys asked for from a file whose other keys are unknown or bad, and fails only on an unreadable file or an undeclared name.
+	dir := t.TempDir()
+	name := filepath.Join(dir, "salesagg.yaml")
+	file := "http:\n  addr: 127.0.0.1:9090\n  tls.cert.file: /etc/tls/cert.pem\nno.such.key: 1\ntopics.partitions: lots\nhttp.max.connections: 5\n"
+	if err := os.WriteFile(name, []byte(file), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	got, err := Peek(name, "http.addr", "http.tls.cert.file", "http.tls.peer.ca.file", "http.max.connections")
+	if err != nil {
+		t.Fatalf("Peek: %v", err)
+	}
+	want := map[string]string{"http.addr": "127.0.0.1:9090", "http.tls.cert.file": "/etc/tls/cert.pem", "http.max.connections": "5"}
+	if fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Fatalf("Peek = %v, want %v", got, want)
+	}
+	if _, err := Peek(name, "http.adr"); err == nil || !strings.Contains(err.Error(), `no key "http.adr"`) {
+		t.Fatalf("Peek of an undeclared key: %v", err)
+	}
+	if _, err := Peek(filepath.Join(dir, "missing.yaml"), "http.addr"); err == nil {
+		t.Fatal("Peek of a missing file: no error")
+	}
+	bad := filepath.Join(dir, "bad.yaml")
+	if err := os.WriteFile(bad, []byte("http.addr: [unclosed\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Peek(bad, "http.addr"); err == nil {
+		t.Fatal("Peek of a file that is not YAML: no error")
+	}
+}

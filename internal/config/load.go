@@ -145,6 +145,35 @@ func Default() Config {
 	return c
 }
 
+// Peek returns the values, as text, that the YAML file sets for the keys
+// named, without looking at the file's other keys or checking any value:
+// for a command that needs a few keys (salesagg health reads http.addr and
+// the HTTP TLS files) and must not fail because of the others, which the
+// service checks. A key the file does not set is not in the map. The error
+// of a file that cannot be read or parsed is viper's, unwrapped, for the
+// caller to say what it read the file for; naming a key that is not
+// declared is an error too.
+func Peek(file string, names ...string) (map[string]string, error) {
+	for _, name := range names {
+		if !known(name) {
+			return nil, fmt.Errorf("config: peeking at %s: no key %q", file, name)
+		}
+	}
+	v := viper.New()
+	v.SetConfigFile(file)
+	v.SetConfigType("yaml")
+	if err := v.ReadInConfig(); err != nil {
+		return nil, err
+	}
+	out := make(map[string]string, len(names))
+	for _, name := range names {
+		if v.IsSet(name) {
+			out[name] = v.GetString(name)
+		}
+	}
+	return out, nil
+}
+
 func known(name string) bool {
 	return slices.ContainsFunc(keys, func(k key) bool { return k.name == name })
 }
