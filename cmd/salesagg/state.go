@@ -52,11 +52,13 @@ func runState(args []string) error {
 	}
 }
 
-// stateFlags registers the flags every state command has.
+// stateFlags registers the flags every state command has, defaulting to
+// the service's own defaults.
 func stateFlags(name string) (fs *pflag.FlagSet, stateDir, appID *string) {
+	def := config.Default()
 	fs = pflag.NewFlagSet("state "+name, pflag.ContinueOnError)
-	stateDir = fs.String("state-dir", "/tmp/salesagg", "the service's state.dir")
-	appID = fs.String("application.id", "sales-aggregator", "the service's application.id")
+	stateDir = fs.String("state-dir", def.StateDir, "the service's state.dir")
+	appID = fs.String("application.id", def.ApplicationID, "the service's application.id")
 	return fs, stateDir, appID
 }
 
@@ -205,7 +207,7 @@ func runStateReset(args []string, out io.Writer) error {
 func runStateVerify(args []string, out io.Writer) error {
 	fs, stateDir, appID := stateFlags("verify")
 	servers := fs.String("bootstrap.servers", defaultBootstrap(), "Kafka brokers, comma separated (env KAFKA_BOOTSTRAP_SERVERS)")
-	storeName := fs.String("store.name", "PRODUCT_AGGREGATED_SALES", "the service's store.name (names the changelog)")
+	storeName := fs.String("store.name", config.Default().StoreName, "the service's store.name (names the changelog)")
 	tasks := fs.StringSlice("task", nil, "verify only this task, 0_<partition> (repeatable; default: every task in the state dir)")
 	timeout := fs.Duration("timeout", 2*time.Minute, "give up reading the changelog after this long")
 	if err := config.ParseFlags(fs, args); err != nil {
@@ -235,7 +237,7 @@ func runStateVerify(args []string, out io.Writer) error {
 	if len(parts) == 0 {
 		return fmt.Errorf("no task stores in %s", dir.Path())
 	}
-	topic := *appID + "-" + *storeName + "-changelog"
+	topic := config.Config{ApplicationID: *appID, StoreName: *storeName}.ChangelogTopic()
 
 	cl, err := kgo.NewClient(kgo.SeedBrokers(strings.Split(*servers, ",")...), kgo.FetchIsolationLevel(kgo.ReadCommitted()), kgo.KeepControlRecords())
 	if err != nil {
