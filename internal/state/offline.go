@@ -1,0 +1,148 @@
+package state
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+
+	"go.uber.org/zap"
+)
+
+// This file holds what the offline tools (salesagg state inspect, verify
+// and reset) do to a stopped service's state dir.
+
+// OpenExistingDir takes the lock of <stateDir>/<appID>, which must exist: an
+// offline tool never creates the state it was asked to look at. A dir locked
+// by a running service is refused with an error that says so (and wraps
+// ErrLocked).
+func OpenExistingDir(stateDir, appID string) (*Dir, error) {
+	if _, err := os.Stat(filepath.Join(stateDir, appID)); err != nil {
+		return nil, fmt.Errorf("no state for application %s in %s: %w", appID, stateDir, err)
+	}
+	dir, err := OpenDir(stateDir, appID)
+	if errors.Is(err, ErrLocked) {
+		return nil, fmt.Errorf("refusing while the service runs: %w", err)
+	}
+	return dir, err
+}
+
+// ParseTasks turns task names (0_N or N, several in one name when separated
+// by commas) into sorted distinct partitions.
+func ParseTasks(names []string) ([]int32, error) {
+	var out []int32
+	for _, n := range names {
+		for _, one := range strings.Split(n, ",") {
+			one = strings.TrimSpace(one)
+			p, err := strconv.ParseInt(strings.TrimPrefix(one, "0_"), 10, 32)
+			if err != nil || p < 0 {
+				return nil, fmt.Errorf("%q: a task is 0_<partition>, e.g. 0_1", one)
+			}
+			if !slices.Contains(out, int32(p)) {
+				out = append(out, int32(p))
+			}
+		}
+	}
+	slices.Sort(out)
+	return out, nil
+}
+
+// Select returns the tasks of the dir that want names, or all of them when
+// want is empty. A task the dir does not hold is an error naming those it
+// does.
+func (d *Dir) Select(want []int32) ([]int32, error) {
+	have, err := d.Tasks()
+	if err != nil {
+		return nil, err
+	}
+	if len(want) == 0 {
+		return have, nil
+	}
+	for _, p := range want {
+		if !slices.Contains(have, p) {
+			names := make([]string, len(have))
+			for i, h := range have {
+				names[i] = TaskName(h)
+			}
+			return nil, fmt.Errorf("no task %s in %s (tasks: %s)", TaskName(p), d.path, strings.Join(names, ", "))
+		}
+	}
+	return want, nil
+}
+
+// TaskSummary is what a task's store holds, as state inspect shows it.
+type TaskSummary struct {
+	Task string `json:"task"`
+	// ChangelogOffset and InputOffset are the checkpoint's (absent without
+	// one; InputOffset also when it is -1).
+	ChangelogOffset  *int64 `json:"checkpoint_changelog_offset"`
+	InputOffset      *int64 `json:"checkpoint_input_offset,omitempty"`
+	Products         int64  `json:"products"`
+	SumOfTotals      int64  `json:"sum_of_totals"`
+	Error            string `json:"error,omitempty"`
+	ChangelogTopicID string `json:"changelog_topic_id,omitempty"`
+}
+
+// Inspect summarizes the store of every task in the dir, reading each one
+// read-only. A store that cannot be read has its error in its summary.
+func (d *Dir) Inspect() ([]TaskSummary, error) {
+	parts, err := d.Tasks()
+	if err != nil {
+		return nil, err
+	}
+	var out []TaskSummary
+	for _, p := range parts {
+		out = append(out, d.inspect(p))
+	}
+	return out, nil
+}
+
+func (d *Dir) inspect(p int32) TaskSummary {
+	v := TaskSummary{Task: TaskName(p)}
+	s, err := Open(d.TaskPath(p), zap.NewNop(), OpenOptions{ReadOnly: true})
+	if err != nil {
+		v.Error = err.Error()
+		return v
+	}
+	defer s.Close()
+	if cp, ok, err := s.Checkpoint(); err != nil {
+		v.Error = err.Error()
+	} else if ok {
+		v.ChangelogOffset, v.InputOffset = &cp.ChangelogOffset, &cp.InputOffset
+		v.ChangelogTopicID = fmt.Sprintf("%x", cp.ChangelogTopicID)
+	}
+	if v.Products, v.SumOfTotals, err = s.Count(); err != nil {
+		v.Error = err.Error()
+	}
+	return v
+}
+
+// Totals reads every product's total from a store, read-only, with its
+// checkpoint (found false when it has none).
+func Totals(path string) (totals map[string]int64, cp Checkpoint, found bool, err error) {
+	s, err := Open(path, zap.NewNop(), OpenOptions{ReadOnly: true})
+	if err != nil {
+		return nil, Checkpoint{}, false, err
+	}
+	defer s.Close()
+	if cp, found, err = s.Checkpoint(); err != nil {
+		return nil, cp, found, err
+	}
+	totals = map[string]int64{}
+	for after := ""; ; {
+		page, err := s.Scan(after, 1000)
+		if err != nil {
+			return nil, cp, found, err
+		}
+		for _, t := range page {
+			totals[t.Product] = t.Total
+		}
+		if len(page) < 1000 {
+			return totals, cp, found, nil
+		}
+		after = page[len(page)-1].Product
+	}
+}
