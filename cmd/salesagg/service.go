@@ -72,7 +72,7 @@ func runService(args []string) error {
 	defer dir.Close()
 
 	rt := stream.New(cfg, log, dir, stream.Knobs{CrashPoint: crashPointFromEnv(log)})
-	srv, err := httpapi.Listen(cfg.HTTPAddr, rt, log, httpapi.WithRecentLog(recent), httpapi.WithPprof(cfg.HTTPPprof), httpapi.WithSecurity(cfg.HTTP))
+	srv, err := listenHTTP(cfg, rt, log, recent)
 	if err != nil {
 		return err
 	}

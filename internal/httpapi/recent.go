@@ -8,8 +8,6 @@ import (
 	"time"
 
 	"go.uber.org/zap/zapcore"
-
-	"github.com/salesagg/salesagg/internal/config"
 )
 
 // RecentLog is a zapcore.Core that keeps the last log entries at or above a
@@ -174,29 +172,3 @@ func cut(s string, n int) string {
 }
 
 func utf8Start(c byte) bool { return c&0xC0 != 0x80 }
-
-// Option configures Handler and Listen.
-type Option func(*options)
-
-type options struct {
-	recent *RecentLog
-	pprof  bool
-	sec    config.HTTPSecurity
-}
-
-// WithSecurity serves with sec's TLS, client certificates, tokens and
-// connection limit (Listen only; the zero value: plain HTTP to anyone).
-func WithSecurity(sec config.HTTPSecurity) Option {
-	return func(o *options) { o.sec = sec }
-}
-
-// WithPprof serves net/http/pprof's handlers under /debug/pprof/.
-func WithPprof(on bool) Option {
-	return func(o *options) { o.pprof = on }
-}
-
-// WithRecentLog shows the entries of log on the status page, under "last
-// warnings and errors".
-func WithRecentLog(log *RecentLog) Option {
-	return func(o *options) { o.recent = log }
-}

@@ -23,6 +23,8 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
 	"go.uber.org/zap"
 
 	"github.com/salesagg/salesagg/internal/config"
@@ -287,10 +289,12 @@ func writePEM(t *testing.T, path, typ string, der []byte) {
 	}
 }
 
-// serve runs Listen with sec over b and returns its address.
+// serve runs Listen with sec over b, with metrics, and returns its address.
 func serve(t *testing.T, b Backend, sec config.HTTPSecurity) string {
 	t.Helper()
-	s, err := Listen("127.0.0.1:0", b, zap.NewNop(), WithSecurity(sec), WithPprof(true))
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector())
+	s, err := Listen("127.0.0.1:0", b, zap.NewNop(), WithSecurity(sec), WithPprof(true), WithMetrics(reg))
 	if err != nil {
 		t.Fatal(err)
 	}

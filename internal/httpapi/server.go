@@ -19,6 +19,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"go.uber.org/zap"
 
 	"github.com/salesagg/salesagg/internal/state"
@@ -96,10 +97,7 @@ type Server struct {
 // Listen binds addr (":0" picks a free port) and prepares the handlers,
 // with the TLS, authentication and connection limit of WithSecurity.
 func Listen(addr string, b Backend, log *zap.Logger, opts ...Option) (*Server, error) {
-	var o options
-	for _, opt := range opts {
-		opt(&o)
-	}
+	o := newOptions(opts)
 	g, err := newGuard(o.sec, log)
 	if err != nil {
 		return nil, err
@@ -168,11 +166,7 @@ func (s *Server) Shutdown(ctx context.Context) error {
 // Handler returns the routes over b, serving anyone (the security of
 // WithSecurity is Listen's).
 func Handler(b Backend, opts ...Option) http.Handler {
-	var o options
-	for _, opt := range opts {
-		opt(&o)
-	}
-	return handler(b, &guard{}, zap.NewNop(), o)
+	return handler(b, &guard{}, zap.NewNop(), newOptions(opts))
 }
 
 // productsPrefix is the path of one product's total; the rest of the path
@@ -213,7 +207,9 @@ func handler(b Backend, g *guard, log *zap.Logger, o options) http.Handler {
 		}
 		writeJSON(w, code, map[string]any{"ready": ready, "reason": reason})
 	})
-	mux.Handle("GET /metrics", metricsHandler(b))
+	if o.metrics != nil {
+		mux.Handle("GET /metrics", promhttp.HandlerFor(o.metrics, promhttp.HandlerOpts{ErrorHandling: promhttp.ContinueOnError}))
+	}
 	if o.pprof {
 		// Profiles are bounded by the server's WriteTimeout (30 s): a CPU
 		// profile asks for at most ?seconds=29. The command line is not

@@ -13,6 +13,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -218,11 +220,19 @@ func (h *harness) startWith(cfg config.Config, knobs stream.Knobs) *instance {
 	rt := stream.New(cfg, log, dir, knobs)
 	ctx, cancel := context.WithCancel(context.Background())
 	in := &instance{h: h, rt: rt, dir: dir, logs: logs, cancel: cancel, done: make(chan error, 1)}
-	in.http = httptest.NewServer(httpapi.Handler(rt))
+	in.http = httptest.NewServer(httpapi.Handler(rt, httpapi.WithMetrics(metricsOf(rt))))
 	rt.Advertise(in.http.Listener.Addr().String())
 	go func() { in.done <- rt.Run(ctx) }()
 	h.t.Cleanup(func() { in.stop() })
 	return in
+}
+
+// metricsOf is the registry the service serves at /metrics (cmd/salesagg's
+// newRegistry): rt's collector with the Go runtime and process collectors.
+func metricsOf(rt *stream.Runtime) *prometheus.Registry {
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}), rt)
+	return reg
 }
 
 // stop shuts the instance down as SIGTERM does and returns Run's error.

@@ -1,0 +1,38 @@
+package main
+
+import (
+	"fmt"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"go.uber.org/zap"
+
+	"github.com/salesagg/salesagg/internal/config"
+	"github.com/salesagg/salesagg/internal/httpapi"
+	"github.com/salesagg/salesagg/internal/stream"
+)
+
+// listenHTTP binds the HTTP interface over rt, with
+// the status page's log ring, pprof, the security of http.* and the metrics
+// registry.
+func listenHTTP(cfg config.Config, rt *stream.Runtime, log *zap.Logger, recent *httpapi.RecentLog) (*httpapi.Server, error) {
+	reg, err := newRegistry(rt)
+	if err != nil {
+		return nil, err
+	}
+	return httpapi.Listen(cfg.HTTPAddr, rt, log, httpapi.WithRecentLog(recent), httpapi.WithPprof(cfg.HTTPPprof),
+		httpapi.WithSecurity(cfg.HTTP), httpapi.WithMetrics(reg))
+}
+
+// newRegistry is the registry GET /metrics serves: the runtime's collector
+// (the salesagg_ families) with the Go runtime and process collectors, on a
+// registry of its own (never the global one).
+func newRegistry(rt prometheus.Collector) (*prometheus.Registry, error) {
+	reg := prometheus.NewRegistry()
+	for _, c := range []prometheus.Collector{collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}), rt} {
+		if err := reg.Register(c); err != nil {
+			return nil, fmt.Errorf("registering the metrics: %w", err)
+		}
+	}
+	return reg, nil
+}
