@@ -133,30 +133,38 @@ type summaryView struct {
 	Processed, Lag, Bad     int64
 }
 
+// taskView is one row of the tasks table.
 type taskView struct {
 	Task, Role, State string
 	// StateClass is ok, warn or bad (the badge's colour).
 	StateClass string
-	// Restoring: a restore is under way; the bar is Done of Total changelog
-	// offsets, indeterminate while the range is not known yet.
-	Restoring     bool
-	Indeterminate bool
-	Done, Total   int64
-	Percent       string
-	RestoreRate   string
-	ETA           string
-	// Detail is the restore or copy column's text outside a restore.
-	Detail    string
-	Active    bool
-	Lag       int64
-	Rate      string // events/s
-	Processed int64
-	Bad       int64
-	CacheHit  string // "97.5%"; "" when no lookups yet
-	CacheNote string
+	// Restore is the progress of a restore under way.
+	Restore restoreBar
+	// Detail is the restore or copy column's text.
+	Detail string
+	// Active: an active task, whose Counters are shown (a copy has none).
+	Active   bool
+	Counters counterView
 	// Trouble is what keeps the task back: a failure it retries, or what it
 	// waits for; TroubleClass colours it (warn, or bad once unhealthy).
 	Trouble, TroubleClass string
+}
+
+// restoreBar is a restore under way (On): the bar is Done of Total
+// changelog offsets, Indeterminate while the range is not known yet.
+type restoreBar struct {
+	On, Indeterminate  bool
+	Done, Total        int64
+	Percent, Rate, ETA string
+}
+
+// counterView is an active task's input lag and counters.
+type counterView struct {
+	Lag            int64
+	Rate           string // events/s
+	Processed, Bad int64
+	CacheHit       string // "97.5%"; "" when no lookups yet
+	CacheNote      string
 }
 
 type memberView struct {
@@ -199,64 +207,105 @@ func (p *statusPage) view(now time.Time) statusView {
 		Ready:     ready,
 		Reason:    reason,
 	}
+	var running []string
+	v.Tasks, v.Summary, running = taskRows(tasks, rates)
+	v.Summary.Bad = p.b.BadEvents()
+	v.Members, v.Server = p.members()
+	if s, ok := p.b.(StoreScanner); ok {
+		v.Top = p.top.update(now, s, running)
+	}
+	if p.recent != nil {
+		v.ErrorsOn = true
+		v.Errors, v.ErrorsNote = p.lastErrors()
+	}
+	return v
+}
+
+// taskRows renders the tasks and sums them up; running names the active
+// tasks that run (their stores are scanned for the top products).
+func taskRows(tasks []stream.TaskStatus, rates map[string]taskRates) (rows []taskView, sum summaryView, running []string) {
 	var totalRate float64
 	rateKnown := false
-	var running []string
 	for _, t := range tasks {
 		r, known := rates[sampleKey(t)]
-		tv := taskView{Task: t.Task, Role: t.Role, State: t.State, StateClass: stateClass(t.State)}
 		if t.Role == "active" {
-			v.Summary.Active++
-			tv.Active = true
-			tv.Lag, tv.Processed, tv.Bad = t.Lag, t.Processed, t.BadEvents
-			v.Summary.Processed += t.Processed
-			v.Summary.Lag += t.Lag
+			sum.Active++
+			sum.Processed += t.Processed
+			sum.Lag += t.Lag
 			if t.State == "running" {
-				v.Summary.Running++
+				sum.Running++
 				running = append(running, t.Task)
 			}
 			if known {
-				tv.Rate = formatRate(r.processed)
 				totalRate += r.processed
 				rateKnown = true
 			}
-			if t.Cache != nil {
-				if n := t.Cache.Hits + t.Cache.Misses; n > 0 {
-					tv.CacheHit = fmt.Sprintf("%.1f%%", 100*float64(t.Cache.Hits)/float64(n))
-				}
-				tv.CacheNote = fmt.Sprintf("%s hits, %s misses, %s evictions, %s", formatCount(t.Cache.Hits),
-					formatCount(t.Cache.Misses), formatCount(t.Cache.Evictions), formatBytes(t.Cache.Bytes))
-			}
-			if t.State == "restoring" || t.State == "created" {
-				restoreView(&tv, t, r, known)
-			} else if t.Restore.Done {
-				tv.Detail = fmt.Sprintf("restored %s records in %s", formatCount(t.Restore.Restored),
-					formatDuration(time.Duration(t.Restore.DurationMs)*time.Millisecond))
-			}
 		} else {
-			v.Summary.Copies++
-			tv.Detail = copyDetail(t, r, known)
+			sum.Copies++
 		}
-		switch {
-		case t.Failing != nil:
-			tv.Trouble = fmt.Sprintf("failing since %s (%d attempts, retrying with backoff): %s", t.Failing.Since, t.Failing.Attempts, t.Failing.Error)
-		case t.Waiting != "":
-			tv.Trouble = "waiting for " + t.Waiting
-		}
-		if tv.Trouble != "" {
-			tv.TroubleClass = "warn"
-			if t.Unhealthy {
-				tv.Trouble = "unhealthy (task.timeout.ms passed): " + tv.Trouble
-				tv.TroubleClass = "bad"
-			}
-		}
-		v.Tasks = append(v.Tasks, tv)
+		rows = append(rows, taskRow(t, r, known))
 	}
 	if rateKnown {
-		v.Summary.EventsPerSec = formatRate(totalRate)
+		sum.EventsPerSec = formatRate(totalRate)
 	}
-	v.Summary.Bad = p.b.BadEvents()
+	return rows, sum, running
+}
 
+// taskRow renders one task; r are its rates when known.
+func taskRow(t stream.TaskStatus, r taskRates, known bool) taskView {
+	tv := taskView{Task: t.Task, Role: t.Role, State: t.State, StateClass: stateClass(t.State)}
+	if t.Role == "active" {
+		tv.Active = true
+		tv.Counters = activeCounters(t, r, known)
+		if t.State == "restoring" || t.State == "created" {
+			tv.Restore, tv.Detail = restoreProgress(t, r, known)
+		} else if t.Restore.Done {
+			tv.Detail = fmt.Sprintf("restored %s records in %s", formatCount(t.Restore.Restored),
+				formatDuration(time.Duration(t.Restore.DurationMs)*time.Millisecond))
+		}
+	} else {
+		tv.Detail = copyDetail(t, r, known)
+	}
+	tv.Trouble, tv.TroubleClass = trouble(t)
+	return tv
+}
+
+// activeCounters are an active task's counters, its events/s and its
+// cache's hit ratio.
+func activeCounters(t stream.TaskStatus, r taskRates, known bool) counterView {
+	c := counterView{Lag: t.Lag, Processed: t.Processed, Bad: t.BadEvents}
+	if known {
+		c.Rate = formatRate(r.processed)
+	}
+	if t.Cache != nil {
+		if n := t.Cache.Hits + t.Cache.Misses; n > 0 {
+			c.CacheHit = fmt.Sprintf("%.1f%%", 100*float64(t.Cache.Hits)/float64(n))
+		}
+		c.CacheNote = fmt.Sprintf("%s hits, %s misses, %s evictions, %s", formatCount(t.Cache.Hits),
+			formatCount(t.Cache.Misses), formatCount(t.Cache.Evictions), formatBytes(t.Cache.Bytes))
+	}
+	return c
+}
+
+// trouble says what keeps a task back and its class (warn, or bad once
+// unhealthy); "" when nothing.
+func trouble(t stream.TaskStatus) (text, class string) {
+	switch {
+	case t.Failing != nil:
+		text = fmt.Sprintf("failing since %s (%d attempts, retrying with backoff): %s", t.Failing.Since, t.Failing.Attempts, t.Failing.Error)
+	case t.Waiting != "":
+		text = "waiting for " + t.Waiting
+	default:
+		return "", ""
+	}
+	if t.Unhealthy {
+		return "unhealthy (task.timeout.ms passed): " + text, "bad"
+	}
+	return text, "warn"
+}
+
+// members renders the group's members, and this instance's server.
+func (p *statusPage) members() (members []memberView, server string) {
 	for _, is := range p.b.Instances() {
 		m := memberView{Name: is.Name, Server: is.Server, Self: is.Self,
 			Tasks: strings.Join(is.Tasks, ", "), Standbys: strings.Join(is.Standbys, ", ")}
@@ -264,66 +313,64 @@ func (p *statusPage) view(now time.Time) statusView {
 			m.Link = (&url.URL{Scheme: p.scheme, Host: is.Server, Path: "/"}).String()
 		}
 		if is.Self {
-			v.Server = is.Server
+			server = is.Server
 		}
-		v.Members = append(v.Members, m)
+		members = append(members, m)
 	}
-
-	if s, ok := p.b.(StoreScanner); ok {
-		v.Top = p.top.update(now, s, running)
-	}
-
-	if p.recent != nil {
-		v.ErrorsOn = true
-		entries, total := p.recent.Entries()
-		if len(entries) > maxErrorsShown {
-			entries = entries[:maxErrorsShown]
-		}
-		for _, e := range entries {
-			v.Errors = append(v.Errors, errorView{
-				Time: e.Time.UTC().Format("2006-01-02 15:04:05Z"), Level: e.Level.String(),
-				LevelClass: levelClass(e.Level.String()), Logger: e.Logger, Message: e.Message, Fields: e.Fields,
-			})
-		}
-		v.ErrorsNote = fmt.Sprintf("the last %d of %s warnings and errors logged since the start", len(entries), formatCount(int64(total)))
-	}
-	return v
+	return members, server
 }
 
-// restoreView fills the restore progress of an active task that restores.
-// Progress is in changelog offsets (the checkpoint moves from From to To as
-// batches are applied); the rate is the checkpoint's over the sampler's
-// window, and the ETA what is left at that rate.
-func restoreView(tv *taskView, t stream.TaskStatus, r taskRates, known bool) {
-	tv.Restoring = true
+// lastErrors renders the newest entries of the RecentLog, and how many
+// there were.
+func (p *statusPage) lastErrors() ([]errorView, string) {
+	entries, total := p.recent.Entries()
+	if len(entries) > maxErrorsShown {
+		entries = entries[:maxErrorsShown]
+	}
+	var out []errorView
+	for _, e := range entries {
+		out = append(out, errorView{
+			Time: e.Time.UTC().Format("2006-01-02 15:04:05Z"), Level: e.Level.String(),
+			LevelClass: levelClass(e.Level.String()), Logger: e.Logger, Message: e.Message, Fields: e.Fields,
+		})
+	}
+	return out, fmt.Sprintf("the last %d of %s warnings and errors logged since the start", len(entries), formatCount(int64(total)))
+}
+
+// restoreProgress is the progress of an active task that restores, and its
+// column's text. Progress is in changelog offsets (the checkpoint moves from
+// From to To as batches are applied); the rate is the checkpoint's over the
+// sampler's window, and the ETA what is left at that rate.
+func restoreProgress(t stream.TaskStatus, r taskRates, known bool) (restoreBar, string) {
+	bar := restoreBar{On: true}
 	from, to := t.Restore.From, t.Restore.To
 	if to <= from {
 		// The range is not known yet: the task waits for its turn, opens
 		// its store or reads the changelog's offsets.
-		tv.Indeterminate = true
-		tv.Detail = "opening the store and reading the changelog range"
+		bar.Indeterminate = true
 		if t.Restore.Restored > 0 {
-			tv.Detail = fmt.Sprintf("%s records restored", formatCount(t.Restore.Restored))
+			return bar, fmt.Sprintf("%s records restored", formatCount(t.Restore.Restored))
 		}
-		return
+		return bar, "opening the store and reading the changelog range"
 	}
-	tv.Total = to - from
-	tv.Done = min(max(t.Checkpoint-from, 0), tv.Total)
-	if tv.Done == 0 && t.Restore.Restored > 0 {
-		tv.Done = min(t.Restore.Restored, tv.Total)
+	bar.Total = to - from
+	bar.Done = min(max(t.Checkpoint-from, 0), bar.Total)
+	if bar.Done == 0 && t.Restore.Restored > 0 {
+		bar.Done = min(t.Restore.Restored, bar.Total)
 	}
-	tv.Percent = fmt.Sprintf("%.1f%%", 100*float64(tv.Done)/float64(tv.Total))
-	tv.Detail = fmt.Sprintf("%s of %s changelog offsets (%s to %s), %s records applied", formatCount(tv.Done),
-		formatCount(tv.Total), formatCount(from), formatCount(to), formatCount(t.Restore.Restored))
+	bar.Percent = fmt.Sprintf("%.1f%%", 100*float64(bar.Done)/float64(bar.Total))
+	detail := fmt.Sprintf("%s of %s changelog offsets (%s to %s), %s records applied", formatCount(bar.Done),
+		formatCount(bar.Total), formatCount(from), formatCount(to), formatCount(t.Restore.Restored))
 	switch {
 	case !known || !r.progressKnown:
-		tv.RestoreRate, tv.ETA = "measuring", "measuring"
+		bar.Rate, bar.ETA = "measuring", "measuring"
 	case r.progress <= 0:
-		tv.RestoreRate, tv.ETA = "0/s", "not moving"
+		bar.Rate, bar.ETA = "0/s", "not moving"
 	default:
-		tv.RestoreRate = formatRate(r.progress)
-		tv.ETA = formatDuration(time.Duration(float64(tv.Total-tv.Done) / r.progress * float64(time.Second)))
+		bar.Rate = formatRate(r.progress)
+		bar.ETA = formatDuration(time.Duration(float64(bar.Total-bar.Done) / r.progress * float64(time.Second)))
 	}
+	return bar, detail
 }
 
 // copyDetail describes a standby, warm-up or incoming copy.

@@ -91,11 +91,10 @@ func rowOf(t *testing.T, body, task, role string) string {
 	return m
 }
 
-func TestStatusPageShowsTasksRestoreProgressAndEscapes(t *testing.T) {
-	// Scenario: the page lists each task with its state, a determinate progress bar with rate and
-	// ETA for a restore whose range is known, an indeterminate one while it is not, standby copies,
-	// the members, the top products and the last errors, escaping every name; it refreshes itself
-	// and its Content-Security-Policy allows exactly its own inline style and script.
+// restoringPage is a status page over four tasks (one running, one restoring
+// with its range known, one without, a standby copy), a hostile member, a
+// store with hostile product names, and a log ring with two entries kept.
+func restoringPage() (*pageBackend, *statusPage) {
 	lag := int64(42)
 	b := &pageBackend{
 		reason: "task 0_1 is restoring",
@@ -123,7 +122,15 @@ func TestStatusPageShowsTasksRestoreProgressAndEscapes(t *testing.T) {
 	log.With(zap.String("task", "0_1")).Warn(`Skipping bad event <img src=x onerror=alert(1)>`, zap.Int64("offset", 17), zap.Error(errors.New("not JSON")))
 	log.Error("Task failed")
 
-	page := newStatusPage(b, options{recent: recent})
+	return b, newStatusPage(b, options{recent: recent})
+}
+
+func TestStatusPageShowsTasksRestoreProgressAndEscapes(t *testing.T) {
+	// Scenario: the page lists each task with its state, a determinate progress bar with rate and
+	// ETA for a restore whose range is known, an indeterminate one while it is not, standby copies,
+	// the members, the top products and the last errors, escaping every name; it refreshes itself
+	// and its Content-Security-Policy allows exactly its own inline style and script.
+	b, page := restoringPage()
 	now := time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)
 	page.now = func() time.Time { return now }
 	h := http.Handler(page)
