@@ -9,18 +9,19 @@ import (
 
 	"github.com/salesagg/salesagg/internal/config"
 	"github.com/salesagg/salesagg/internal/httpapi"
+	"github.com/salesagg/salesagg/internal/httpapi/streamview"
 	"github.com/salesagg/salesagg/internal/stream"
 )
 
-// listenHTTP binds the HTTP interface over rt, with
-// the status page's log ring, pprof, the security of http.* and the metrics
-// registry.
+// listenHTTP binds the HTTP interface over rt (through streamview, which
+// adapts the runtime to httpapi's views), with the status page's log ring,
+// pprof, the security of http.* and the metrics registry.
 func listenHTTP(cfg config.Config, rt *stream.Runtime, log *zap.Logger, recent *httpapi.RecentLog) (*httpapi.Server, error) {
 	reg, err := newRegistry(rt)
 	if err != nil {
 		return nil, err
 	}
-	return httpapi.Listen(cfg.HTTPAddr, rt, log, httpapi.WithRecentLog(recent), httpapi.WithPprof(cfg.HTTPPprof),
+	return httpapi.Listen(cfg.HTTPAddr, streamview.New(rt), log, httpapi.WithRecentLog(recent), httpapi.WithPprof(cfg.HTTPPprof),
 		httpapi.WithSecurity(cfg.HTTP), httpapi.WithMetrics(reg))
 }
 

@@ -33,6 +33,7 @@ import (
 
 	"github.com/salesagg/salesagg/internal/config"
 	"github.com/salesagg/salesagg/internal/httpapi"
+	"github.com/salesagg/salesagg/internal/httpapi/streamview"
 	"github.com/salesagg/salesagg/internal/sales"
 	"github.com/salesagg/salesagg/internal/state"
 	"github.com/salesagg/salesagg/internal/stream"
@@ -238,7 +239,7 @@ func TestBrowserStatusPage(t *testing.T) {
 			}
 		}
 	}})
-	srv := httptest.NewServer(httpapi.Handler(rt, httpapi.WithRecentLog(recent)))
+	srv := httptest.NewServer(httpapi.Handler(streamview.New(rt), httpapi.WithRecentLog(recent)))
 	rt.Advertise(srv.Listener.Addr().String())
 	runCtx, stop := context.WithCancel(ctx)
 	done := make(chan error, 1)

@@ -28,7 +28,6 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/salesagg/salesagg/internal/config"
-	"github.com/salesagg/salesagg/internal/stream"
 )
 
 // owned answers the products it holds, and names owner at server for the
@@ -39,7 +38,7 @@ type owned struct {
 	totals  map[string]int64
 	owner   string
 	server  string
-	standby []stream.Peer
+	standby []Peer
 }
 
 func (o owned) InstanceID() string     { return o.name }
@@ -52,9 +51,9 @@ func (o owned) Total(p string) (int64, bool, error) {
 	if o.owner == "" {
 		return 0, false, nil
 	}
-	return 0, false, &stream.NotHostedError{Task: "0_1", Partition: 1, Owner: o.owner, Server: o.server}
+	return 0, false, &NotHostedError{Task: "0_1", Partition: 1, Owner: o.owner, Server: o.server}
 }
-func (o owned) StandbyServers(string) []stream.Peer { return o.standby }
+func (o owned) StandbyServers(string) []Peer { return o.standby }
 
 func getJSON(t *testing.T, cl *http.Client, u string, header http.Header) (int, http.Header, map[string]any, string) {
 	t.Helper()
@@ -452,7 +451,7 @@ func TestCertificateRotatedWhileServing(t *testing.T) {
 type unroutable struct{ idle }
 
 func (unroutable) Total(string) (int64, bool, error) {
-	return 0, false, &stream.NotHostedError{Task: "0_1", Partition: 1, Owner: "evil", Unroutable: "advertises an application.server that is not host:port"}
+	return 0, false, &NotHostedError{Task: "0_1", Partition: 1, Owner: "evil", Unroutable: "advertises an application.server that is not host:port"}
 }
 
 func TestUnroutableOwnerIsAnswered503(t *testing.T) {
@@ -469,11 +468,11 @@ func TestUnroutableOwnerIsAnswered503(t *testing.T) {
 // gathering lists instances that each hang until their request is done.
 type gathering struct {
 	idle
-	peers []stream.InstanceStatus
+	peers []InstanceStatus
 }
 
-func (g gathering) InstanceID() string                 { return "a" }
-func (g gathering) Instances() []stream.InstanceStatus { return g.peers }
+func (g gathering) InstanceID() string          { return "a" }
+func (g gathering) Instances() []InstanceStatus { return g.peers }
 
 func TestProductsGatheredInParallel(t *testing.T) {
 	// Scenario: GET /v1/products asks three other instances that never answer: they are asked
@@ -481,9 +480,9 @@ func TestProductsGatheredInParallel(t *testing.T) {
 	// listed as unavailable.
 	hang := httptest.NewServer(http.HandlerFunc(func(_ http.ResponseWriter, r *http.Request) { <-r.Context().Done() }))
 	defer hang.Close()
-	var peers []stream.InstanceStatus
+	var peers []InstanceStatus
 	for i := range 3 {
-		peers = append(peers, stream.InstanceStatus{Name: fmt.Sprintf("p%d", i), Server: hang.Listener.Addr().String(), Tasks: []string{fmt.Sprintf("0_%d", i)}})
+		peers = append(peers, InstanceStatus{Name: fmt.Sprintf("p%d", i), Server: hang.Listener.Addr().String(), Tasks: []string{fmt.Sprintf("0_%d", i)}})
 	}
 	srv := httptest.NewServer(Handler(gathering{peers: peers}))
 	defer srv.Close()

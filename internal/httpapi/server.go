@@ -23,14 +23,14 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/salesagg/salesagg/internal/state"
-	"github.com/salesagg/salesagg/internal/stream"
 )
 
-// Backend is what the HTTP interface reads. *stream.Runtime implements it.
+// Backend is what the HTTP interface reads, in httpapi's own views;
+// internal/httpapi/streamview adapts the runtime to it.
 type Backend interface {
 	Total(product string) (int64, bool, error)
 	Products(after string, limit int) ([]state.Total, []string, error)
-	Tasks() []stream.TaskStatus
+	Tasks() []TaskStatus
 	Ready() (bool, string)
 	// Healthy is false once a task kept failing past task.timeout.ms.
 	Healthy() (bool, string)
@@ -40,14 +40,16 @@ type Backend interface {
 	// TaskOf names the task owning a product.
 	TaskOf(product string) string
 	// Instances lists the group's members, their tasks and servers.
-	Instances() []stream.InstanceStatus
+	Instances() []InstanceStatus
 	// StandbyTotal answers from this instance's standby copy of the
 	// product's task, within acceptable.recovery.lag; lag is how far behind
 	// it may be.
 	StandbyTotal(product string) (total int64, ok bool, lag int64, err error)
 	// StandbyServers are the other instances keeping a standby copy of the
 	// product's task.
-	StandbyServers(product string) []stream.Peer
+	StandbyServers(product string) []Peer
+	// StoreScanner lists the top products on the status page.
+	StoreScanner
 }
 
 // Headers of the query routing.
@@ -182,7 +184,7 @@ func handler(b Backend, g *guard, log *zap.Logger, o options) http.Handler {
 	mux.HandleFunc("GET /v1/tasks", func(w http.ResponseWriter, _ *http.Request) {
 		ts := b.Tasks()
 		if ts == nil {
-			ts = []stream.TaskStatus{}
+			ts = []TaskStatus{}
 		}
 		writeJSON(w, http.StatusOK, map[string]any{"tasks": ts})
 	})
@@ -273,7 +275,7 @@ func listProducts(w http.ResponseWriter, r *http.Request, fw *forwarder, b Backe
 			unavailable []string
 			err         error
 		}
-		var peers []stream.InstanceStatus
+		var peers []InstanceStatus
 		for _, is := range b.Instances() {
 			if !is.Self && len(is.Tasks) > 0 {
 				peers = append(peers, is)
@@ -343,7 +345,7 @@ func queryProduct(w http.ResponseWriter, r *http.Request, fw *forwarder, b Backe
 		writeTotal(w, product, total, ok, nil)
 		return
 	}
-	var nh *stream.NotHostedError
+	var nh *NotHostedError
 	var ownerAnswer *answer
 	ownerFailed := false
 	if errors.As(err, &nh) && nh.Server != "" && !forwarded(r) {
@@ -410,10 +412,11 @@ func writeTotal(w http.ResponseWriter, product string, total int64, ok bool, sta
 
 // writeError answers a failed query. A product whose task runs on another
 // member is 404 with the task and the owner (ask it instead); 503 with
-// Retry-After when no owner is known yet (a rebalance) or the task is not
-// ready here.
+// Retry-After when no owner is known yet (a rebalance), the owner cannot be
+// asked, or the error is ErrUnavailable (the task is not ready here); any
+// other error is 500.
 func writeError(w http.ResponseWriter, err error) {
-	var nh *stream.NotHostedError
+	var nh *NotHostedError
 	if errors.As(err, &nh) {
 		body := map[string]any{"error": err.Error(), "task": nh.Task, "partition": nh.Partition}
 		if nh.Owner != "" && nh.Unroutable != "" {
@@ -432,7 +435,7 @@ func writeError(w http.ResponseWriter, err error) {
 		return
 	}
 	code := http.StatusInternalServerError
-	if errors.Is(err, stream.ErrNotReady) || errors.Is(err, stream.ErrNotHosted) {
+	if errors.Is(err, ErrUnavailable) {
 		code = http.StatusServiceUnavailable
 		w.Header().Set("Retry-After", "1")
 	}

@@ -19,7 +19,6 @@ import (
 
 	"github.com/salesagg/salesagg/internal/config"
 	"github.com/salesagg/salesagg/internal/state"
-	"github.com/salesagg/salesagg/internal/stream"
 )
 
 // The status page at GET /: one server-rendered HTML page for people, from
@@ -38,14 +37,26 @@ var statusFS embed.FS
 // refreshEvery is how often the page refreshes itself.
 const refreshEvery = 2 * time.Second
 
-// StoreScanner is what the status page needs, besides Backend, to list the
-// top products: a bounded read of one task's store. *stream.Runtime
-// implements it; a Backend without it shows no top products.
-type StoreScanner interface {
-	ScanStore(task, after string, limit int) ([]state.Total, error)
+// PageSource is what the status page shows: the tasks, the members, this
+// instance's readiness and bad events, and the top products of its stores.
+type PageSource interface {
+	Tasks() []TaskStatus
+	Instances() []InstanceStatus
+	Ready() (bool, string)
+	InstanceID() string
+	// BadEvents counts the events skipped as bad since the start.
+	BadEvents() int64
+	StoreScanner
 }
 
-var _ StoreScanner = (*stream.Runtime)(nil)
+// StoreScanner is how the status page lists the top products: a bounded
+// read of one task's store.
+type StoreScanner interface {
+	// ScanStore lists up to limit totals of task's store after the
+	// product after, in product order; an error when the task does not run
+	// here (any longer).
+	ScanStore(task, after string, limit int) ([]state.Total, error)
+}
 
 var (
 	statusTmpl = template.Must(template.New("status").Funcs(template.FuncMap{
@@ -74,7 +85,7 @@ func sha256Source(s string) string {
 // statusPage serves GET /. It keeps, across renders, the counters' samples
 // (for events/s, restore rates and ETAs) and the top-products scan.
 type statusPage struct {
-	b      Backend
+	b      PageSource
 	recent *RecentLog // nil: not wired
 	now    func() time.Time
 	// scheme is how the other instances are linked to: http, or https
@@ -84,7 +95,7 @@ type statusPage struct {
 	top     topProducts
 }
 
-func newStatusPage(b Backend, o options) *statusPage {
+func newStatusPage(b PageSource, o options) *statusPage {
 	return &statusPage{b: b, recent: o.recent, now: time.Now, scheme: o.sec.Scheme()}
 }
 
@@ -174,7 +185,6 @@ type memberView struct {
 }
 
 type topView struct {
-	On      bool // the backend can scan stores
 	Rows    []topRow
 	Note    string
 	Partial bool
@@ -211,9 +221,7 @@ func (p *statusPage) view(now time.Time) statusView {
 	v.Tasks, v.Summary, running = taskRows(tasks, rates)
 	v.Summary.Bad = p.b.BadEvents()
 	v.Members, v.Server = p.members()
-	if s, ok := p.b.(StoreScanner); ok {
-		v.Top = p.top.update(now, s, running)
-	}
+	v.Top = p.top.update(now, p.b, running)
 	if p.recent != nil {
 		v.ErrorsOn = true
 		v.Errors, v.ErrorsNote = p.lastErrors()
@@ -223,7 +231,7 @@ func (p *statusPage) view(now time.Time) statusView {
 
 // taskRows renders the tasks and sums them up; running names the active
 // tasks that run (their stores are scanned for the top products).
-func taskRows(tasks []stream.TaskStatus, rates map[string]taskRates) (rows []taskView, sum summaryView, running []string) {
+func taskRows(tasks []TaskStatus, rates map[string]taskRates) (rows []taskView, sum summaryView, running []string) {
 	var totalRate float64
 	rateKnown := false
 	for _, t := range tasks {
@@ -252,7 +260,7 @@ func taskRows(tasks []stream.TaskStatus, rates map[string]taskRates) (rows []tas
 }
 
 // taskRow renders one task; r are its rates when known.
-func taskRow(t stream.TaskStatus, r taskRates, known bool) taskView {
+func taskRow(t TaskStatus, r taskRates, known bool) taskView {
 	tv := taskView{Task: t.Task, Role: t.Role, State: t.State, StateClass: stateClass(t.State)}
 	if t.Role == "active" {
 		tv.Active = true
@@ -272,7 +280,7 @@ func taskRow(t stream.TaskStatus, r taskRates, known bool) taskView {
 
 // activeCounters are an active task's counters, its events/s and its
 // cache's hit ratio.
-func activeCounters(t stream.TaskStatus, r taskRates, known bool) counterView {
+func activeCounters(t TaskStatus, r taskRates, known bool) counterView {
 	c := counterView{Lag: t.Lag, Processed: t.Processed, Bad: t.BadEvents}
 	if known {
 		c.Rate = formatRate(r.processed)
@@ -289,7 +297,7 @@ func activeCounters(t stream.TaskStatus, r taskRates, known bool) counterView {
 
 // trouble says what keeps a task back and its class (warn, or bad once
 // unhealthy); "" when nothing.
-func trouble(t stream.TaskStatus) (text, class string) {
+func trouble(t TaskStatus) (text, class string) {
 	switch {
 	case t.Failing != nil:
 		text = fmt.Sprintf("failing since %s (%d attempts, retrying with backoff): %s", t.Failing.Since, t.Failing.Attempts, t.Failing.Error)
@@ -341,7 +349,7 @@ func (p *statusPage) lastErrors() ([]errorView, string) {
 // column's text. Progress is in changelog offsets (the checkpoint moves from
 // From to To as batches are applied); the rate is the checkpoint's over the
 // sampler's window, and the ETA what is left at that rate.
-func restoreProgress(t stream.TaskStatus, r taskRates, known bool) (restoreBar, string) {
+func restoreProgress(t TaskStatus, r taskRates, known bool) (restoreBar, string) {
 	bar := restoreBar{On: true}
 	from, to := t.Restore.From, t.Restore.To
 	if to <= from {
@@ -374,7 +382,7 @@ func restoreProgress(t stream.TaskStatus, r taskRates, known bool) (restoreBar, 
 }
 
 // copyDetail describes a standby, warm-up or incoming copy.
-func copyDetail(t stream.TaskStatus, r taskRates, known bool) string {
+func copyDetail(t TaskStatus, r taskRates, known bool) string {
 	var parts []string
 	if t.ChangelogLag != nil {
 		parts = append(parts, fmt.Sprintf("%s records behind", formatCount(*t.ChangelogLag)))
@@ -450,9 +458,9 @@ type taskRates struct {
 
 // sampleKey names a task's counters: its name and role (a standby copy and
 // the active task of one partition are different counters).
-func sampleKey(t stream.TaskStatus) string { return t.Task + "/" + t.Role }
+func sampleKey(t TaskStatus) string { return t.Task + "/" + t.Role }
 
-func (s *rateSampler) observe(now time.Time, tasks []stream.TaskStatus) map[string]taskRates {
+func (s *rateSampler) observe(now time.Time, tasks []TaskStatus) map[string]taskRates {
 	cur := make(map[string]counters, len(tasks))
 	for _, t := range tasks {
 		c := counters{processed: t.Processed, progress: t.Checkpoint, applied: t.Restore.Restored}
@@ -602,7 +610,7 @@ func (tp *topProducts) update(now time.Time, s StoreScanner, running []string) t
 }
 
 func (tp *topProducts) viewLocked(now time.Time) topView {
-	v := topView{On: true}
+	var v topView
 	var rows []topRow
 	var products int64
 	var oldest time.Time

@@ -17,15 +17,14 @@ import (
 	"go.uber.org/zap/zapcore"
 
 	"github.com/salesagg/salesagg/internal/state"
-	"github.com/salesagg/salesagg/internal/stream"
 )
 
 // pageBackend is a Backend with settable tasks, members and stores.
 type pageBackend struct {
 	idle
 	mu      sync.Mutex
-	tasks   []stream.TaskStatus
-	members []stream.InstanceStatus
+	tasks   []TaskStatus
+	members []InstanceStatus
 	ready   bool
 	reason  string
 	stores  map[string][]state.Total // sorted by product
@@ -33,16 +32,16 @@ type pageBackend struct {
 	scans   int
 }
 
-func (b *pageBackend) Tasks() []stream.TaskStatus {
+func (b *pageBackend) Tasks() []TaskStatus {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	return append([]stream.TaskStatus(nil), b.tasks...)
+	return append([]TaskStatus(nil), b.tasks...)
 }
-func (b *pageBackend) Instances() []stream.InstanceStatus { return b.members }
-func (b *pageBackend) Ready() (bool, string)              { return b.ready, b.reason }
-func (b *pageBackend) Healthy() (bool, string)            { return true, "ok" }
-func (b *pageBackend) InstanceID() string                 { return "salesagg-0" }
-func (b *pageBackend) BadEvents() int64                   { return 3 }
+func (b *pageBackend) Instances() []InstanceStatus { return b.members }
+func (b *pageBackend) Ready() (bool, string)       { return b.ready, b.reason }
+func (b *pageBackend) Healthy() (bool, string)     { return true, "ok" }
+func (b *pageBackend) InstanceID() string          { return "salesagg-0" }
+func (b *pageBackend) BadEvents() int64            { return 3 }
 
 func (b *pageBackend) ScanStore(task, after string, limit int) ([]state.Total, error) {
 	b.mu.Lock()
@@ -98,17 +97,17 @@ func restoringPage() (*pageBackend, *statusPage) {
 	lag := int64(42)
 	b := &pageBackend{
 		reason: "task 0_1 is restoring",
-		tasks: []stream.TaskStatus{
-			{Task: "0_0", Role: "active", State: "running", Processed: 1000, Lag: 7, BadEvents: 2,
-				Restore: stream.RestoreStatus{Restored: 12, Done: true, DurationMs: 850},
-				Cache:   &stream.CacheStatus{Hits: 39, Misses: 1}},
+		tasks: []TaskStatus{
+			{Task: "0_0", Role: "active", State: "running",
+				TaskCounters: TaskCounters{Processed: 1000, Lag: 7, BadEvents: 2, Cache: &CacheStatus{Hits: 39, Misses: 1}},
+				Restore:      RestoreStatus{Restored: 12, Done: true, DurationMs: 850}},
 			{Task: "0_1", Role: "active", State: "restoring", Checkpoint: 400,
-				Restore: stream.RestoreStatus{From: 100, To: 1100, Restored: 300}},
+				Restore: RestoreStatus{From: 100, To: 1100, Restored: 300}},
 			{Task: "0_2", Role: "active", State: "restoring", Checkpoint: -1},
 			{Task: "0_3", Role: "standby", State: "running", Checkpoint: 5000, ChangelogLag: &lag,
-				Restore: stream.RestoreStatus{Restored: 5000}},
+				Restore: RestoreStatus{Restored: 5000}},
 		},
-		members: []stream.InstanceStatus{
+		members: []InstanceStatus{
 			{Name: "salesagg-0", Server: "127.0.0.1:8080", Tasks: []string{"0_0", "0_1", "0_2"}, Standbys: []string{"0_3"}, Self: true},
 			{Name: `<b>evil</b>"member`, Server: `x"><script>alert(1)</script>`, Tasks: []string{"0_3"}},
 		},
@@ -289,8 +288,8 @@ func TestRateSamplerWindow(t *testing.T) {
 	// and a counter that went down (a new task) has no rate.
 	var s rateSampler
 	at := time.Unix(0, 0)
-	ts := func(p int64) []stream.TaskStatus {
-		return []stream.TaskStatus{{Task: "0_0", Role: "active", Processed: p}}
+	ts := func(p int64) []TaskStatus {
+		return []TaskStatus{{Task: "0_0", Role: "active", TaskCounters: TaskCounters{Processed: p}}}
 	}
 	if r := s.observe(at, ts(0)); len(r) != 0 {
 		t.Fatalf("first observation has rates: %v", r)
@@ -314,9 +313,9 @@ func TestRateSamplerWindow(t *testing.T) {
 	}
 	// A restore resuming from offset 1,000,000: the checkpoint is -1 until the first batch lands,
 	// which must not read as a burst of a million offsets per second.
-	restoring := func(cp int64) []stream.TaskStatus {
-		return []stream.TaskStatus{{Task: "0_1", Role: "active", State: "restoring", Checkpoint: cp,
-			Restore: stream.RestoreStatus{From: 1_000_000, To: 1_010_000}}}
+	restoring := func(cp int64) []TaskStatus {
+		return []TaskStatus{{Task: "0_1", Role: "active", State: "restoring", Checkpoint: cp,
+			Restore: RestoreStatus{From: 1_000_000, To: 1_010_000}}}
 	}
 	s.observe(at.Add(50*time.Second), restoring(-1))
 	if r := s.observe(at.Add(51*time.Second), restoring(1_000_500)); !r["0_1/active"].progressKnown || !near(r["0_1/active"].progress, 500) {

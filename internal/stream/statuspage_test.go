@@ -15,6 +15,7 @@ import (
 
 	"github.com/salesagg/salesagg/internal/config"
 	"github.com/salesagg/salesagg/internal/httpapi"
+	"github.com/salesagg/salesagg/internal/httpapi/streamview"
 	"github.com/salesagg/salesagg/internal/state"
 	"github.com/salesagg/salesagg/internal/stream"
 )
@@ -32,7 +33,7 @@ func (h *harness) startWithRecentLog(cfg config.Config, knobs stream.Knobs, rece
 	rt := stream.New(cfg, log, dir, knobs)
 	ctx, cancel := context.WithCancel(context.Background())
 	in := &instance{h: h, rt: rt, dir: dir, logs: logs, cancel: cancel, done: make(chan error, 1)}
-	in.http = httptest.NewServer(httpapi.Handler(rt, httpapi.WithRecentLog(recent), httpapi.WithMetrics(metricsOf(rt))))
+	in.http = httptest.NewServer(httpapi.Handler(streamview.New(rt), httpapi.WithRecentLog(recent), httpapi.WithMetrics(metricsOf(rt))))
 	rt.Advertise(in.http.Listener.Addr().String())
 	go func() { in.done <- rt.Run(ctx) }()
 	h.t.Cleanup(func() { in.stop() })

@@ -1,0 +1,148 @@
+// Package streamview serves a *stream.Runtime over httpapi: it adapts the
+// runtime's status and query errors to httpapi's views and errors, so that
+// httpapi reads the runtime at arm's length and never imports it. The
+// service's wiring and the runtime's tests build their HTTP interface with
+// it.
+package streamview
+
+import (
+	"errors"
+
+	"github.com/salesagg/salesagg/internal/httpapi"
+	"github.com/salesagg/salesagg/internal/state"
+	"github.com/salesagg/salesagg/internal/stream"
+)
+
+// Backend is httpapi's Backend over a runtime.
+type Backend struct{ rt *stream.Runtime }
+
+var _ httpapi.Backend = Backend{}
+
+// New returns rt as an httpapi.Backend.
+func New(rt *stream.Runtime) Backend { return Backend{rt: rt} }
+
+// Total is rt's Total, its error adapted (see queryError).
+func (b Backend) Total(product string) (int64, bool, error) {
+	total, ok, err := b.rt.Total(product)
+	return total, ok, queryError(err)
+}
+
+// StandbyTotal is rt's StandbyTotal, its error adapted.
+func (b Backend) StandbyTotal(product string) (int64, bool, int64, error) {
+	total, ok, lag, err := b.rt.StandbyTotal(product)
+	return total, ok, lag, queryError(err)
+}
+
+// StandbyServers is rt's StandbyServers.
+func (b Backend) StandbyServers(product string) []httpapi.Peer {
+	peers := b.rt.StandbyServers(product)
+	if peers == nil {
+		return nil
+	}
+	out := make([]httpapi.Peer, len(peers))
+	for i, p := range peers {
+		out[i] = httpapi.Peer{Name: p.Name, Server: p.Server}
+	}
+	return out
+}
+
+// TaskOf is rt's TaskOf.
+func (b Backend) TaskOf(product string) string { return b.rt.TaskOf(product) }
+
+// InstanceID is rt's InstanceID.
+func (b Backend) InstanceID() string { return b.rt.InstanceID() }
+
+// Products is rt's Products, its error adapted.
+func (b Backend) Products(after string, limit int) ([]state.Total, []string, error) {
+	page, unavailable, err := b.rt.Products(after, limit)
+	return page, unavailable, queryError(err)
+}
+
+// Ready is rt's Ready.
+func (b Backend) Ready() (bool, string) { return b.rt.Ready() }
+
+// Healthy is rt's Healthy.
+func (b Backend) Healthy() (bool, string) { return b.rt.Healthy() }
+
+// BadEvents is rt's BadEvents.
+func (b Backend) BadEvents() int64 { return b.rt.BadEvents() }
+
+// ScanStore is rt's ScanStore.
+func (b Backend) ScanStore(task, after string, limit int) ([]state.Total, error) {
+	return b.rt.ScanStore(task, after, limit)
+}
+
+// Tasks is rt's Tasks as httpapi's views (nil when it has none).
+func (b Backend) Tasks() []httpapi.TaskStatus {
+	ts := b.rt.Tasks()
+	if ts == nil {
+		return nil
+	}
+	out := make([]httpapi.TaskStatus, len(ts))
+	for i, t := range ts {
+		out[i] = taskView(t)
+	}
+	return out
+}
+
+// Instances is rt's Instances as httpapi's views (nil when it has none).
+func (b Backend) Instances() []httpapi.InstanceStatus {
+	is := b.rt.Instances()
+	if is == nil {
+		return nil
+	}
+	out := make([]httpapi.InstanceStatus, len(is))
+	for i, s := range is {
+		out[i] = instanceView(s)
+	}
+	return out
+}
+
+// instanceView is s as httpapi's view; its slices are s's (nil stays nil,
+// empty stays empty: they are served as null and []).
+func instanceView(s stream.InstanceStatus) httpapi.InstanceStatus {
+	return httpapi.InstanceStatus{Name: s.Name, Server: s.Server, Tasks: s.Tasks, Standbys: s.Standbys, Self: s.Self}
+}
+
+// taskView is t as httpapi's view.
+func taskView(t stream.TaskStatus) httpapi.TaskStatus {
+	v := httpapi.TaskStatus{
+		Task:       t.Task,
+		Partition:  t.Partition,
+		Role:       t.Role,
+		State:      t.State,
+		Checkpoint: t.Checkpoint,
+		Restore: httpapi.RestoreStatus{From: t.Restore.From, To: t.Restore.To, Restored: t.Restore.Restored,
+			Done: t.Restore.Done, DurationMs: t.Restore.DurationMs},
+		TaskCounters: httpapi.TaskCounters{Position: t.Position, Lag: t.Lag, Processed: t.Processed,
+			Duplicates: t.Duplicates, BadEvents: t.BadEvents, Forwarded: t.Forwarded},
+		TaskTrouble:  httpapi.TaskTrouble{Waiting: t.Waiting, Unhealthy: t.Unhealthy},
+		ChangelogLag: t.ChangelogLag,
+	}
+	if c := t.Cache; c != nil {
+		v.Cache = &httpapi.CacheStatus{Hits: c.Hits, Misses: c.Misses, Evictions: c.Evictions, Bytes: c.Bytes}
+	}
+	if f := t.Failing; f != nil {
+		v.Failing = &httpapi.FailingStatus{Error: f.Error, Attempts: f.Attempts, Since: f.Since}
+	}
+	return v
+}
+
+// queryError is err as httpapi answers it: a *stream.NotHostedError becomes
+// an *httpapi.NotHostedError naming the same owner; stream.ErrNotReady and
+// stream.ErrNotHosted are marked httpapi.ErrUnavailable (503). The text is
+// err's, and err stays in the chain.
+func queryError(err error) error {
+	if err == nil {
+		return nil
+	}
+	var nh *stream.NotHostedError
+	if errors.As(err, &nh) {
+		return &httpapi.NotHostedError{Task: nh.Task, Partition: nh.Partition, Owner: nh.Owner, Server: nh.Server,
+			Unroutable: nh.Unroutable, Err: err}
+	}
+	if errors.Is(err, stream.ErrNotReady) || errors.Is(err, stream.ErrNotHosted) {
+		return httpapi.Unavailable(err)
+	}
+	return err
+}
