@@ -1,0 +1,203 @@
+package httpapi
+
+import (
+	"encoding/json"
+	"errors"
+	"net/http"
+	"net/http/pprof"
+	"net/url"
+	"strings"
+
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"go.uber.org/zap"
+)
+
+// Backend is everything the HTTP interface reads, as the union of what its
+// parts use: each part holds only its own interface (Querier and Lister in
+// peers.go, StatusReader and Prober here, PageSource in statuspage.go).
+// internal/httpapi/streamview adapts the runtime to it.
+type Backend interface {
+	Querier
+	Lister
+	StatusReader
+	Prober
+	PageSource
+}
+
+// StatusReader is what GET /v1/tasks and GET /v1/instances serve.
+type StatusReader interface {
+	// Tasks is the status of every task of this instance, active or copy.
+	Tasks() []TaskStatus
+	// Instances lists the group's members, their tasks and servers.
+	Instances() []InstanceStatus
+}
+
+// Prober is what GET /healthz and GET /readyz answer.
+type Prober interface {
+	// Ready is false while this instance should get no traffic; the
+	// reason says what is missing.
+	Ready() (bool, string)
+	// Healthy is false once a task kept failing past task.timeout.ms.
+	Healthy() (bool, string)
+}
+
+// productsPrefix is the path of one product's total; the rest of the path
+// is the product, escaped as one segment.
+const productsPrefix = "/v1/products/"
+
+// handler serves the routes; each field is the part of the backend one
+// group of routes reads.
+type handler struct {
+	query  Querier
+	list   Lister
+	status StatusReader
+	probe  Prober
+	fw     *forwarder
+	// mux serves every route but one product's total (see ServeHTTP).
+	mux *http.ServeMux
+}
+
+// routes wires the handler's routes over b, behind g's protection, with
+// request bodies bounded to 1 MiB.
+func routes(b Backend, g *guard, log *zap.Logger, o options) http.Handler {
+	h := &handler{query: b, list: b, status: b, probe: b, fw: newForwarder(g, log), mux: http.NewServeMux()}
+	h.mux.HandleFunc("GET /v1/products", h.products)
+	h.mux.HandleFunc("GET /v1/tasks", h.tasks)
+	h.mux.HandleFunc("GET /v1/instances", h.instances)
+	h.mux.Handle("GET /{$}", newStatusPage(b, o))
+	h.mux.HandleFunc("GET /healthz", h.healthz)
+	h.mux.HandleFunc("GET /readyz", h.readyz)
+	if o.metrics != nil {
+		h.mux.Handle("GET /metrics", promhttp.HandlerFor(o.metrics, promhttp.HandlerOpts{ErrorHandling: promhttp.ContinueOnError}))
+	}
+	if o.pprof {
+		pprofRoutes(h.mux)
+	}
+	return http.MaxBytesHandler(g.protect(h), 1<<20)
+}
+
+// pprofRoutes serves net/http/pprof's handlers. Profiles are bounded by the
+// server's WriteTimeout (30 s): a CPU profile asks for at most ?seconds=29.
+// The command line is not served: it can hold secrets given as flags.
+func pprofRoutes(mux *http.ServeMux) {
+	mux.HandleFunc("GET /debug/pprof/", pprof.Index)
+	mux.HandleFunc("GET /debug/pprof/profile", pprof.Profile)
+	mux.HandleFunc("GET /debug/pprof/symbol", pprof.Symbol)
+	mux.HandleFunc("GET /debug/pprof/trace", pprof.Trace)
+	mux.HandleFunc("GET /debug/pprof/cmdline", func(w http.ResponseWriter, _ *http.Request) {
+		writeJSON(w, http.StatusNotFound, map[string]string{"error": "the command line is not served"})
+	})
+}
+
+// ServeHTTP routes one product's total itself, and the rest through the
+// mux: the mux cleans dot segments, so that the products "." and ".." (sent
+// as %2E and %2E%2E) would be redirected to other paths.
+func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	rest, ok := strings.CutPrefix(r.URL.EscapedPath(), productsPrefix)
+	if !ok || strings.Contains(rest, "/") {
+		h.mux.ServeHTTP(w, r)
+		return
+	}
+	if r.Method != http.MethodGet && r.Method != http.MethodHead {
+		w.Header().Set("Allow", "GET, HEAD")
+		writeJSON(w, http.StatusMethodNotAllowed, map[string]string{"error": "method not allowed"})
+		return
+	}
+	product, err := url.PathUnescape(rest)
+	if err != nil || product == "" {
+		writeJSON(w, http.StatusBadRequest, map[string]string{"error": "the product must be one path segment, escaped"})
+		return
+	}
+	h.product(w, r, product)
+}
+
+// tasks answers GET /v1/tasks.
+func (h *handler) tasks(w http.ResponseWriter, _ *http.Request) {
+	ts := h.status.Tasks()
+	if ts == nil {
+		ts = []TaskStatus{}
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"tasks": ts})
+}
+
+// instances answers GET /v1/instances.
+func (h *handler) instances(w http.ResponseWriter, _ *http.Request) {
+	writeJSON(w, http.StatusOK, map[string]any{"instances": h.status.Instances()})
+}
+
+// healthz answers GET /healthz: alive unless a task kept failing past
+// task.timeout.ms, when a restart (the liveness probe's) is the next thing
+// to try.
+func (h *handler) healthz(w http.ResponseWriter, _ *http.Request) {
+	if ok, reason := h.probe.Healthy(); !ok {
+		writeJSON(w, http.StatusServiceUnavailable, map[string]string{"status": "unhealthy", "reason": reason})
+		return
+	}
+	writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
+}
+
+// readyz answers GET /readyz: 503 while not ready, with the reason.
+func (h *handler) readyz(w http.ResponseWriter, _ *http.Request) {
+	ready, reason := h.probe.Ready()
+	code := http.StatusOK
+	if !ready {
+		code = http.StatusServiceUnavailable
+	}
+	writeJSON(w, code, map[string]any{"ready": ready, "reason": reason})
+}
+
+// writeTotal writes a product's total (404 when unknown); staleBy, when not
+// nil, marks an answer from a standby copy.
+func writeTotal(w http.ResponseWriter, product string, total int64, ok bool, staleBy *int64) {
+	var body map[string]any
+	code := http.StatusOK
+	if ok {
+		body = map[string]any{"product": product, "total": total}
+	} else {
+		code = http.StatusNotFound
+		body = map[string]any{"error": "unknown product", "product": product}
+	}
+	if staleBy != nil {
+		body["stale"] = true
+		body["standby_lag"] = *staleBy
+	}
+	writeJSON(w, code, body)
+}
+
+// writeError answers a failed query. A product whose task runs on another
+// member is 404 with the task and the owner (ask it instead); 503 with
+// Retry-After when no owner is known yet (a rebalance), the owner cannot be
+// asked, or the error is ErrUnavailable (the task is not ready here); any
+// other error is 500.
+func writeError(w http.ResponseWriter, err error) {
+	var nh *NotHostedError
+	if errors.As(err, &nh) {
+		body := map[string]any{"error": err.Error(), "task": nh.Task, "partition": nh.Partition}
+		if nh.Owner != "" && nh.Unroutable != "" {
+			body["owner"] = nh.Owner
+			w.Header().Set("Retry-After", "1")
+			writeJSON(w, http.StatusServiceUnavailable, body)
+			return
+		}
+		if nh.Owner != "" {
+			body["owner"] = nh.Owner
+			writeJSON(w, http.StatusNotFound, body)
+			return
+		}
+		w.Header().Set("Retry-After", "1")
+		writeJSON(w, http.StatusServiceUnavailable, body)
+		return
+	}
+	code := http.StatusInternalServerError
+	if errors.Is(err, ErrUnavailable) {
+		code = http.StatusServiceUnavailable
+		w.Header().Set("Retry-After", "1")
+	}
+	writeJSON(w, code, map[string]string{"error": err.Error()})
+}
+
+func writeJSON(w http.ResponseWriter, code int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(code)
+	_ = json.NewEncoder(w).Encode(v)
+}
