@@ -171,14 +171,22 @@ func bar(t *testing.T, ctx context.Context, task string) restoreBar {
 	return eval[restoreBar](t, ctx, js)
 }
 
-func TestBrowserStatusPage(t *testing.T) {
-	// Scenario: with task 0_1's restore held and 0_2 restoring a 2,000-record changelog a batch
-	// per page render (both under the test's control), the
-	// status page in headless Chromium loads with no console error or exception, lists the three
-	// tasks, shows an indeterminate bar for 0_1 and a determinate one for 0_2 that moves as the page
-	// refreshes itself (with a rate and an ETA), escapes a hostile product name, fits a phone's
-	// width, and once the restores end shows every task running and the instance ready.
-	start := time.Now()
+// browserScene is what the browser looks at: a runtime on the in-process
+// broker behind srv, with task 0_1's restore held until release and task
+// 0_2's restore fetching one changelog batch per batches.release, its log
+// teed into the status page's ring, and hostile a product with a total
+// whose name is markup.
+type browserScene struct {
+	srv     *httptest.Server
+	rt      *stream.Runtime
+	batches *batchGate
+	release func()
+	hostile string
+}
+
+// newBrowserScene starts the scene and waits for the hostile product's
+// total; its cleanups stop the runtime and the broker.
+func newBrowserScene(t *testing.T) *browserScene {
 	cluster, err := kfake.NewCluster(kfake.NumBrokers(1))
 	if err != nil {
 		t.Fatal(err)
@@ -220,7 +228,16 @@ func TestBrowserStatusPage(t *testing.T) {
 	}
 	batches := gateChangelogFetches(cluster, cfg.ChangelogTopic(), 2)
 	t.Cleanup(batches.openAll) // before the runtime's stop (cleanups run last first)
+	s := startHeldRuntime(t, cfg)
+	s.batches = batches
+	s.hostile = produceBrowserEvents(t, cl, cfg, s.srv)
+	return s
+}
 
+// startHeldRuntime starts the runtime, task 0_1's restore held until the
+// scene's release, behind an httptest server.
+func startHeldRuntime(t *testing.T, cfg config.Config) *browserScene {
+	ctx := context.Background()
 	// The runtime, its log teed into the status page's ring as the service does.
 	recent := httpapi.NewRecentLog(100, zapcore.WarnLevel)
 	log := zaptest.NewLogger(t, zaptest.Level(zapcore.WarnLevel)).WithOptions(zap.WrapCore(recent.Tee))
@@ -258,7 +275,14 @@ func TestBrowserStatusPage(t *testing.T) {
 		srv.Close()
 		_ = dir.Close()
 	})
+	return &browserScene{srv: srv, rt: rt, release: release}
+}
 
+// produceBrowserEvents produces the sample file's events, a product whose
+// name is markup (returned) and a bad event, and waits for the product's
+// total.
+func produceBrowserEvents(t *testing.T, cl *kgo.Client, cfg config.Config, srv *httptest.Server) string {
+	ctx := context.Background()
 	// Events: the sample file, a hostile product name, a bad event.
 	hostile := productOn(`<img src=x onerror="window.pwned=1">&`, 0, 3)
 	var recs []*kgo.Record
@@ -288,8 +312,14 @@ func TestBrowserStatusPage(t *testing.T) {
 		resp.Body.Close()
 		return resp.StatusCode == http.StatusOK
 	})
+	return hostile
+}
 
-	// The browser: a fresh profile, no network but loopback.
+// newBrowser starts headless Chromium, a fresh profile and no network but
+// loopback, with a 90 s deadline. noProblems fails the test when the page
+// logged a console error or threw; stop ends the console's listening.
+func newBrowser(t *testing.T) (context.Context, func(when string), func()) {
+	ctx := context.Background()
 	opts := append(chromedp.DefaultExecAllocatorOptions[:],
 		chromedp.ExecPath(chromium(t)),
 		chromedp.NoSandbox,
@@ -302,11 +332,11 @@ func TestBrowserStatusPage(t *testing.T) {
 		chromedp.WindowSize(1280, 900),
 	)
 	allocCtx, cancelAlloc := chromedp.NewExecAllocator(ctx, opts...)
-	defer cancelAlloc()
+	t.Cleanup(cancelAlloc)
 	bctx, cancelBrowser := chromedp.NewContext(allocCtx)
-	defer cancelBrowser()
+	t.Cleanup(cancelBrowser)
 	bctx, cancelTimeout := context.WithTimeout(bctx, 90*time.Second)
-	defer cancelTimeout()
+	t.Cleanup(cancelTimeout)
 
 	var mu sync.Mutex
 	var problems []string
@@ -335,6 +365,56 @@ func TestBrowserStatusPage(t *testing.T) {
 			t.Fatalf("console errors %s:\n%s", when, strings.Join(problems, "\n"))
 		}
 	}
+	return bctx, noProblems, func() {
+		stopListening()
+		<-listened
+	}
+}
+
+// screenshots saves the page's screenshots, on a desktop and on a phone
+// (where nothing may be wider than the screen), and sets the desktop's
+// viewport back.
+func screenshots(t *testing.T, bctx context.Context) {
+	dirOut := artifactDir(t)
+	shot, err := chromedp.Run(bctx, chromedp.FullScreenshot(100))
+	if err != nil {
+		t.Fatal(err)
+	}
+	desktop := filepath.Join(dirOut, "status-page.png")
+	if err := os.WriteFile(desktop, shot, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("screenshot: %s", desktop)
+
+	// A phone: nothing wider than the screen.
+	if err := chromedp.Do(bctx, chromedp.EmulateViewport(390, 844, chromedp.EmulateScale(2), chromedp.EmulateMobile)); err != nil {
+		t.Fatal(err)
+	}
+	waitJS(t, bctx, 5*time.Second, "the page to fit 390 px", `document.documentElement.scrollWidth <= window.innerWidth + 1`)
+	if shot, err = chromedp.Run(bctx, chromedp.FullScreenshot(100)); err != nil {
+		t.Fatal(err)
+	}
+	phone := filepath.Join(dirOut, "status-page-phone.png")
+	if err := os.WriteFile(phone, shot, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("phone screenshot: %s", phone)
+	if err := chromedp.Do(bctx, chromedp.EmulateViewport(1280, 900)); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestBrowserStatusPage(t *testing.T) {
+	// Scenario: with task 0_1's restore held and 0_2 restoring a 2,000-record changelog a batch
+	// per page render (both under the test's control), the
+	// status page in headless Chromium loads with no console error or exception, lists the three
+	// tasks, shows an indeterminate bar for 0_1 and a determinate one for 0_2 that moves as the page
+	// refreshes itself (with a rate and an ETA), escapes a hostile product name, fits a phone's
+	// width, and once the restores end shows every task running and the instance ready.
+	start := time.Now()
+	s := newBrowserScene(t)
+	srv, rt, batches, release, hostile := s.srv, s.rt, s.batches, s.release, s.hostile
+	bctx, noProblems, stopListening := newBrowser(t)
 
 	if err := chromedp.Do(bctx, chromedp.Navigate(srv.URL+"/"), chromedp.WaitVisible("#tasks")); err != nil {
 		t.Fatal(err)
@@ -389,33 +469,7 @@ func TestBrowserStatusPage(t *testing.T) {
 	}
 	noProblems("while restoring")
 
-	dirOut := artifactDir(t)
-	shot, err := chromedp.Run(bctx, chromedp.FullScreenshot(100))
-	if err != nil {
-		t.Fatal(err)
-	}
-	desktop := filepath.Join(dirOut, "status-page.png")
-	if err := os.WriteFile(desktop, shot, 0o644); err != nil {
-		t.Fatal(err)
-	}
-	t.Logf("screenshot: %s", desktop)
-
-	// A phone: nothing wider than the screen.
-	if err := chromedp.Do(bctx, chromedp.EmulateViewport(390, 844, chromedp.EmulateScale(2), chromedp.EmulateMobile)); err != nil {
-		t.Fatal(err)
-	}
-	waitJS(t, bctx, 5*time.Second, "the page to fit 390 px", `document.documentElement.scrollWidth <= window.innerWidth + 1`)
-	if shot, err = chromedp.Run(bctx, chromedp.FullScreenshot(100)); err != nil {
-		t.Fatal(err)
-	}
-	phone := filepath.Join(dirOut, "status-page-phone.png")
-	if err := os.WriteFile(phone, shot, 0o644); err != nil {
-		t.Fatal(err)
-	}
-	t.Logf("phone screenshot: %s", phone)
-	if err := chromedp.Do(bctx, chromedp.EmulateViewport(1280, 900)); err != nil {
-		t.Fatal(err)
-	}
+	screenshots(t, bctx)
 
 	// Released, the restores end; the refreshed page shows it without a reload.
 	release()
@@ -427,6 +481,5 @@ func TestBrowserStatusPage(t *testing.T) {
 	}
 	noProblems("after the restores")
 	stopListening()
-	<-listened
 	t.Logf("browser test took %s", time.Since(start).Round(time.Millisecond))
 }
