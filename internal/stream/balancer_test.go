@@ -173,7 +173,7 @@ func TestBalancerDropsAddressesThatAreNotHostPort(t *testing.T) {
 	b.start(memberInfo{partitions: 3, processID: "pa", appServer: "127.0.0.1:2002"})
 	a := kmsg.ConsumerMemberAssignment{UserData: encodeAssignmentInfo(assignmentInfo{partitions: 3,
 		owners:  map[int32]string{0: "inst-a", 1: "evil", 2: "good"},
-		servers: map[string]string{"inst-a": "127.0.0.1:2002", "evil": "10.0.0.1:80/latest/meta-data#", "good": "salesagg-2.salesagg:8080"}})}
+		servers: map[string]string{"inst-a": "127.0.0.1:2002", "evil": "127.0.0.9:80/latest/meta-data#", "good": "salesagg-2.salesagg:8080"}})}
 	if _, err := b.ParseSyncAssignment(a.AppendTo(nil)); err != nil {
 		t.Fatal(err)
 	}

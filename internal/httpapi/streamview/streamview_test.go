@@ -56,7 +56,7 @@ func TestViewsServeTheRuntimesJSON(t *testing.T) {
 	full := stream.TaskStatus{
 		Task: "0_3", Partition: 3, Role: "standby", State: "running", Checkpoint: 40,
 		Restore:  stream.RestoreStatus{From: 1, To: 50, Restored: 39, Done: true, DurationMs: 850},
-		Position: 12, Lag: 7, Processed: 1000, Duplicates: 4, BadEvents: 2, Forwarded: 990,
+		Position: 12, Lag: 7, TaskCounters: stream.TaskCounters{Processed: 1000, Duplicates: 4, BadEvents: 2, Forwarded: 990},
 		Cache:     &stream.CacheStatus{Hits: 39, Misses: 1, Evictions: 3, Bytes: 4096},
 		Waiting:   "stable committed offsets",
 		Failing:   &stream.FailingStatus{Error: "producing: broker down", Attempts: 5, Since: "2026-12-01T12:00:00Z"},
@@ -69,7 +69,7 @@ func TestViewsServeTheRuntimesJSON(t *testing.T) {
 	}
 	sameJSON(t, "tasks", []stream.TaskStatus{full, bare}, []httpapi.TaskStatus{taskView(full), taskView(bare)})
 
-	is := stream.InstanceStatus{Name: "salesagg-1", Server: "10.0.0.2:8080", Tasks: []string{"0_1"}, Standbys: []string{"0_2"}, Self: true}
+	is := stream.InstanceStatus{Name: "salesagg-1", Server: "127.0.0.2:8080", Tasks: []string{"0_1"}, Standbys: []string{"0_2"}, Self: true}
 	allSet(t, "InstanceStatus", reflect.ValueOf(is))
 	empty := stream.InstanceStatus{Name: "salesagg-2", Tasks: []string{}, Standbys: []string{}}
 	for _, s := range []stream.InstanceStatus{is, empty, {Name: "nil slices"}} {
@@ -81,13 +81,13 @@ func TestQueryErrorsAreAnsweredAsTheRuntimeMeansThem(t *testing.T) {
 	// Scenario: the runtime's not-hosted error names the same task and owner to httpapi, its
 	// not-ready and not-hosted sentinels are marked unavailable (503), any other error is left as
 	// it is; the text the answer serves is the runtime's, and the runtime's error stays in the chain.
-	nh := &stream.NotHostedError{Task: "0_1", Partition: 1, Owner: "salesagg-2", Server: "10.0.0.3:8080", Unroutable: "advertises nothing usable"}
+	nh := &stream.NotHostedError{Task: "0_1", Partition: 1, Owner: "salesagg-2", Server: "127.0.0.3:8080", Unroutable: "advertises nothing usable"}
 	err := queryError(fmt.Errorf("querying: %w", nh))
 	var got *httpapi.NotHostedError
 	if !errors.As(err, &got) {
 		t.Fatalf("%v (%T) is not an httpapi.NotHostedError", err, err)
 	}
-	want := httpapi.NotHostedError{Task: "0_1", Partition: 1, Owner: "salesagg-2", Server: "10.0.0.3:8080", Unroutable: "advertises nothing usable"}
+	want := httpapi.NotHostedError{Task: "0_1", Partition: 1, Owner: "salesagg-2", Server: "127.0.0.3:8080", Unroutable: "advertises nothing usable"}
 	if g := *got; g.Task != want.Task || g.Partition != want.Partition || g.Owner != want.Owner || g.Server != want.Server || g.Unroutable != want.Unroutable {
 		t.Errorf("not hosted: got %+v, want %+v", g, want)
 	}
