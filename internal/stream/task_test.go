@@ -24,63 +24,10 @@ import (
 // does not confirm the member, and then writes the cycle it kept: the
 // changelog, the store and the offsets reported for commit agree.
 func TestTaskDrivenAlone(t *testing.T) {
-	cfg := config.Default()
-	cfg.ApplicationID = "alone"
-	cfg.ProcessingGuarantee = config.AtLeastOnce
-	cfg.StateDir = t.TempDir()
-	c, err := kfake.NewCluster(kfake.NumBrokers(1),
-		kfake.SeedTopics(3, cfg.InputTopic, cfg.ChangelogTopic(), cfg.NotificationTopic))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	seed := []kgo.Opt{kgo.SeedBrokers(c.ListenAddrs()...)}
-	cl, err := kgo.NewClient(seed...)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cl.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	ids, err := kadm.NewClient(cl).ListTopics(ctx, cfg.InputTopic, cfg.ChangelogTopic())
-	if err != nil {
-		t.Fatal(err)
-	}
-
-	dir, err := state.OpenDir(cfg.StateDir, cfg.ApplicationID)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer dir.Close()
-	log := zaptest.NewLogger(t)
-	e := &env{cfg: cfg, log: log, dir: dir, metrics: newInstruments(cfg.ProcessingGuarantee),
-		blockCache: state.NewBlockCache(cfg.StoreCacheBytes)}
-	defer e.blockCache.Close()
-	topo := topology{partitions: 3, notificationPartitions: 3,
-		inputID: [16]byte(ids[cfg.InputTopic].ID), changelogID: [16]byte(ids[cfg.ChangelogTopic()].ID)}
-	var refuse atomic.Bool
-	refuse.Store(true)
-	asked := 0
-	com := &committer{kick: make(chan struct{}, 1)}
-	task := newTask(taskDeps{
-		env: e, topo: topo, client: cl, committer: com,
-		member: func(context.Context) error {
-			asked++
-			if refuse.Load() {
-				return errNotMember
-			}
-			return nil
-		},
-		rewind:   func(*task) {},
-		restored: func(*task) {},
-		cameFrom: func(int32) string { return "" },
-	}, 0)
-	st, err := e.openStore(0, log)
-	if err != nil {
-		t.Fatal(err)
-	}
-	task.store.Store(st)
-	defer st.Close()
+	l := newLone(t, ctx)
+	l.refuse.Store(true)
 
 	// Events of products this partition owns, at input offsets 0..n-1.
 	want := map[string]int64{}
@@ -92,48 +39,117 @@ func TestTaskDrivenAlone(t *testing.T) {
 		}
 		v := int64(len(recs)*10 + 5)
 		want[p] += v
-		recs = append(recs, &kgo.Record{Topic: cfg.InputTopic, Partition: 0, Offset: int64(len(recs)),
+		recs = append(recs, &kgo.Record{Topic: l.cfg.InputTopic, Partition: 0, Offset: int64(len(recs)),
 			Key: []byte(p), Value: fmt.Appendf(nil, `{"product":%q,"value":%d}`, p, v)})
 	}
-	if err := task.processBatch(ctx, batch{topic: cfg.InputTopic, recs: recs, hwm: int64(len(recs)), epoch: 0}); err != nil {
+	if err := l.task.processBatch(ctx, batch{topic: l.cfg.InputTopic, recs: recs, hwm: int64(len(recs)), epoch: 0}); err != nil {
 		t.Fatal(err)
 	}
-	if err := task.flush(ctx); err != nil {
+	if err := l.task.flush(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if asked != 1 {
-		t.Fatalf("the membership check was asked %d times, want 1", asked)
+	if l.asked != 1 {
+		t.Fatalf("the membership check was asked %d times, want 1", l.asked)
 	}
-	if got := changelogTotals(t, ctx, seed, cfg.ChangelogTopic()); len(got) != 0 {
+	if got := changelogTotals(t, ctx, l.seed, l.cfg.ChangelogTopic()); len(got) != 0 {
 		t.Fatalf("an unconfirmed member wrote the changelog: %v", got)
 	}
-	if len(task.fold.dirty) != len(want) {
-		t.Fatalf("the refused cycle kept %d products, want %d", len(task.fold.dirty), len(want))
+	if len(l.task.fold.dirty) != len(want) {
+		t.Fatalf("the refused cycle kept %d products, want %d", len(l.task.fold.dirty), len(want))
 	}
 
-	refuse.Store(false)
-	task.retry.memberUnknownAt = time.Time{} // the once-a-second gate, passed
-	if err := task.flush(ctx); err != nil {
+	l.refuse.Store(false)
+	l.task.retry.memberUnknownAt = time.Time{} // the once-a-second gate, passed
+	if err := l.task.flush(ctx); err != nil {
 		t.Fatal(err)
 	}
-	got := changelogTotals(t, ctx, seed, cfg.ChangelogTopic())
+	got := changelogTotals(t, ctx, l.seed, l.cfg.ChangelogTopic())
 	for p, v := range want {
 		if got[p] != v {
 			t.Errorf("changelog %s = %d, want %d", p, got[p], v)
 		}
-		if en, ok, err := st.Get(p); err != nil || !ok || en.Total != v {
+		if en, ok, err := l.store.Get(p); err != nil || !ok || en.Total != v {
 			t.Errorf("store %s = %v %v %v, want %d", p, en.Total, ok, err, v)
 		}
 	}
 	if len(got) != len(want) {
 		t.Errorf("changelog holds %d products, want %d", len(got), len(want))
 	}
-	com.mu.Lock()
-	next := com.pending[cfg.InputTopic][0].Offset
-	com.mu.Unlock()
+	l.com.mu.Lock()
+	next := l.com.pending[l.cfg.InputTopic][0].Offset
+	l.com.mu.Unlock()
 	if next != int64(len(recs)) {
 		t.Fatalf("offset reported for commit %d, want %d", next, len(recs))
 	}
+}
+
+// lone is a task of partition 0 with what it uses and nothing else, on an
+// in-process broker; refuse makes its membership check fail.
+type lone struct {
+	cfg    config.Config
+	seed   []kgo.Opt
+	task   *task
+	store  *state.Store
+	com    *committer
+	refuse atomic.Bool
+	asked  int
+}
+
+func newLone(t *testing.T, ctx context.Context) *lone {
+	t.Helper()
+	l := &lone{}
+	cfg := config.Default()
+	cfg.ApplicationID = "alone"
+	cfg.ProcessingGuarantee = config.AtLeastOnce
+	cfg.StateDir = t.TempDir()
+	l.cfg = cfg
+	c, err := kfake.NewCluster(kfake.NumBrokers(1),
+		kfake.SeedTopics(3, cfg.InputTopic, cfg.ChangelogTopic(), cfg.NotificationTopic))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Close)
+	l.seed = []kgo.Opt{kgo.SeedBrokers(c.ListenAddrs()...)}
+	cl, err := kgo.NewClient(l.seed...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(cl.Close)
+	ids, err := kadm.NewClient(cl).ListTopics(ctx, cfg.InputTopic, cfg.ChangelogTopic())
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir, err := state.OpenDir(cfg.StateDir, cfg.ApplicationID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = dir.Close() })
+	log := zaptest.NewLogger(t)
+	e := &env{cfg: cfg, log: log, dir: dir, metrics: newInstruments(cfg.ProcessingGuarantee),
+		blockCache: state.NewBlockCache(cfg.StoreCacheBytes)}
+	t.Cleanup(e.blockCache.Close)
+	topo := topology{partitions: 3, notificationPartitions: 3,
+		inputID: [16]byte(ids[cfg.InputTopic].ID), changelogID: [16]byte(ids[cfg.ChangelogTopic()].ID)}
+	l.com = &committer{kick: make(chan struct{}, 1)}
+	l.task = newTask(taskDeps{
+		env: e, topo: topo, client: cl, committer: l.com,
+		member: func(context.Context) error {
+			l.asked++
+			if l.refuse.Load() {
+				return errNotMember
+			}
+			return nil
+		},
+		rewind:   func(*task) {},
+		restored: func(*task) {},
+		cameFrom: func(int32) string { return "" },
+	}, 0)
+	if l.store, err = e.openStore(0, log); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = l.store.Close() })
+	l.task.store.Store(l.store)
+	return l
 }
 
 // changelogTotals reads partition 0 of a changelog: each product's latest
