@@ -77,11 +77,7 @@ func TestDescribeTopicPartitionsListsEligibleLeaderReplicas(t *testing.T) {
 	// lists of eligible leader replicas (a null one is the NullPointerException of kafka-topics
 	// --describe), for a named topic and for all topics, and across pages.
 	b := startBroker(t)
-	cl, err := kgo.NewClient(kgo.SeedBrokers(b.Addr()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cl.Close()
+	cl := clientOf(t, b)
 	if _, err := kadm.NewClient(cl).CreateTopic(context.Background(), 3, 1, nil, "a"); err != nil {
 		t.Fatal(err)
 	}
@@ -135,11 +131,7 @@ func TestListGroupsFiltersIgnoreCase(t *testing.T) {
 	// and a filter it does not match leaves it out.
 	b := startBroker(t)
 	withGroup(t, b, "g1", "t1")
-	cl, err := kgo.NewClient(kgo.SeedBrokers(b.Addr()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cl.Close()
+	cl := clientOf(t, b)
 	for _, tc := range []struct {
 		name          string
 		states, types []string
@@ -177,11 +169,7 @@ func TestDescribeGroupsAnswersAsKafka(t *testing.T) {
 	// unknown group is GROUP_ID_NOT_FOUND with a message naming it.
 	b := startBroker(t)
 	withGroup(t, b, "g1", "t1")
-	cl, err := kgo.NewClient(kgo.SeedBrokers(b.Addr()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cl.Close()
+	cl := clientOf(t, b)
 	req := kmsg.NewPtrDescribeGroupsRequest()
 	req.Groups = []string{"g1", "nope"}
 	resp := request[*kmsg.DescribeGroupsResponse](t, cl, req)
@@ -253,4 +241,15 @@ func errString(err error) string {
 		return ""
 	}
 	return err.Error()
+}
+
+// clientOf is a client of b, closed at the end of the test.
+func clientOf(t *testing.T, b *Broker) *kgo.Client {
+	t.Helper()
+	cl, err := kgo.NewClient(kgo.SeedBrokers(b.Addr()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(cl.Close)
+	return cl
 }

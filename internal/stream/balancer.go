@@ -196,21 +196,13 @@ func (k copyKind) String() string {
 func encodeAssignmentInfo(a assignmentInfo) []byte {
 	b := []byte{byte(assign.Version)}
 	b = binary.BigEndian.AppendUint32(b, uint32(a.partitions))
-	tasks := make([]int32, 0, len(a.owners))
-	for t := range a.owners {
-		tasks = append(tasks, t)
-	}
-	slices.Sort(tasks)
+	tasks := slices.Sorted(maps.Keys(a.owners))
 	b = binary.BigEndian.AppendUint16(b, uint16(len(tasks)))
 	for _, t := range tasks {
 		b = binary.BigEndian.AppendUint32(b, uint32(t))
 		b = appendString(b, a.owners[t])
 	}
-	names := make([]string, 0, len(a.servers))
-	for n := range a.servers {
-		names = append(names, n)
-	}
-	sort.Strings(names)
+	names := slices.Sorted(maps.Keys(a.servers))
 	b = binary.BigEndian.AppendUint16(b, uint16(len(names)))
 	for _, n := range names {
 		b = appendString(b, n)
@@ -401,12 +393,7 @@ func (b *taskBalancer) JoinGroupMetadata(topics []string, current map[string][]i
 	meta.Version = 2
 	meta.Topics = topics
 	meta.Generation = generation
-	names := make([]string, 0, len(current))
-	for t := range current {
-		names = append(names, t)
-	}
-	sort.Strings(names)
-	for _, t := range names {
+	for _, t := range slices.Sorted(maps.Keys(current)) {
 		owned := kmsg.ConsumerMemberMetadataOwnedPartition{Topic: t, Partitions: slices.Sorted(slices.Values(current[t]))}
 		meta.OwnedPartitions = append(meta.OwnedPartitions, owned)
 	}

@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
-	"path/filepath"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -15,7 +14,6 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 	"go.uber.org/zap/zaptest/observer"
 
-	"github.com/salesagg/salesagg/internal/config"
 	"github.com/salesagg/salesagg/internal/sales"
 	"github.com/salesagg/salesagg/internal/stream"
 )
@@ -57,9 +55,7 @@ func TestRevokeDuringLongRestore(t *testing.T) {
 	// second of the revoke, its other tasks keep processing meanwhile, and B runs 0_2.
 	h := newHarness(t)
 	h.createInput(3)
-	cfgA, cfgB := h.cfg, h.cfg
-	cfgA.StateDir = filepath.Join(h.stateDir, "a")
-	cfgB.StateDir = filepath.Join(h.stateDir, "b")
+	cfgA, cfgB := h.instanceCfg("a"), h.instanceCfg("b")
 	var held atomic.Bool
 	a := h.startWith(cfgA, stream.Knobs{BeforeRestore: func(ctx context.Context, p int32) {
 		if p == 2 && held.CompareAndSwap(false, true) {
@@ -115,105 +111,95 @@ func TestInputTopicRecreatedWhileRunning(t *testing.T) {
 	// Scenario: the input topic is deleted and recreated while the service runs; the new
 	// topic's offsets start at 0 again, below the offsets the totals reflect: new events are
 	// counted (not taken for redeliveries), on top of the totals from before.
-	for _, guarantee := range []string{config.ExactlyOnceV2, config.AtLeastOnce} {
-		t.Run(guarantee, func(t *testing.T) {
-			h := newHarness(t)
-			h.createInput(3)
-			h.cfg.ProcessingGuarantee = guarantee
-			in := h.startWith(h.cfg, stream.Knobs{TopologyCheckEvery: 200 * time.Millisecond})
-			in.waitReady()
-			var recs []*kgo.Record
-			want := map[string]int64{}
-			for i := 0; i < 60; i++ {
-				p := fmt.Sprintf("re%d", i%6)
-				recs = append(recs, event(p, p, 10))
-				want[p] += 10
-			}
-			h.produce(recs...)
-			in.waitTotals(want)
+	eachGuarantee(t, func(t *testing.T, h *harness) {
+		in := h.startWith(h.cfg, stream.Knobs{TopologyCheckEvery: 200 * time.Millisecond})
+		in.waitReady()
+		var recs []*kgo.Record
+		want := map[string]int64{}
+		for i := 0; i < 60; i++ {
+			p := fmt.Sprintf("re%d", i%6)
+			recs = append(recs, event(p, p, 10))
+			want[p] += 10
+		}
+		h.produce(recs...)
+		in.waitTotals(want)
 
-			adm := kadm.NewClient(h.client())
-			ctx := context.Background()
-			if _, err := adm.DeleteTopic(ctx, h.cfg.InputTopic); err != nil {
-				t.Fatal(err)
-			}
-			waitFor(t, 20*time.Second, "the service to see the input topic missing", func() bool {
-				return in.logs.FilterMessageSnippet("Input topic is missing").Len() > 0
-			})
-			waitFor(t, 20*time.Second, "the input topic to be recreated", func() bool {
-				resp, err := adm.CreateTopic(ctx, 3, 1, nil, h.cfg.InputTopic)
-				return err == nil && resp.Err == nil
-			})
-			// Fewer events than before, so every new offset is below the reflected ones.
-			recs = recs[:0]
-			for i := 0; i < 12; i++ {
-				p := fmt.Sprintf("re%d", i%6)
-				recs = append(recs, event(p, p, 1))
-				want[p]++
-			}
-			h.produce(recs...)
-			waitFor(t, 30*time.Second, "the service to rejoin on the new topic", func() bool {
-				return in.logs.FilterMessageSnippet("Input topic changed while running").Len() > 0
-			})
-			in.waitTotals(want)
+		adm := kadm.NewClient(h.client())
+		ctx := context.Background()
+		if _, err := adm.DeleteTopic(ctx, h.cfg.InputTopic); err != nil {
+			t.Fatal(err)
+		}
+		waitFor(t, 20*time.Second, "the service to see the input topic missing", func() bool {
+			return in.logs.FilterMessageSnippet("Input topic is missing").Len() > 0
 		})
-	}
+		waitFor(t, 20*time.Second, "the input topic to be recreated", func() bool {
+			resp, err := adm.CreateTopic(ctx, 3, 1, nil, h.cfg.InputTopic)
+			return err == nil && resp.Err == nil
+		})
+		// Fewer events than before, so every new offset is below the reflected ones.
+		recs = recs[:0]
+		for i := 0; i < 12; i++ {
+			p := fmt.Sprintf("re%d", i%6)
+			recs = append(recs, event(p, p, 1))
+			want[p]++
+		}
+		h.produce(recs...)
+		waitFor(t, 30*time.Second, "the service to rejoin on the new topic", func() bool {
+			return in.logs.FilterMessageSnippet("Input topic changed while running").Len() > 0
+		})
+		in.waitTotals(want)
+	})
 }
 
 func TestShutdownRightAfterAPollKeepsItsRecords(t *testing.T) {
 	// Scenario: the shutdown begins just after a poll returned records (SIGTERM at that moment):
 	// those records are folded and committed with the last cycle, or not committed at all, never
 	// committed unfolded; after a restart every total is exact.
-	for _, guarantee := range []string{config.ExactlyOnceV2, config.AtLeastOnce} {
-		t.Run(guarantee, func(t *testing.T) {
-			h := newHarness(t)
-			h.createInput(3)
-			h.cfg.ProcessingGuarantee = guarantee
-			var armed atomic.Bool
-			var stopNow context.CancelFunc
-			var stoppedAt atomic.Int64
-			in := h.startWith(h.cfg, stream.Knobs{AfterPoll: func(records int) {
-				if records > 0 && armed.CompareAndSwap(true, false) {
-					stoppedAt.Store(int64(records))
-					stopNow()
-				}
-			}})
-			in.waitReady()
-			want := map[string]int64{}
-			batch := func(value int64) {
-				var recs []*kgo.Record
-				for i := 0; i < 30; i++ {
-					p := fmt.Sprintf("sd%d", i%5)
-					recs = append(recs, event(p, p, value))
-					want[p] += value
-				}
-				h.produce(recs...)
+	eachGuarantee(t, func(t *testing.T, h *harness) {
+		var armed atomic.Bool
+		var stopNow context.CancelFunc
+		var stoppedAt atomic.Int64
+		in := h.startWith(h.cfg, stream.Knobs{AfterPoll: func(records int) {
+			if records > 0 && armed.CompareAndSwap(true, false) {
+				stoppedAt.Store(int64(records))
+				stopNow()
 			}
-			batch(2)
-			in.waitTotals(want)
-			stopNow = in.cancel
-			armed.Store(true)
-			batch(3)
-			select {
-			case err := <-in.done:
-				if err != nil {
-					t.Fatal(err)
-				}
-				in.done <- nil // for in.stop
-			case <-time.After(30 * time.Second):
-				t.Fatal("the runtime did not stop after the poll")
+		}})
+		in.waitReady()
+		want := map[string]int64{}
+		batch := func(value int64) {
+			var recs []*kgo.Record
+			for i := 0; i < 30; i++ {
+				p := fmt.Sprintf("sd%d", i%5)
+				recs = append(recs, event(p, p, value))
+				want[p] += value
 			}
-			if stoppedAt.Load() == 0 {
-				t.Fatal("the shutdown did not begin after a poll that returned records")
-			}
-			if err := in.stop(); err != nil {
+			h.produce(recs...)
+		}
+		batch(2)
+		in.waitTotals(want)
+		stopNow = in.cancel
+		armed.Store(true)
+		batch(3)
+		select {
+		case err := <-in.done:
+			if err != nil {
 				t.Fatal(err)
 			}
-			again := h.start(h.cfg)
-			again.waitReady()
-			again.waitTotals(want)
-		})
-	}
+			in.done <- nil // for in.stop
+		case <-time.After(30 * time.Second):
+			t.Fatal("the runtime did not stop after the poll")
+		}
+		if stoppedAt.Load() == 0 {
+			t.Fatal("the shutdown did not begin after a poll that returned records")
+		}
+		if err := in.stop(); err != nil {
+			t.Fatal(err)
+		}
+		again := h.start(h.cfg)
+		again.waitReady()
+		again.waitTotals(want)
+	})
 }
 
 // query reads GET /v1/products/{product} from in: status, total and X-Served-By.
@@ -239,9 +225,7 @@ func TestQueriesFromAnyInstance(t *testing.T) {
 	// and lists its tasks as unavailable.
 	h := newHarness(t)
 	h.createInput(3)
-	cfgA, cfgB := h.cfg, h.cfg
-	cfgA.StateDir = filepath.Join(h.stateDir, "a")
-	cfgB.StateDir = filepath.Join(h.stateDir, "b")
+	cfgA, cfgB := h.instanceCfg("a"), h.instanceCfg("b")
 	a := h.start(cfgA)
 	a.waitReady()
 	b := h.start(cfgB)

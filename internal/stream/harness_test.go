@@ -209,19 +209,34 @@ func (h *harness) start(cfg config.Config) *instance {
 
 func (h *harness) startWith(cfg config.Config, knobs stream.Knobs) *instance {
 	h.t.Helper()
+	return h.launch(cfg, knobs, nil)
+}
+
+// launch starts a runtime on cfg with its HTTP API served by httptest, its
+// Info and higher log lines observed (teed into recent when not nil, which
+// the status page then shows, as the service wires them).
+func (h *harness) launch(cfg config.Config, knobs stream.Knobs, recent *httpapi.RecentLog) *instance {
+	h.t.Helper()
 	core, logs := observer.New(zapcore.InfoLevel)
 	log := zap.New(core)
 	if os.Getenv("SALESAGGTEST_VERBOSE") != "" {
 		log = zap.New(zapcore.NewTee(core, zaptest.NewLogger(h.t, zaptest.Level(zapcore.DebugLevel)).Core()))
+	}
+	if recent != nil {
+		log = log.WithOptions(zap.WrapCore(recent.Tee))
 	}
 	dir, err := state.OpenDir(cfg.StateDir, cfg.ApplicationID)
 	if err != nil {
 		h.t.Fatal(err)
 	}
 	rt := stream.New(cfg, log, dir, knobs)
+	opts := []httpapi.Option{httpapi.WithMetrics(metricsOf(rt))}
+	if recent != nil {
+		opts = append(opts, httpapi.WithRecentLog(recent))
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	in := &instance{h: h, rt: rt, dir: dir, logs: logs, cancel: cancel, done: make(chan error, 1)}
-	in.http = httptest.NewServer(httpapi.Handler(streamview.New(rt), httpapi.WithMetrics(metricsOf(rt))))
+	in.http = httptest.NewServer(httpapi.Handler(streamview.New(rt), opts...))
 	rt.Advertise(in.http.Listener.Addr().String())
 	go func() { in.done <- rt.Run(ctx) }()
 	h.t.Cleanup(func() { in.stop() })
@@ -412,4 +427,42 @@ func equalTotals(t *testing.T, what string, got, want map[string]int64) {
 			t.Fatalf("%s: %s = %d, want %d", what, p, got[p], w)
 		}
 	}
+}
+
+// eachGuarantee runs fn as a subtest for each processing guarantee, on a
+// harness of its own with the input topic created (3 partitions) and the
+// guarantee set in h.cfg.
+func eachGuarantee(t *testing.T, fn func(t *testing.T, h *harness)) {
+	t.Helper()
+	for _, g := range []string{config.ExactlyOnceV2, config.AtLeastOnce} {
+		t.Run(g, func(t *testing.T) {
+			h := newHarness(t)
+			h.createInput(3)
+			h.cfg.ProcessingGuarantee = g
+			fn(t, h)
+		})
+	}
+}
+
+// startPairWithStandbys creates the input topic (3 partitions) and starts
+// instances A and B with one standby replica each; A is ready before B
+// starts.
+func (h *harness) startPairWithStandbys() (cfgA, cfgB config.Config, a, b *instance) {
+	h.t.Helper()
+	h.createInput(3)
+	h.cfg.NumStandbyReplicas = 1
+	cfgA, cfgB = h.instanceCfg("a"), h.instanceCfg("b")
+	a = h.start(cfgA)
+	a.waitReady()
+	b = h.start(cfgB)
+	return cfgA, cfgB, a, b
+}
+
+// waitSpread waits until the three tasks run on A and B, each at least one.
+func waitSpread(t testing.TB, a, b *instance) {
+	t.Helper()
+	waitFor(t, 30*time.Second, "the tasks to spread over A and B", func() bool {
+		na, nb := len(a.runningTasks()), len(b.runningTasks())
+		return na >= 1 && nb >= 1 && na+nb == 3
+	})
 }

@@ -49,12 +49,7 @@ func TestDashboardUsesOnlyScrapedMetrics(t *testing.T) {
 	// _bucket/_sum/_count series) in a real scrape of /metrics, so the dashboard shows data and
 	// no panel names a metric that does not exist.
 	h := newHarness(t)
-	h.createInput(3)
-	h.cfg.NumStandbyReplicas = 1
-	cfgA, cfgB := h.instanceCfg("a"), h.instanceCfg("b")
-	a := h.start(cfgA)
-	a.waitReady()
-	b := h.start(cfgB)
+	_, _, a, b := h.startPairWithStandbys()
 	want := spread(h, "m", 5, 2)
 	bad := event("bad", "bad", 1)
 	bad.Value = []byte("not json")

@@ -47,69 +47,64 @@ func TestMegabyteRecordsAreDeadLetteredCut(t *testing.T) {
 	// and one with a 1,000,000-byte key. Both are bad events (too_large); their dead-letter copies
 	// are cut to dlq.max.record.bytes and marked with their original sizes, the producer's own
 	// salesagg.dlq.* header is replaced, the service stays up, and every other total is exact.
-	for _, guarantee := range []string{config.ExactlyOnceV2, config.AtLeastOnce} {
-		t.Run(guarantee, func(t *testing.T) {
-			h := newHarness(t)
-			h.createInput(3)
-			cfg := h.cfg
-			cfg.ProcessingGuarantee = guarantee
-			cfg.DLQTopic = "sales-dead-letters"
-			in := h.start(cfg)
-			in.waitReady()
+	eachGuarantee(t, func(t *testing.T, h *harness) {
+		cfg := h.cfg
+		cfg.DLQTopic = "sales-dead-letters"
+		in := h.start(cfg)
+		in.waitReady()
 
-			huge := strings.Repeat("x", 1_000_000)
-			bigValue := &kgo.Record{Key: []byte("p1"), Value: []byte(`{"product":"p1","value":1,"pad":"` + huge[:1_000_000-40] + `"}`),
-				Headers: []kgo.RecordHeader{{Key: sales.DLQReasonHeader, Value: []byte("forged")}, {Key: "trace", Value: []byte("value")}}}
-			bigKey := &kgo.Record{Key: []byte(huge), Value: []byte(`{"value":1}`), Headers: []kgo.RecordHeader{{Key: "trace", Value: []byte("key")}}}
-			want := map[string]int64{}
-			var recs []*kgo.Record
-			for i := range 30 {
-				p := fmt.Sprintf("p%d", i%10)
-				recs = append(recs, event(p, p, int64(i+1)))
-				want[p] += int64(i + 1)
-			}
-			recs = append(recs[:15], append([]*kgo.Record{bigValue, bigKey}, recs[15:]...)...)
-			cl := h.client(kgo.ProducerBatchMaxBytes(2<<20), kgo.RecordPartitioner(manualOrKeyPartitioner{}))
-			for _, r := range recs {
-				r.Topic = cfg.InputTopic
-			}
-			if err := cl.ProduceSync(context.Background(), recs...).FirstErr(); err != nil {
-				t.Fatal(err)
-			}
-			in.waitTotals(want)
+		huge := strings.Repeat("x", 1_000_000)
+		bigValue := &kgo.Record{Key: []byte("p1"), Value: []byte(`{"product":"p1","value":1,"pad":"` + huge[:1_000_000-40] + `"}`),
+			Headers: []kgo.RecordHeader{{Key: sales.DLQReasonHeader, Value: []byte("forged")}, {Key: "trace", Value: []byte("value")}}}
+		bigKey := &kgo.Record{Key: []byte(huge), Value: []byte(`{"value":1}`), Headers: []kgo.RecordHeader{{Key: "trace", Value: []byte("key")}}}
+		want := map[string]int64{}
+		var recs []*kgo.Record
+		for i := range 30 {
+			p := fmt.Sprintf("p%d", i%10)
+			recs = append(recs, event(p, p, int64(i+1)))
+			want[p] += int64(i + 1)
+		}
+		recs = append(recs[:15], append([]*kgo.Record{bigValue, bigKey}, recs[15:]...)...)
+		cl := h.client(kgo.ProducerBatchMaxBytes(2<<20), kgo.RecordPartitioner(manualOrKeyPartitioner{}))
+		for _, r := range recs {
+			r.Topic = cfg.InputTopic
+		}
+		if err := cl.ProduceSync(context.Background(), recs...).FirstErr(); err != nil {
+			t.Fatal(err)
+		}
+		in.waitTotals(want)
 
-			got := h.readAll(cfg.DLQTopic, 2, 30*time.Second)
-			if len(got) != 2 {
-				t.Fatalf("dead-letter topic holds %d records, want 2", len(got))
+		got := h.readAll(cfg.DLQTopic, 2, 30*time.Second)
+		if len(got) != 2 {
+			t.Fatalf("dead-letter topic holds %d records, want 2", len(got))
+		}
+		for _, r := range got {
+			hd := headers(r)
+			size := len(r.Key) + len(r.Value)
+			for k, v := range hd {
+				size += len(k) + len(v)
 			}
-			for _, r := range got {
-				hd := headers(r)
-				size := len(r.Key) + len(r.Value)
-				for k, v := range hd {
-					size += len(k) + len(v)
-				}
-				t.Logf("dead letter %s: key %d bytes, value %d bytes, headers %v", hd["trace"], len(r.Key), len(r.Value), hd[sales.DLQTruncatedHeader])
-				switch {
-				case hd[sales.DLQReasonHeader] != sales.ReasonTooLarge:
-					t.Errorf("dead letter %s has reason %q, want %s (a forged one replaced)", hd["trace"], hd[sales.DLQReasonHeader], sales.ReasonTooLarge)
-				case hd[sales.DLQTruncatedHeader] != "true":
-					t.Errorf("dead letter %s is not marked truncated: %v", hd["trace"], hd)
-				case size > int(cfg.DLQMaxRecordBytes):
-					t.Errorf("dead letter %s takes %d bytes, over dlq.max.record.bytes %d", hd["trace"], size, cfg.DLQMaxRecordBytes)
-				case hd["trace"] == "value" && (hd[sales.DLQValueBytesHeader] != strconv.Itoa(len(bigValue.Value)) || !strings.HasPrefix(string(bigValue.Value), string(r.Value))):
-					t.Errorf("value dead letter: original size %s, value not a prefix of the event's", hd[sales.DLQValueBytesHeader])
-				case hd["trace"] == "key" && (hd[sales.DLQKeyBytesHeader] != "1000000" || !strings.HasPrefix(huge, string(r.Key)) || len(r.Key) == 0):
-					t.Errorf("key dead letter: original size %s, key of %d bytes", hd[sales.DLQKeyBytesHeader], len(r.Key))
-				}
+			t.Logf("dead letter %s: key %d bytes, value %d bytes, headers %v", hd["trace"], len(r.Key), len(r.Value), hd[sales.DLQTruncatedHeader])
+			switch {
+			case hd[sales.DLQReasonHeader] != sales.ReasonTooLarge:
+				t.Errorf("dead letter %s has reason %q, want %s (a forged one replaced)", hd["trace"], hd[sales.DLQReasonHeader], sales.ReasonTooLarge)
+			case hd[sales.DLQTruncatedHeader] != "true":
+				t.Errorf("dead letter %s is not marked truncated: %v", hd["trace"], hd)
+			case size > int(cfg.DLQMaxRecordBytes):
+				t.Errorf("dead letter %s takes %d bytes, over dlq.max.record.bytes %d", hd["trace"], size, cfg.DLQMaxRecordBytes)
+			case hd["trace"] == "value" && (hd[sales.DLQValueBytesHeader] != strconv.Itoa(len(bigValue.Value)) || !strings.HasPrefix(string(bigValue.Value), string(r.Value))):
+				t.Errorf("value dead letter: original size %s, value not a prefix of the event's", hd[sales.DLQValueBytesHeader])
+			case hd["trace"] == "key" && (hd[sales.DLQKeyBytesHeader] != "1000000" || !strings.HasPrefix(huge, string(r.Key)) || len(r.Key) == 0):
+				t.Errorf("key dead letter: original size %s, key of %d bytes", hd[sales.DLQKeyBytesHeader], len(r.Key))
 			}
-			if ready, reason := in.rt.Ready(); !ready {
-				t.Fatalf("not ready after the megabyte records: %s", reason)
-			}
-			if code, reason := in.health(); code != http.StatusOK {
-				t.Fatalf("/healthz %d: %s", code, reason)
-			}
-		})
-	}
+		}
+		if ready, reason := in.rt.Ready(); !ready {
+			t.Fatalf("not ready after the megabyte records: %s", reason)
+		}
+		if code, reason := in.health(); code != http.StatusOK {
+			t.Fatalf("/healthz %d: %s", code, reason)
+		}
+	})
 }
 
 func TestFailedProduceCommitsNothingPastIt(t *testing.T) {
@@ -119,76 +114,72 @@ func TestFailedProduceCommitsNothingPastIt(t *testing.T) {
 	// in /v1/tasks and, past task.timeout.ms, in /healthz, and it retries with backoff. Once the
 	// topic takes bigger records, the copy is dead-lettered, the totals are exact and the process
 	// is healthy again.
-	for _, guarantee := range []string{config.ExactlyOnceV2, config.AtLeastOnce} {
-		t.Run(guarantee, func(t *testing.T) {
-			h := newHarness(t)
-			h.createInput(3)
-			cfg := h.cfg
-			cfg.ProcessingGuarantee = guarantee
-			cfg.DLQTopic = "sales-dead-letters"
-			cfg.TaskTimeout = time.Second
-			adm := kadm.NewClient(h.client())
-			small := "2048"
-			if _, err := adm.CreateTopic(context.Background(), 3, 1, map[string]*string{"max.message.bytes": &small}, cfg.DLQTopic); err != nil {
-				t.Fatal(err)
-			}
-			in := h.start(cfg)
-			in.waitReady()
+	eachGuarantee(t, func(t *testing.T, h *harness) {
+		guarantee := h.cfg.ProcessingGuarantee
+		cfg := h.cfg
+		cfg.DLQTopic = "sales-dead-letters"
+		cfg.TaskTimeout = time.Second
+		adm := kadm.NewClient(h.client())
+		small := "2048"
+		if _, err := adm.CreateTopic(context.Background(), 3, 1, map[string]*string{"max.message.bytes": &small}, cfg.DLQTopic); err != nil {
+			t.Fatal(err)
+		}
+		in := h.start(cfg)
+		in.waitReady()
 
-			product := productOn("fail-", 1, 3)
-			want := map[string]int64{product: 0}
-			var recs []*kgo.Record
-			for i := range 10 {
-				recs = append(recs, event(product, product, int64(i+1)))
-				want[product] += int64(i + 1)
-			}
-			// Not JSON: a bad event whose copy (5,000 bytes) the topic refuses.
-			bad := eventTo(1, product, product, 0)
-			bad.Value = []byte(strings.Repeat("?", 5000))
-			recs = append(recs, bad)
-			for i := range 10 {
-				recs = append(recs, event(product, product, int64(100+i)))
-				want[product] += int64(100 + i)
-			}
-			h.produce(recs...)
-			badOffset := bad.Offset
+		product := productOn("fail-", 1, 3)
+		want := map[string]int64{product: 0}
+		var recs []*kgo.Record
+		for i := range 10 {
+			recs = append(recs, event(product, product, int64(i+1)))
+			want[product] += int64(i + 1)
+		}
+		// Not JSON: a bad event whose copy (5,000 bytes) the topic refuses.
+		bad := eventTo(1, product, product, 0)
+		bad.Value = []byte(strings.Repeat("?", 5000))
+		recs = append(recs, bad)
+		for i := range 10 {
+			recs = append(recs, event(product, product, int64(100+i)))
+			want[product] += int64(100 + i)
+		}
+		h.produce(recs...)
+		badOffset := bad.Offset
 
-			waitFor(t, 30*time.Second, "task 0_1 to show the failed produce", func() bool {
-				ts, ok := in.taskStatus("0_1")
-				return ok && ts.Failing != nil && strings.Contains(ts.Failing.Error, "MESSAGE_TOO_LARGE")
-			})
-			waitFor(t, 30*time.Second, "/healthz to report task 0_1", func() bool {
-				code, reason := in.health()
-				return code == http.StatusServiceUnavailable && strings.Contains(reason, "0_1")
-			})
-			offs, err := adm.FetchOffsets(context.Background(), cfg.ApplicationID)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if o, ok := offs.Lookup(cfg.InputTopic, 1); ok && o.At > badOffset {
-				t.Fatalf("input offset %d committed past the bad event at %d whose dead letter failed", o.At, badOffset)
-			}
-
-			big := "1048588"
-			if _, err := adm.AlterTopicConfigs(context.Background(), []kadm.AlterConfig{{Name: "max.message.bytes", Value: &big}}, cfg.DLQTopic); err != nil {
-				t.Fatal(err)
-			}
-			in.waitTotals(want)
-			got := h.readAll(cfg.DLQTopic, 1, 30*time.Second)
-			if len(got) < 1 || string(got[0].Value) != string(bad.Value) {
-				t.Fatalf("dead-letter topic holds %d records, want the bad event", len(got))
-			}
-			if guarantee == config.ExactlyOnceV2 && len(got) != 1 {
-				t.Fatalf("dead-letter topic holds %d copies under exactly-once, want 1", len(got))
-			}
-			waitFor(t, 30*time.Second, "/healthz 200 again", func() bool {
-				code, _ := in.health()
-				return code == http.StatusOK
-			})
-			cl, _, _ := h.changelog(cfg)
-			equalTotals(t, "changelog", map[string]int64{product: cl[product]}, want)
+		waitFor(t, 30*time.Second, "task 0_1 to show the failed produce", func() bool {
+			ts, ok := in.taskStatus("0_1")
+			return ok && ts.Failing != nil && strings.Contains(ts.Failing.Error, "MESSAGE_TOO_LARGE")
 		})
-	}
+		waitFor(t, 30*time.Second, "/healthz to report task 0_1", func() bool {
+			code, reason := in.health()
+			return code == http.StatusServiceUnavailable && strings.Contains(reason, "0_1")
+		})
+		offs, err := adm.FetchOffsets(context.Background(), cfg.ApplicationID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if o, ok := offs.Lookup(cfg.InputTopic, 1); ok && o.At > badOffset {
+			t.Fatalf("input offset %d committed past the bad event at %d whose dead letter failed", o.At, badOffset)
+		}
+
+		big := "1048588"
+		if _, err := adm.AlterTopicConfigs(context.Background(), []kadm.AlterConfig{{Name: "max.message.bytes", Value: &big}}, cfg.DLQTopic); err != nil {
+			t.Fatal(err)
+		}
+		in.waitTotals(want)
+		got := h.readAll(cfg.DLQTopic, 1, 30*time.Second)
+		if len(got) < 1 || string(got[0].Value) != string(bad.Value) {
+			t.Fatalf("dead-letter topic holds %d records, want the bad event", len(got))
+		}
+		if guarantee == config.ExactlyOnceV2 && len(got) != 1 {
+			t.Fatalf("dead-letter topic holds %d copies under exactly-once, want 1", len(got))
+		}
+		waitFor(t, 30*time.Second, "/healthz 200 again", func() bool {
+			code, _ := in.health()
+			return code == http.StatusOK
+		})
+		cl, _, _ := h.changelog(cfg)
+		equalTotals(t, "changelog", map[string]int64{product: cl[product]}, want)
+	})
 }
 
 // failHeartbeats answers UNKNOWN_MEMBER_ID to every Heartbeat while on is

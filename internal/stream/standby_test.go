@@ -76,15 +76,8 @@ func TestStandbyTailsServesAndIsPromoted(t *testing.T) {
 	// the other takes its tasks over from the copies: it logs "standby was N records behind" and
 	// restores a small tail instead of the whole changelog, with exact totals.
 	h := newHarness(t)
-	h.createInput(3)
-	h.cfg.NumStandbyReplicas = 1
-	cfgA, cfgB := h.instanceCfg("a"), h.instanceCfg("b")
-	a := h.start(cfgA)
-	a.waitReady()
-	b := h.start(cfgB)
-	waitFor(t, 30*time.Second, "the tasks to spread over A and B", func() bool {
-		return len(a.runningTasks())+len(b.runningTasks()) == 3 && len(b.runningTasks()) >= 1 && len(a.runningTasks()) >= 1
-	})
+	_, _, a, b := h.startPairWithStandbys()
+	waitSpread(t, a, b)
 	want := spread(h, "s", 40, 5) // 600 events, 120 products
 	waitFor(t, 30*time.Second, "a standby copy of every task, caught up, on the instance not running it", func() bool {
 		got := map[string]bool{}
@@ -119,16 +112,7 @@ func TestStandbyTailsServesAndIsPromoted(t *testing.T) {
 		if !strings.Contains(strings.Join(aTasks, ","), task) {
 			continue
 		}
-		resp, err := http.Get(b.http.URL + "/v1/products/" + p)
-		if err != nil {
-			t.Fatal(err)
-		}
-		var body struct {
-			Total int64 `json:"total"`
-			Stale bool  `json:"stale"`
-		}
-		_ = json.NewDecoder(resp.Body).Decode(&body)
-		resp.Body.Close()
+		resp, body := getProduct(t, b, p)
 		served, lag := resp.Header.Get("X-Served-By"), resp.Header.Get("X-Salesagg-Standby-Lag")
 		if resp.StatusCode != http.StatusOK || body.Total != w || !body.Stale ||
 			served != b.rt.InstanceID()+"; task="+task+"; standby" || lag != "0" {
@@ -278,15 +262,8 @@ func TestStandbyAnswersWhileTheOwnerRestores(t *testing.T) {
 	// the standby copy it kept when it gave the task back, marked stale; A itself answers the same
 	// way by forwarding to B. Once A's restore is let go, A answers from its own task.
 	h := newHarness(t)
-	h.createInput(3)
-	h.cfg.NumStandbyReplicas = 1
-	cfgA, cfgB := h.instanceCfg("a"), h.instanceCfg("b")
-	a := h.start(cfgA)
-	a.waitReady()
-	b := h.start(cfgB)
-	waitFor(t, 30*time.Second, "the tasks to spread over A and B", func() bool {
-		return len(a.runningTasks()) >= 1 && len(b.runningTasks()) >= 1 && len(a.runningTasks())+len(b.runningTasks()) == 3
-	})
+	cfgA, _, a, b := h.startPairWithStandbys()
+	waitSpread(t, a, b)
 	want := spread(h, "r", 20, 3)
 	a.waitTotals(want)
 	if err := a.stop(); err != nil {
@@ -320,16 +297,7 @@ func TestStandbyAnswersWhileTheOwnerRestores(t *testing.T) {
 		}
 	}
 	for _, in := range []*instance{b, a2} {
-		resp, err := http.Get(in.http.URL + "/v1/products/" + product)
-		if err != nil {
-			t.Fatal(err)
-		}
-		var body struct {
-			Total int64 `json:"total"`
-			Stale bool  `json:"stale"`
-		}
-		_ = json.NewDecoder(resp.Body).Decode(&body)
-		resp.Body.Close()
+		resp, body := getProduct(t, in, product)
 		served := resp.Header.Get("X-Served-By")
 		if resp.StatusCode != http.StatusOK || body.Total != want[product] || !body.Stale || served != b.rt.InstanceID()+"; task="+aTask+"; standby" {
 			t.Fatalf("%s (task %s restoring on A) asked to %s: %d total %d stale %v X-Served-By %q; want 200 %d from B's standby",
@@ -477,4 +445,24 @@ func TestAbortedTransactionKeepsCachedEntries(t *testing.T) {
 	for _, in := range []*instance{a, b, c} {
 		in.waitTotals(want)
 	}
+}
+
+// productAnswer is the body of GET /v1/products/{product}.
+type productAnswer struct {
+	Total int64 `json:"total"`
+	Stale bool  `json:"stale"`
+}
+
+// getProduct asks in for a product; the body is decoded when it is JSON
+// (zero otherwise) and closed.
+func getProduct(t *testing.T, in *instance, product string) (*http.Response, productAnswer) {
+	t.Helper()
+	resp, err := http.Get(in.http.URL + "/v1/products/" + product)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var body productAnswer
+	_ = json.NewDecoder(resp.Body).Decode(&body)
+	return resp, body
 }

@@ -2,21 +2,16 @@ package stream_test
 
 import (
 	"context"
-	"net/http/httptest"
 	"regexp"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
-	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
-	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/salesagg/salesagg/internal/config"
 	"github.com/salesagg/salesagg/internal/httpapi"
-	"github.com/salesagg/salesagg/internal/httpapi/streamview"
-	"github.com/salesagg/salesagg/internal/state"
 	"github.com/salesagg/salesagg/internal/stream"
 )
 
@@ -24,20 +19,7 @@ import (
 // and the status page showing it, as the service wires them.
 func (h *harness) startWithRecentLog(cfg config.Config, knobs stream.Knobs, recent *httpapi.RecentLog) *instance {
 	h.t.Helper()
-	core, logs := observer.New(zapcore.InfoLevel)
-	log := zap.New(core).WithOptions(zap.WrapCore(recent.Tee))
-	dir, err := state.OpenDir(cfg.StateDir, cfg.ApplicationID)
-	if err != nil {
-		h.t.Fatal(err)
-	}
-	rt := stream.New(cfg, log, dir, knobs)
-	ctx, cancel := context.WithCancel(context.Background())
-	in := &instance{h: h, rt: rt, dir: dir, logs: logs, cancel: cancel, done: make(chan error, 1)}
-	in.http = httptest.NewServer(httpapi.Handler(streamview.New(rt), httpapi.WithRecentLog(recent), httpapi.WithMetrics(metricsOf(rt))))
-	rt.Advertise(in.http.Listener.Addr().String())
-	go func() { in.done <- rt.Run(ctx) }()
-	h.t.Cleanup(func() { in.stop() })
-	return in
+	return h.launch(cfg, knobs, recent)
 }
 
 // taskRow returns the status page's row of an active task.
