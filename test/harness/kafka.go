@@ -1,0 +1,350 @@
+package harness
+
+import (
+	"bytes"
+	"context"
+	"encoding/binary"
+	"encoding/json"
+	"fmt"
+	"maps"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/salesagg/salesagg/internal/sales"
+)
+
+// ChangelogTopic is the changelog of application id appID (salesagg's and
+// the Kafka Streams reference's).
+func ChangelogTopic(appID string) string { return appID + "-PRODUCT_AGGREGATED_SALES-changelog" }
+
+// Kafka is the Apache Kafka broker that test/kafka/kafka.sh runs, with its
+// data (and its jars' cache, logs and pid) in Dir, the script's KAFKA_DIR.
+type Kafka struct {
+	Script, Dir string
+}
+
+// NewKafka returns the kafka.sh broker of the repository at root, with
+// KAFKA_DIR dir.
+func NewKafka(root, dir string) Kafka {
+	return Kafka{Script: filepath.Join(root, "test", "kafka", "kafka.sh"), Dir: dir}
+}
+
+// Run runs kafka.sh with args. It returns stdout on success, stdout and
+// stderr on failure.
+func (k Kafka) Run(timeout time.Duration, args ...string) (string, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, k.Script, args...)
+	cmd.Env = append(os.Environ(), "KAFKA_DIR="+k.Dir)
+	// kafka.sh stops the broker it is starting when it gets SIGTERM while
+	// waiting for its readiness.
+	cmd.Cancel = func() error { return cmd.Process.Signal(syscall.SIGTERM) }
+	cmd.WaitDelay = 30 * time.Second
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	if err := cmd.Run(); err != nil {
+		return stdout.String() + stderr.String(), err
+	}
+	return stdout.String(), nil
+}
+
+// Up runs `kafka.sh up` and returns the bootstrap address, the last line it
+// prints (127.0.0.1:PORT).
+func (k Kafka) Up(timeout time.Duration) (string, error) {
+	out, err := k.Run(timeout, "up")
+	if err != nil {
+		return "", fmt.Errorf("kafka.sh up: %w\n%s", err, out)
+	}
+	addr := LastLine(out)
+	if !strings.HasPrefix(addr, "127.0.0.1:") {
+		return "", fmt.Errorf("kafka.sh up printed %q as its last line, want 127.0.0.1:PORT", addr)
+	}
+	return addr, nil
+}
+
+// Watchdog starts a shell in its own session (named name) that waits for
+// this process to end, then runs `kafka.sh down` and removes remove (unless
+// ""). kafka.sh runs the broker in a session of its own: should this process
+// die without taking it down (a panic, the -timeout alarm, a signal), nothing
+// else would. Kill the watchdog once the broker is down.
+func (k Kafka) Watchdog(name, remove string) (*exec.Cmd, error) {
+	script := `while kill -0 "$1" 2>/dev/null; do sleep 1; done; "$2" down; [ -z "$3" ] || rm -rf "$3"`
+	cmd := exec.Command("bash", "-c", script, name, strconv.Itoa(os.Getpid()), k.Script, remove)
+	cmd.Env = append(os.Environ(), "KAFKA_DIR="+k.Dir)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	if err := cmd.Start(); err != nil {
+		return nil, fmt.Errorf("starting the broker watchdog: %w", err)
+	}
+	return cmd, nil
+}
+
+// StartKafka returns the bootstrap address of a broker for the test:
+// KAFKA_BOOTSTRAP_SERVERS when set (external: true), else a single-node
+// Apache Kafka that kafka.sh starts on loopback with KAFKA_DIR <dir>/kafka,
+// taken down when the test ends, and by a watchdog if this process dies
+// first.
+func StartKafka(t testing.TB, root, dir string) (addr string, external bool) {
+	t.Helper()
+	if addr := strings.TrimSpace(os.Getenv("KAFKA_BOOTSTRAP_SERVERS")); addr != "" {
+		t.Logf("using the broker at %s (KAFKA_BOOTSTRAP_SERVERS)", addr)
+		return addr, true
+	}
+	k := NewKafka(root, filepath.Join(dir, "kafka"))
+	wd, err := k.Watchdog("kafka-watchdog", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if out, err := k.Run(2*time.Minute, "down"); err != nil {
+			t.Errorf("kafka.sh down: %v\n%s", err, out)
+		}
+		_ = wd.Process.Kill()
+		_ = wd.Wait()
+	})
+	t0 := time.Now()
+	addr, err = k.Up(5 * time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("Apache Kafka up at %s in %s (KAFKA_DIR=%s)", addr, time.Since(t0).Round(time.Millisecond), k.Dir)
+	return addr, false
+}
+
+// LastLine is the last non-empty line of s, trimmed.
+func LastLine(s string) string {
+	lines := strings.Split(strings.TrimSpace(s), "\n")
+	return strings.TrimSpace(lines[len(lines)-1])
+}
+
+// NewClient returns a franz-go client for bootstrap (host:port[,...]),
+// closed when the test ends. Producing uses the default partitioner:
+// murmur2 of the key, as the Java producer does.
+func NewClient(t testing.TB, bootstrap string, opts ...kgo.Opt) *kgo.Client {
+	t.Helper()
+	cl, err := kgo.NewClient(append([]kgo.Opt{kgo.SeedBrokers(strings.Split(bootstrap, ",")...)}, opts...)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(cl.Close)
+	return cl
+}
+
+// CreateTopic creates topic with partitions and configs (replication 1).
+func CreateTopic(t testing.TB, bootstrap, topic string, partitions int32, configs map[string]*string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	resp, err := kadm.NewClient(NewClient(t, bootstrap)).CreateTopic(ctx, partitions, 1, configs, topic)
+	if err == nil {
+		err = resp.Err
+	}
+	if err != nil {
+		t.Fatalf("creating topic %s: %v", topic, err)
+	}
+}
+
+// Produce sends recs and waits for all of them to be acknowledged.
+func Produce(t testing.TB, cl *kgo.Client, recs ...*kgo.Record) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	if err := cl.ProduceSync(ctx, recs...).FirstErr(); err != nil {
+		t.Fatalf("producing %d records: %v", len(recs), err)
+	}
+}
+
+// TopicContent is what ReadTopic found.
+type TopicContent struct {
+	Records []*kgo.Record
+	// Start and End are each partition's log start and last stable offsets
+	// when the read began; Records holds the committed records between
+	// them, in offset order per partition.
+	Start, End map[int32]int64
+}
+
+// Written is the number of offsets ever written to the topic (the sum of
+// the end offsets): without transactions, one per record produced.
+func (c TopicContent) Written() int64 {
+	var n int64
+	for _, e := range c.End {
+		n += e
+	}
+	return n
+}
+
+// ReadTopic reads every committed record of topic from the log start to
+// the last stable offset each partition has now (transaction markers are
+// read to pass them, and left out of Records).
+func ReadTopic(bootstrap, topic string, timeout time.Duration) (TopicContent, error) {
+	c := TopicContent{Start: map[int32]int64{}, End: map[int32]int64{}}
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	seeds := kgo.SeedBrokers(strings.Split(bootstrap, ",")...)
+	cl, err := kgo.NewClient(seeds)
+	if err != nil {
+		return c, err
+	}
+	adm := kadm.NewClient(cl)
+	starts, err := adm.ListStartOffsets(ctx, topic)
+	if err == nil {
+		err = starts.Error()
+	}
+	var ends kadm.ListedOffsets
+	if err == nil {
+		ends, err = adm.ListCommittedOffsets(ctx, topic)
+	}
+	if err == nil {
+		err = ends.Error()
+	}
+	cl.Close()
+	if err != nil {
+		return c, fmt.Errorf("listing offsets of %s: %w", topic, err)
+	}
+	if len(ends[topic]) == 0 {
+		return c, fmt.Errorf("topic %s has no partitions", topic)
+	}
+	from := map[int32]kgo.Offset{}
+	pending := map[int32]int64{}
+	ends.Each(func(o kadm.ListedOffset) {
+		s := starts[topic][o.Partition].Offset
+		c.Start[o.Partition], c.End[o.Partition] = s, o.Offset
+		if o.Offset > s {
+			from[o.Partition] = kgo.NewOffset().At(s)
+			pending[o.Partition] = o.Offset
+		}
+	})
+	if len(pending) == 0 {
+		return c, nil
+	}
+	cons, err := kgo.NewClient(seeds, kgo.ConsumePartitions(map[string]map[int32]kgo.Offset{topic: from}),
+		kgo.FetchIsolationLevel(kgo.ReadCommitted()), kgo.KeepControlRecords())
+	if err != nil {
+		return c, err
+	}
+	defer cons.Close()
+	for len(pending) > 0 {
+		fetches := cons.PollFetches(ctx)
+		if ctx.Err() != nil {
+			return c, fmt.Errorf("reading %s: %w (partitions not read to their end: %v)", topic, ctx.Err(), pending)
+		}
+		if err := fetches.Err(); err != nil {
+			return c, fmt.Errorf("reading %s: %w", topic, err)
+		}
+		fetches.EachRecord(func(r *kgo.Record) {
+			end, ok := pending[r.Partition]
+			if !ok || r.Offset >= end {
+				return
+			}
+			if r.Offset+1 >= end {
+				delete(pending, r.Partition)
+			}
+			if !r.Attrs.IsControl() {
+				c.Records = append(c.Records, r)
+			}
+		})
+	}
+	return c, nil
+}
+
+// LatestTotals folds a changelog: the latest value of each key (records of
+// a key are in one partition, in offset order), an 8-byte big-endian
+// total; a null value deletes the key.
+func LatestTotals(recs []*kgo.Record) (map[string]int64, error) {
+	out := map[string]int64{}
+	for _, r := range recs {
+		if r.Value == nil {
+			delete(out, string(r.Key))
+			continue
+		}
+		if len(r.Value) != 8 {
+			return nil, fmt.Errorf("changelog record %s-%d@%d: value has %d bytes, want 8", r.Topic, r.Partition, r.Offset, len(r.Value))
+		}
+		out[string(r.Key)] = int64(binary.BigEndian.Uint64(r.Value))
+	}
+	return out, nil
+}
+
+// ReadTotals reads a changelog's latest committed totals, and how many
+// records it holds.
+func ReadTotals(bootstrap, topic string) (map[string]int64, int, error) {
+	c, err := ReadTopic(bootstrap, topic, 30*time.Second)
+	if err != nil {
+		return nil, 0, err
+	}
+	got, err := LatestTotals(c.Records)
+	return got, len(c.Records), err
+}
+
+// CheckChangelog returns nil when the changelog's latest committed totals
+// equal want exactly (no other keys either).
+func CheckChangelog(bootstrap, topic string, want map[string]int64) error {
+	got, _, err := ReadTotals(bootstrap, topic)
+	if err != nil {
+		return err
+	}
+	return DiffTotals("changelog "+topic, got, want)
+}
+
+// ReadNotifications reads the committed notifications of topic: each
+// product's values, in order.
+func ReadNotifications(bootstrap, topic string) (map[string][]int64, error) {
+	c, err := ReadTopic(bootstrap, topic, 30*time.Second)
+	if err != nil {
+		return nil, err
+	}
+	got := map[string][]int64{}
+	for _, r := range c.Records {
+		var n sales.Notification
+		if err := json.Unmarshal(r.Value, &n); err != nil {
+			return nil, fmt.Errorf("notification %s-%d@%d %q: %w", r.Topic, r.Partition, r.Offset, r.Value, err)
+		}
+		got[n.SKU] = append(got[n.SKU], n.Value)
+	}
+	return got, nil
+}
+
+// DiffTotals returns nil when got equals want, else an error naming what
+// and (up to 5 of) the differences: products missing, wrong or unexpected.
+func DiffTotals(what string, got, want map[string]int64) error {
+	var diffs []string
+	for _, p := range slices.Sorted(maps.Keys(want)) {
+		if g, ok := got[p]; !ok {
+			diffs = append(diffs, p+": missing")
+		} else if g != want[p] {
+			diffs = append(diffs, fmt.Sprintf("%s: got %d want %d", p, g, want[p]))
+		}
+	}
+	for _, p := range slices.Sorted(maps.Keys(got)) {
+		if _, ok := want[p]; !ok {
+			diffs = append(diffs, fmt.Sprintf("%s: unexpected (%d)", p, got[p]))
+		}
+	}
+	if err := Summarize(diffs); err != nil {
+		return fmt.Errorf("%s: %w", what, err)
+	}
+	return nil
+}
+
+// Summarize returns nil for no differences, else an error counting them and
+// listing the first 5.
+func Summarize(diffs []string) error {
+	if len(diffs) == 0 {
+		return nil
+	}
+	n, more := len(diffs), ""
+	if n > 5 {
+		more = fmt.Sprintf(" (and %d more)", n-5)
+		diffs = diffs[:5]
+	}
+	return fmt.Errorf("%d differences: %s%s", n, strings.Join(diffs, "; "), more)
+}
