@@ -11,6 +11,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/salesagg/salesagg/test/harness"
 )
 
 // runBinary runs the test binary with args and returns its exit code,
@@ -87,16 +89,19 @@ func TestCommandLineErrors(t *testing.T) {
 // standard error (a pipe, not a terminal).
 func startupLogs(t *testing.T, args ...string) string {
 	t.Helper()
-	p := startProc(t, nil, append([]string{"run", "--bootstrap.servers", freeAddr(t), "--state.dir", t.TempDir(),
-		"--http.addr", freeAddr(t), "--commit.interval.ms", "100"}, args...)...)
-	waitFor(t, 30*time.Second, "the start-up line", func() bool { return strings.Contains(p.output(), "Starting salesagg") })
-	_ = p.cmd.Process.Signal(syscall.SIGTERM)
-	select {
-	case <-p.exited:
-	case <-time.After(45 * time.Second):
+	p := startProc(t, nil, append([]string{"run", "--bootstrap.servers", harness.FreeAddr(t), "--state.dir", t.TempDir(),
+		"--http.addr", harness.FreeAddr(t), "--commit.interval.ms", "100"}, args...)...)
+	harness.WaitFor(t, 30*time.Second, "the start-up line", func() error {
+		if !strings.Contains(p.Stderr(), "Starting salesagg") {
+			return errors.New("not logged yet")
+		}
+		return nil
+	})
+	_ = p.Signal(syscall.SIGTERM)
+	if !p.WaitExit(45 * time.Second) {
 		t.Fatal("no exit within 45 s of SIGTERM")
 	}
-	return p.output()
+	return p.Stderr()
 }
 
 func TestLogsWithoutTerminal(t *testing.T) {
@@ -179,28 +184,21 @@ func TestReleaseBuildHasNoCrashPoint(t *testing.T) {
 	}
 
 	work := t.TempDir()
-	brokerAddr := freeAddr(t)
+	brokerAddr := harness.FreeAddr(t)
 	startBroker(t, filepath.Join(work, "broker"), brokerAddr)
-	addr := freeAddr(t)
-	saved := binary
-	binary = release
-	p := startProc(t, []string{"SALESAGGTEST_CRASH_POINT=flush-start"}, "run", "--bootstrap.servers", brokerAddr, "--state.dir", filepath.Join(work, "state"),
-		"--http.addr", addr, "--log.format", "json", "--processing.guarantee", "at_least_once", "--commit.interval.ms", "100")
-	binary = saved
-	p.http = "http://" + addr
-	p.waitReady()
-	if out, err := exec.Command(binary, "produce", "--file", filepath.Join("..", "..", "sample_events.txt"), "--bootstrap.servers", brokerAddr).CombinedOutput(); err != nil {
-		t.Fatalf("produce: %v: %s", err, out)
-	}
+	p := harness.StartService(t, harness.ServiceConfig{Bin: release, Broker: brokerAddr, StateDir: filepath.Join(work, "state"), CommitMs: 100,
+		CrashPoint: "flush-start", Flags: []string{"--processing.guarantee", "at_least_once"}})
+	p.WaitReady(t, 60*time.Second)
+	produceSample(t, brokerAddr)
 	// A total is served only once a flush wrote it, past flush-start: an
 	// armed point (its first pass, by default) would have killed the
 	// process before any total showed.
-	p.waitTotals(sampleTotals, 30*time.Second)
-	if !p.alive() {
-		t.Fatalf("the release build exited: %v\n%s", p.err, p.output())
+	p.WaitTotals(t, harness.SampleTotals, 30*time.Second)
+	if !p.Alive() {
+		t.Fatalf("the release build exited: %s\n%s", p.DescribeExit(), p.Stderr())
 	}
-	if strings.Contains(p.output(), "Crash point") {
-		t.Fatalf("the release build armed a crash point:\n%s", p.output())
+	if strings.Contains(p.Stderr(), "Crash point") {
+		t.Fatalf("the release build armed a crash point:\n%s", p.Stderr())
 	}
-	p.stop()
+	p.Terminate(t)
 }

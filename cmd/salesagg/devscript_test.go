@@ -1,11 +1,8 @@
 package main
 
 import (
-	"bufio"
 	"context"
 	"encoding/json"
-	"io"
-	"net/http"
 	"os"
 	"os/exec"
 	"os/signal"
@@ -18,7 +15,8 @@ import (
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kadm"
-	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/salesagg/salesagg/test/harness"
 )
 
 func TestDevScriptStopsServiceThenBroker(t *testing.T) {
@@ -31,32 +29,21 @@ func TestDevScriptStopsServiceThenBroker(t *testing.T) {
 		t.Skip("no bash")
 	}
 	work := t.TempDir()
-	brokerAddr, httpAddr := freeAddr(t), freeAddr(t)
+	brokerAddr, httpAddr := harness.FreeAddr(t), harness.FreeAddr(t)
 	cmd := exec.Command(filepath.Join("..", "..", "scripts", "dev.sh"))
-	var env []string
-	for _, kv := range os.Environ() {
-		if !strings.HasPrefix(kv, "SALESAGG_") && !strings.HasPrefix(kv, "KAFKA_BOOTSTRAP_SERVERS=") {
-			env = append(env, kv)
-		}
-	}
-	cmd.Env = append(env, "BIN="+binary, "BUILD=0", "BROKER="+brokerAddr, "HTTP="+httpAddr, "DATA="+work)
+	cmd.Env = harness.ChildEnv("BIN="+binary, "BUILD=0", "BROKER="+brokerAddr, "HTTP="+httpAddr, "DATA="+work)
 	// Its own process group, as a shell started from a terminal is: SIGINT goes to the group.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	pr, pw := io.Pipe()
-	cmd.Stdout, cmd.Stderr = pw, pw
 	var mu sync.Mutex
 	var lines []string
-	copied := make(chan struct{})
-	go func() {
-		defer close(copied)
-		sc := bufio.NewScanner(pr)
-		sc.Buffer(make([]byte, 1<<20), 1<<20)
-		for sc.Scan() {
-			mu.Lock()
-			lines = append(lines, sc.Text())
-			mu.Unlock()
-		}
-	}()
+	// One writer for both streams: exec copies them from one pipe, and
+	// cmd.Wait returns once the copy is done.
+	cmd.Stdout = &harness.LineWriter{Emit: func(l string) {
+		mu.Lock()
+		lines = append(lines, l)
+		mu.Unlock()
+	}}
+	cmd.Stderr = cmd.Stdout
 	output := func() []string {
 		mu.Lock()
 		defer mu.Unlock()
@@ -75,7 +62,7 @@ func TestDevScriptStopsServiceThenBroker(t *testing.T) {
 	}
 	exited := make(chan struct{}) // closed when the script has exited
 	var exitErr error
-	go func() { exitErr = cmd.Wait(); _ = pw.Close(); close(exited) }()
+	go func() { exitErr = cmd.Wait(); close(exited) }()
 	t.Cleanup(func() {
 		// The script's children run in process groups of their own (job
 		// control): kill them too, or they would hold the output pipe.
@@ -100,19 +87,10 @@ func TestDevScriptStopsServiceThenBroker(t *testing.T) {
 		}
 	})
 
-	waitFor(t, 60*time.Second, "the service to be ready", func() bool {
-		resp, err := http.Get("http://" + httpAddr + "/readyz")
-		if err != nil {
-			return false
-		}
-		resp.Body.Close()
-		return resp.StatusCode == http.StatusOK
-	})
-	if out, err := exec.Command(binary, "produce", "--file", filepath.Join("..", "..", "sample_events.txt"), "--bootstrap.servers", brokerAddr).CombinedOutput(); err != nil {
-		t.Fatalf("produce: %v: %s", err, out)
-	}
-	svc := &proc{t: t, http: "http://" + httpAddr, exited: make(chan struct{})}
-	svc.waitTotals(sampleTotals, 30*time.Second)
+	svc := harness.NewAPI(httpAddr)
+	harness.WaitFor(t, 60*time.Second, "the service to be ready", svc.Ready)
+	produceSample(t, brokerAddr)
+	harness.WaitFor(t, 30*time.Second, "the sample totals over HTTP", func() error { return svc.CheckTotals(harness.SampleTotals) })
 
 	// Ctrl-C.
 	if err := syscall.Kill(-cmd.Process.Pid, syscall.SIGINT); err != nil {
@@ -126,7 +104,6 @@ func TestDevScriptStopsServiceThenBroker(t *testing.T) {
 	case <-time.After(60 * time.Second):
 		t.Fatal("dev.sh did not exit within 60 s of SIGINT")
 	}
-	<-copied
 
 	var msgs []string
 	for _, line := range output() {
@@ -171,11 +148,7 @@ func TestDevScriptStopsServiceThenBroker(t *testing.T) {
 
 	// The last cycle was committed: the group's offsets cover the 100 events.
 	startBroker(t, filepath.Join(work, "broker"), brokerAddr)
-	cl, err := kgo.NewClient(kgo.SeedBrokers(brokerAddr))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cl.Close()
+	cl := harness.NewClient(t, brokerAddr)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	offsets, err := kadm.NewClient(cl).FetchOffsets(ctx, "sales-aggregator")

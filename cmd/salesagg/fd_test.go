@@ -8,6 +8,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/salesagg/salesagg/test/harness"
 )
 
 func TestIdleConnectionsDoNotStopProcessing(t *testing.T) {
@@ -23,20 +25,17 @@ func TestIdleConnectionsDoNotStopProcessing(t *testing.T) {
 		t.Skip("needs sh for ulimit: ", err)
 	}
 	work := t.TempDir()
-	brokerAddr := freeAddr(t)
+	brokerAddr := harness.FreeAddr(t)
 	startBroker(t, filepath.Join(work, "broker"), brokerAddr)
-	addr := freeAddr(t)
+	addr := harness.FreeAddr(t)
 	// sh sets the limit (soft and hard, so that Go cannot raise it) and
 	// becomes the service.
-	bin := binary
-	binary = "sh"
-	p := startProc(t, nil, "-c", `ulimit -n 400 && exec "$0" "$@"`, bin, "run", "--bootstrap.servers", brokerAddr,
-		"--state.dir", filepath.Join(work, "state"), "--http.addr", addr, "--log.format", "json", "--commit.interval.ms", "100")
-	binary = bin
-	p.http = "http://" + addr
-	p.waitReady()
-	if len(p.logLines("Lowering http.max.connections")) != 1 {
-		t.Fatalf("the service did not lower http.max.connections to its file descriptor limit:\n%s", p.output())
+	p := &harness.Service{API: harness.NewAPI(addr), Proc: harness.Start(t, harness.Spec{Name: "salesagg", Path: "sh", Args: []string{
+		"-c", `ulimit -n 400 && exec "$0" "$@"`, binary, "run", "--bootstrap.servers", brokerAddr,
+		"--state.dir", filepath.Join(work, "state"), "--http.addr", addr, "--log.format", "json", "--commit.interval.ms", "100"}})}
+	p.WaitReady(t, 60*time.Second)
+	if len(p.LogsWith("Lowering http.max.connections")) != 1 {
+		t.Fatalf("the service did not lower http.max.connections to its file descriptor limit:\n%s", p.Stderr())
 	}
 
 	var conns []net.Conn
@@ -56,28 +55,25 @@ func TestIdleConnectionsDoNotStopProcessing(t *testing.T) {
 		}
 		conns = append(conns, c)
 	}
-	out, err := exec.Command(binary, "produce", "--file", filepath.Join("..", "..", "sample_events.txt"), "--bootstrap.servers", brokerAddr).CombinedOutput()
-	if err != nil {
-		t.Fatalf("produce: %v: %s", err, out)
-	}
+	produceSample(t, brokerAddr)
 	// Read from Kafka, not over HTTP: the server may have no connection
 	// left to give the test.
-	waitFor(t, 60*time.Second, "the sample totals in the changelog while 450 connections are open", func() bool {
-		got, _ := changelogTotals(t, brokerAddr, "sales-aggregator-PRODUCT_AGGREGATED_SALES-changelog")
-		for prod, want := range sampleTotals {
+	harness.WaitFor(t, 60*time.Second, "the sample totals in the changelog while 450 connections are open", func() error {
+		got, _ := changelogTotals(t, brokerAddr)
+		for prod, want := range harness.SampleTotals {
 			if got[prod] != want {
-				return false
+				return fmt.Errorf("changelog %s = %d, want %d", prod, got[prod], want)
 			}
 		}
-		return true
+		return nil
 	})
-	if strings.Contains(p.output(), "Cannot write its store") {
-		t.Fatalf("a task stalled as if its store could not be written:\n%s", p.output())
+	if strings.Contains(p.Stderr(), "Cannot write its store") {
+		t.Fatalf("a task stalled as if its store could not be written:\n%s", p.Stderr())
 	}
 	for _, c := range conns {
 		c.Close()
 	}
 	conns = nil
-	p.waitTotals(sampleTotals, 60*time.Second)
-	p.stop()
+	p.WaitTotals(t, harness.SampleTotals, 60*time.Second)
+	p.Terminate(t)
 }

@@ -2,7 +2,6 @@ package main
 
 import (
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -11,6 +10,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/salesagg/salesagg/internal/state"
+	"github.com/salesagg/salesagg/test/harness"
 )
 
 func TestStateVerifyAndReset(t *testing.T) {
@@ -20,15 +20,13 @@ func TestStateVerifyAndReset(t *testing.T) {
 	// service runs, then wipes that task's store; the next start restores that task only, from the
 	// changelog, and verify is clean again with the same totals.
 	work := t.TempDir()
-	brokerAddr := freeAddr(t)
+	brokerAddr := harness.FreeAddr(t)
 	startBroker(t, filepath.Join(work, "broker"), brokerAddr)
 	stateDir := filepath.Join(work, "state")
 	svc := startService(t, brokerAddr, stateDir, nil)
-	svc.waitReady()
-	if out, err := exec.Command(binary, "produce", "--file", filepath.Join("..", "..", "sample_events.txt"), "--bootstrap.servers", brokerAddr).CombinedOutput(); err != nil {
-		t.Fatalf("produce: %v: %s", err, out)
-	}
-	svc.waitTotals(sampleTotals, 30*time.Second)
+	svc.WaitReady(t, 60*time.Second)
+	produceSample(t, brokerAddr)
+	svc.WaitTotals(t, harness.SampleTotals, 30*time.Second)
 
 	// While the service runs, both refuse: the state dir is locked.
 	for _, args := range [][]string{
@@ -40,7 +38,7 @@ func TestStateVerifyAndReset(t *testing.T) {
 			t.Fatalf("%v while the service runs: exit %d, %s", args, code, stderr)
 		}
 	}
-	svc.stop()
+	svc.Terminate(t)
 
 	verify := func() (int, string) {
 		code, stdout, stderr := runBinary(t, nil, "state", "verify", "--state-dir", stateDir, "--bootstrap.servers", brokerAddr)
@@ -113,12 +111,12 @@ func TestStateVerifyAndReset(t *testing.T) {
 	}
 
 	svc = startService(t, brokerAddr, stateDir, nil)
-	svc.waitReady()
-	svc.waitTotals(sampleTotals, 30*time.Second)
-	if lines := svc.logLines("did not find checkpoint offset"); len(lines) != 1 || lines[0]["task"] != "0_0" {
+	svc.WaitReady(t, 60*time.Second)
+	svc.WaitTotals(t, harness.SampleTotals, 30*time.Second)
+	if lines := svc.LogsWith("did not find checkpoint offset"); len(lines) != 1 || lines[0]["task"] != "0_0" {
 		t.Fatalf("after the reset, want task 0_0 alone restored from the start: %v", lines)
 	}
-	svc.stop()
+	svc.Terminate(t)
 	if code, out := verify(); code != 0 {
 		t.Fatalf("verify after the reset and a restore: exit %d\n%s", code, out)
 	}

@@ -2,50 +2,32 @@ package main
 
 import (
 	"encoding/json"
-	"errors"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/salesagg/salesagg/test/harness"
 )
-
-var sampleTotals = map[string]int64{
-	"product1": 9200, "product2": 8150, "product3": 7350, "product4": 11700, "product5": 6000,
-	"product6": 8750, "product7": 9150, "product8": 12150, "product9": 7550, "product10": 3450,
-}
-
-// startBroker runs "salesagg broker" on a free loopback port persisting to dataDir.
-func startBroker(t *testing.T, dataDir, addr string) *proc {
-	t.Helper()
-	b := startProc(t, nil, "broker", "--data-dir", dataDir, "--listen", addr, "--log.format", "json")
-	waitFor(t, 30*time.Second, "the dev broker to listen", func() bool {
-		return len(b.logLines("Embedded dev broker started")) == 1
-	})
-	return b
-}
 
 func TestNewUserWalkthroughWithDevBroker(t *testing.T) {
 	// Scenario: as the README tells a new user: start the dev broker, run the service, produce the
 	// sample file, read totals over HTTP, restart (0 restored), restart the broker, wipe the state
 	// (full restore), with the same totals every time.
 	work := t.TempDir()
-	brokerAddr := freeAddr(t)
+	brokerAddr := harness.FreeAddr(t)
 	b := startBroker(t, filepath.Join(work, "broker"), brokerAddr)
 	stateDir := filepath.Join(work, "state")
 
 	svc := startService(t, brokerAddr, stateDir, nil)
-	svc.waitReady()
-	out, err := exec.Command(binary, "produce", "--file", filepath.Join("..", "..", "sample_events.txt"), "--bootstrap.servers", brokerAddr).CombinedOutput()
-	if err != nil {
-		t.Fatalf("produce: %v: %s", err, out)
-	}
-	if !strings.Contains(string(out), "sent 100 records to sales-events-v1") {
+	svc.WaitReady(t, 60*time.Second)
+	if out := produceSample(t, brokerAddr); !strings.Contains(out, "sent 100 records to sales-events-v1") {
 		t.Fatalf("produce said: %s", out)
 	}
-	svc.waitTotals(sampleTotals, 30*time.Second)
-	code, body := svc.get("/v1/products?limit=4")
+	svc.WaitTotals(t, harness.SampleTotals, 30*time.Second)
+	code, body, _, _ := svc.Get("/v1/products?limit=4")
 	var page struct {
 		Products []struct {
 			Product string
@@ -56,27 +38,27 @@ func TestNewUserWalkthroughWithDevBroker(t *testing.T) {
 	if err := json.Unmarshal(body, &page); err != nil || code != 200 || len(page.Products) != 4 || page.Next != "product3" {
 		t.Fatalf("GET /v1/products?limit=4 = %d %s", code, body)
 	}
-	if code, body := svc.get("/v1/products/nope"); code != 404 {
+	if code, body, _, _ := svc.Get("/v1/products/nope"); code != 404 {
 		t.Fatalf("unknown product: %d %s", code, body)
 	}
-	if code, body := svc.get("/v1/tasks"); code != 200 || strings.Count(string(body), `"state":"running"`) != 3 {
+	if code, body, _, _ := svc.Get("/v1/tasks"); code != 200 || strings.Count(string(body), `"state":"running"`) != 3 {
 		t.Fatalf("GET /v1/tasks = %d %s", code, body)
 	}
-	svc.stop()
+	svc.Terminate(t)
 
 	// The broker restarts with its data; the service restores nothing.
-	b.stop()
+	b.Terminate(t)
 	b = startBroker(t, filepath.Join(work, "broker"), brokerAddr)
 	svc = startService(t, brokerAddr, stateDir, nil)
-	svc.waitReady()
-	if n, tasks := svc.restoredAll(3), len(svc.logLines("Finished restoring changelog")); n != 0 || tasks != 3 {
-		t.Fatalf("restart restored %d records over %d tasks, want 0 over 3", n, tasks)
+	svc.WaitReady(t, 60*time.Second)
+	if sum := svc.RestoredTasks(t, 3); sum.Total != 0 || sum.Lines != 3 {
+		t.Fatalf("restart restored %d records over %d tasks, want 0 over 3", sum.Total, sum.Lines)
 	}
-	svc.waitTotals(sampleTotals, 30*time.Second)
-	svc.stop()
+	svc.WaitTotals(t, harness.SampleTotals, 30*time.Second)
+	svc.Terminate(t)
 
 	// Offline inspection sees three tasks holding the ten products.
-	out, err = exec.Command(binary, "state", "inspect", "--state-dir", stateDir, "--json").CombinedOutput()
+	out, err := exec.Command(binary, "state", "inspect", "--state-dir", stateDir, "--json").CombinedOutput()
 	if err != nil {
 		t.Fatalf("state inspect: %v: %s", err, out)
 	}
@@ -104,56 +86,52 @@ func TestNewUserWalkthroughWithDevBroker(t *testing.T) {
 		t.Fatal(err)
 	}
 	svc = startService(t, brokerAddr, stateDir, nil)
-	svc.waitReady()
-	if n := svc.restoredAll(3); n < 10 {
+	svc.WaitReady(t, 60*time.Second)
+	if n := svc.RestoredTasks(t, 3).Total; n < 10 {
 		t.Fatalf("restore after wipe: %d records, want at least one per product (10)", n)
 	}
-	svc.waitTotals(sampleTotals, 30*time.Second)
-	svc.stop()
-	b.stop()
+	svc.WaitTotals(t, harness.SampleTotals, 30*time.Second)
+	svc.Terminate(t)
+	b.Terminate(t)
 }
 
 func TestSecondProcessOnStateDirFails(t *testing.T) {
 	// Scenario: a second service on the same state dir fails at start naming the lock file and the holder.
 	work := t.TempDir()
-	brokerAddr := freeAddr(t)
+	brokerAddr := harness.FreeAddr(t)
 	startBroker(t, "", brokerAddr)
 	first := startService(t, brokerAddr, work, nil)
-	first.waitReady()
+	first.WaitReady(t, 60*time.Second)
 	second := startService(t, brokerAddr, work, nil)
-	select {
-	case <-second.exited:
-	case <-time.After(30 * time.Second):
+	if !second.WaitExit(30 * time.Second) {
 		t.Fatal("second process did not fail")
 	}
-	var ee *exec.ExitError
-	if !errors.As(second.err, &ee) || ee.ExitCode() != exitError {
-		t.Fatalf("second process: %v", second.err)
+	if second.ExitCode() != exitError {
+		t.Fatalf("second process: %s", second.DescribeExit())
 	}
-	msg := second.output()
+	msg := second.Stderr()
 	for _, want := range []string{filepath.Join(work, "sales-aggregator", ".lock"), "pid=", "host="} {
 		if !strings.Contains(msg, want) {
 			t.Fatalf("error lacks %q: %s", want, msg)
 		}
 	}
-	first.stop()
+	first.Terminate(t)
 }
 
 func TestBadConfigFailsAtStart(t *testing.T) {
 	// Scenario: a bad value fails the start with exit code 2, naming key, value and what is allowed.
-	p := startProc(t, []string{"SALESAGG_NOTIFICATION_THRESHOLD=high"}, "run", "--processing.guarantee", "sometimes", "--http.addr", freeAddr(t))
-	<-p.exited
-	var ee *exec.ExitError
-	if !errors.As(p.err, &ee) || ee.ExitCode() != exitUsage {
-		t.Fatalf("exit: %v", p.err)
+	p := startProc(t, []string{"SALESAGG_NOTIFICATION_THRESHOLD=high"}, "run", "--processing.guarantee", "sometimes", "--http.addr", harness.FreeAddr(t))
+	<-p.Done()
+	if p.ExitCode() != exitUsage {
+		t.Fatalf("exit: %s", p.DescribeExit())
 	}
-	if !strings.Contains(p.output(), `notification.threshold = "high"`) {
-		t.Fatalf("output: %s", p.output())
+	if !strings.Contains(p.Stderr(), `notification.threshold = "high"`) {
+		t.Fatalf("output: %s", p.Stderr())
 	}
-	p = startProc(t, nil, "run", "--processing.guarantee", "sometimes", "--http.addr", freeAddr(t))
-	<-p.exited
-	if !strings.Contains(p.output(), `processing.guarantee = "sometimes": allowed: exactly_once_v2, at_least_once`) {
-		t.Fatalf("output: %s", p.output())
+	p = startProc(t, nil, "run", "--processing.guarantee", "sometimes", "--http.addr", harness.FreeAddr(t))
+	<-p.Done()
+	if !strings.Contains(p.Stderr(), `processing.guarantee = "sometimes": allowed: exactly_once_v2, at_least_once`) {
+		t.Fatalf("output: %s", p.Stderr())
 	}
 }
 

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"context"
 	"fmt"
 	"path/filepath"
 	"strings"
@@ -9,14 +8,14 @@ import (
 	"testing"
 	"time"
 
-	"github.com/twmb/franz-go/pkg/kadm"
-	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/salesagg/salesagg/test/harness"
 )
 
 // zombieRig is the setup of the paused-instance tests: an in-process broker
-// whose groups allow sessions down to 1 s, the input topic on 3 partitions,
-// and a client sending events for 12 products.
+// (kfakeCluster, the input topic on 3 partitions) and a client sending
+// events for 12 products.
 type zombieRig struct {
 	t      *testing.T
 	broker string
@@ -28,35 +27,57 @@ type zombieRig struct {
 
 func newZombieRig(t *testing.T, prefix string) *zombieRig {
 	t.Helper()
-	cluster, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.GroupMinSessionTimeout(time.Second))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(cluster.Close) // registered first: runs after the processes and the client are gone
-	broker := cluster.ListenAddrs()[0]
-	cl, err := kgo.NewClient(kgo.SeedBrokers(broker))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(cl.Close)
-	if _, err := kadm.NewClient(cl).CreateTopic(context.Background(), 3, 1, nil, "sales-events-v1"); err != nil {
-		t.Fatal(err)
-	}
-	return &zombieRig{t: t, broker: broker, cl: cl, prefix: prefix, want: map[string]int64{}}
+	broker := kfakeCluster(t, 3)
+	return &zombieRig{t: t, broker: broker, cl: harness.NewClient(t, broker), prefix: prefix, want: map[string]int64{}}
 }
 
 // send produces n events of the given value, for products prefix0..prefix11
 // in turn, and adds them to want.
 func (r *zombieRig) send(n int, value int64) {
 	r.t.Helper()
-	var recs []*kgo.Record
-	for i := 0; i < n; i++ {
-		p := fmt.Sprintf("%s%d", r.prefix, i%12)
-		r.want[p] += value
-		recs = append(recs, &kgo.Record{Topic: "sales-events-v1", Key: []byte(p), Value: []byte(fmt.Sprintf(`{"product":%q,"value":%d}`, p, value))})
+	evs := make([]harness.Event, n)
+	for i := range evs {
+		evs[i] = harness.Event{Product: fmt.Sprintf("%s%d", r.prefix, i%12), Value: value}
+		r.want[evs[i].Product] += value
 	}
-	if err := r.cl.ProduceSync(context.Background(), recs...).FirstErr(); err != nil {
-		r.t.Fatal(err)
+	harness.Produce(r.t, r.cl, harness.Records("sales-events-v1", evs)...)
+}
+
+// changelogIs returns nil when the changelog holds every total of want.
+func (r *zombieRig) changelogIs(want map[string]int64) func() error {
+	return func() error {
+		got, _ := changelogTotals(r.t, r.broker)
+		for p, w := range want {
+			if got[p] != w {
+				return fmt.Errorf("changelog %s = %d, want %d", p, got[p], w)
+			}
+		}
+		return nil
+	}
+}
+
+// processed returns nil once s's tasks have processed at least n events.
+func processed(s *harness.Service, n int64) func() error {
+	return func() error {
+		c, err := s.Counters()
+		if err == nil && c.Processed < n {
+			err = fmt.Errorf("%s processed %d", s.Name, c.Processed)
+		}
+		return err
+	}
+}
+
+// loggedSince returns nil once s logged, after the offset at of its
+// standard error, a line holding one of lines.
+func loggedSince(s *harness.Service, at int, lines ...string) func() error {
+	return func() error {
+		out := s.Stderr()[at:]
+		for _, l := range lines {
+			if strings.Contains(out, l) {
+				return nil
+			}
+		}
+		return fmt.Errorf("none of %q logged yet", lines)
 	}
 }
 
@@ -72,50 +93,43 @@ func TestPausedInstanceIsFencedWhenItResumes(t *testing.T) {
 	// A commits every 10 s: what it folds sits in its open transaction
 	// long enough to pause it there.
 	a := startService(t, broker, filepath.Join(work, "a"), nil, append(args, "--commit.interval.ms", "10000", "--transaction.timeout.ms", "60000")...)
-	a.waitReady()
+	a.WaitReady(t, 60*time.Second)
 	send(240, 150)
-	a.waitTotals(want, 30*time.Second)
+	a.WaitTotals(t, want, 30*time.Second)
 
 	// A stops mid-flight, once it folded what it polls now into its open
 	// transaction.
-	before := a.processed()
+	before, err := a.Counters()
+	if err != nil {
+		t.Fatal(err)
+	}
 	send(120, 150)
-	waitFor(t, 30*time.Second, "A to fold the events into its open transaction", func() bool { return a.processed() >= before+120 })
-	if err := a.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
+	harness.WaitFor(t, 30*time.Second, "A to fold the events into its open transaction", processed(a, before.Processed+120))
+	if err := a.Signal(syscall.SIGSTOP); err != nil {
 		t.Fatal(err)
 	}
 	b := startService(t, broker, filepath.Join(work, "b"), nil, args...)
-	b.waitReady() // after A's session expired: B owns every partition
+	b.WaitReady(t, 60*time.Second) // after A's session expired: B owns every partition
 	send(120, 150)
-	b.waitTotals(want, 60*time.Second)
+	b.WaitTotals(t, want, 60*time.Second)
 
-	resumedAt := len(a.output()) // only what A logs after it resumes counts below
-	if err := a.cmd.Process.Signal(syscall.SIGCONT); err != nil {
+	resumedAt := len(a.Stderr()) // only what A logs after it resumes counts below
+	if err := a.Signal(syscall.SIGCONT); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 60*time.Second, "the resumed instance to drop its lost tasks and abort", func() bool {
-		out := a.output()[resumedAt:]
-		return strings.Contains(out, `task [0_0] Closed: dropped: partitions lost`) || strings.Contains(out, `task [0_0] Closed: revoked; the open transaction is aborted`)
-	})
+	harness.WaitFor(t, 60*time.Second, "the resumed instance to drop its lost tasks and abort",
+		loggedSince(a, resumedAt, `task [0_0] Closed: dropped: partitions lost`, `task [0_0] Closed: revoked; the open transaction is aborted`))
 	send(120, 150)
-	waitFor(t, 60*time.Second, "exact committed totals in the changelog", func() bool {
-		got, _ := changelogTotals(t, broker, "sales-aggregator-PRODUCT_AGGREGATED_SALES-changelog")
-		for p, w := range want {
-			if got[p] != w {
-				return false
-			}
-		}
-		return true
-	})
-	for product, values := range notifications(t, broker, "notifications-events-v1") {
+	harness.WaitFor(t, 60*time.Second, "exact committed totals in the changelog", rig.changelogIs(want))
+	for product, values := range notifications(t, broker) {
 		for i := 1; i < len(values); i++ {
 			if values[i] <= values[i-1] {
 				t.Fatalf("committed notifications of %s do not rise (a fenced cycle was committed): %v", product, values)
 			}
 		}
 	}
-	a.stop()
-	b.stop()
+	a.Terminate(t)
+	b.Terminate(t)
 }
 
 func TestPausedInstanceWritesNothingAtLeastOnce(t *testing.T) {
@@ -129,51 +143,48 @@ func TestPausedInstanceWritesNothingAtLeastOnce(t *testing.T) {
 	work := t.TempDir()
 	// A flushes every 30 s: what it folds stays unflushed long enough to pause it with it.
 	a := startService(t, broker, filepath.Join(work, "a"), nil, append(args, "--commit.interval.ms", "30000")...)
-	a.waitReady()
+	a.WaitReady(t, 60*time.Second)
 	send(120, 100)
-	waitFor(t, 30*time.Second, "A to fold the events", func() bool { return a.processed() == 120 })
-	if err := a.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
+	harness.WaitFor(t, 30*time.Second, "A to fold the events", func() error {
+		c, err := a.Counters()
+		if err == nil && c.Processed != 120 {
+			err = fmt.Errorf("A processed %d", c.Processed)
+		}
+		return err
+	})
+	if err := a.Signal(syscall.SIGSTOP); err != nil {
 		t.Fatal(err)
 	}
 	stopped := time.Now()
-	if got, n := changelogTotals(t, broker, "sales-aggregator-PRODUCT_AGGREGATED_SALES-changelog"); n != 0 {
+	if got, n := changelogTotals(t, broker); n != 0 {
 		t.Fatalf("A flushed before it was paused (changelog %v): the pause did not land with unflushed totals", got)
 	}
 	b := startService(t, broker, filepath.Join(work, "b"), nil, args...)
-	b.waitReady() // after A's session expired: B owns every task
+	b.WaitReady(t, 60*time.Second) // after A's session expired: B owns every task
 	send(120, 7)
-	b.waitTotals(want, 60*time.Second)
-	waitFor(t, 30*time.Second, "the changelog to hold B's totals", func() bool {
-		got, _ := changelogTotals(t, broker, "sales-aggregator-PRODUCT_AGGREGATED_SALES-changelog")
-		for p, w := range want {
-			if got[p] != w {
-				return false
-			}
-		}
-		return true
-	})
+	b.WaitTotals(t, want, 60*time.Second)
+	harness.WaitFor(t, 30*time.Second, "the changelog to hold B's totals", rig.changelogIs(want))
 	if time.Since(stopped) < 30*time.Second {
 		// Let A's flush be due when it resumes.
 		time.Sleep(30*time.Second - time.Since(stopped))
 	}
-	resumedAt := len(a.output()) // only what A logs after it resumes counts below
-	if err := a.cmd.Process.Signal(syscall.SIGCONT); err != nil {
+	resumedAt := len(a.Stderr()) // only what A logs after it resumes counts below
+	if err := a.Signal(syscall.SIGCONT); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 60*time.Second, "the resumed instance to drop its lost tasks", func() bool {
-		return strings.Contains(a.output()[resumedAt:], `task [0_0] Closed: dropped: partitions lost, nothing committed`)
-	})
-	if out := a.output()[resumedAt:]; strings.Contains(out, "Not flushing") {
+	harness.WaitFor(t, 60*time.Second, "the resumed instance to drop its lost tasks",
+		loggedSince(a, resumedAt, `task [0_0] Closed: dropped: partitions lost, nothing committed`))
+	if out := a.Stderr()[resumedAt:]; strings.Contains(out, "Not flushing") {
 		t.Log("the resumed instance's flush came first and found it was no longer a member")
 	} else {
 		t.Log("the resumed instance learned it lost its tasks before its flush was due")
 	}
-	got, _ := changelogTotals(t, broker, "sales-aggregator-PRODUCT_AGGREGATED_SALES-changelog")
+	got, _ := changelogTotals(t, broker)
 	for p, w := range want {
 		if got[p] != w {
 			t.Errorf("changelog %s = %d after A resumed, want %d (a stale write from the paused instance)", p, got[p], w)
 		}
 	}
-	a.stop()
-	b.stop()
+	a.Terminate(t)
+	b.Terminate(t)
 }
