@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/salesagg/salesagg/test/harness"
 )
 
 // TestMegabyteEventsAreDeadLettered: on Apache Kafka, under each guarantee, with a dead-letter
@@ -24,20 +26,20 @@ func TestMegabyteEventsAreDeadLettered(t *testing.T) {
 	for _, g := range []string{"exactly_once_v2", "at_least_once"} {
 		t.Run(g, func(t *testing.T) {
 			rng := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 0x6d6567))
-			appID, input, notif := testNames("mb-" + map[string]string{"exactly_once_v2": "eos", "at_least_once": "alos"}[g])
+			appID, input, notif := testNames("mb-" + slug(g))
 			dlq := appID + "-dead-letters"
 			createTopic(t, input, 3, nil)
-			events := genEvents(rng, "mb", 20, 400)
-			want := totalsOf(events)
-			svc := startService(t, serviceConfig{appID: appID, stateDir: filepath.Join(t.TempDir(), "state"), input: input, notif: notif,
-				extra: []string{"--processing.guarantee", g, "--dlq.topic", dlq}})
-			svc.waitReady(t, 90*time.Second)
+			events := harness.GenEvents(rng, "mb", 20, 400)
+			want := harness.TotalsOf(events)
+			svc := startService(t, harness.ServiceConfig{AppID: appID, StateDir: filepath.Join(t.TempDir(), "state"), Input: input, Notif: notif,
+				Flags: []string{"--processing.guarantee", g, "--dlq.topic", dlq}})
+			svc.WaitRestored(t, 90*time.Second)
 
 			huge := strings.Repeat("m", 1_000_000)
 			cl := newClient(t, kgo.ProducerBatchMaxBytes(1_040_000))
 			var recs []*kgo.Record
 			for i, e := range events {
-				recs = append(recs, e.record(input))
+				recs = append(recs, e.Record(input))
 				if i == len(events)/2 {
 					recs = append(recs,
 						&kgo.Record{Topic: input, Key: []byte("mb-big"), Value: []byte(`{"product":"mb-big","value":1,"pad":"` + huge[:1_000_000-48] + `"}`)},
@@ -49,21 +51,21 @@ func TestMegabyteEventsAreDeadLettered(t *testing.T) {
 					t.Fatalf("producing a %d-byte record: %v", len(r.Key)+len(r.Value), err)
 				}
 			}
-			waitFor(t, 2*time.Minute, "exact totals over HTTP", func() error {
-				if !svc.alive() {
-					t.Fatalf("the service exited: %s", svc.describeExit())
+			harness.WaitFor(t, 2*time.Minute, "exact totals over HTTP", func() error {
+				if !svc.Alive() {
+					t.Fatalf("the service exited: %s", svc.DescribeExit())
 				}
-				return svc.checkTotals(want)
+				return svc.CheckTotals(want)
 			})
-			waitFor(t, time.Minute, "both megabyte events in the dead-letter topic, cut and marked", func() error {
+			harness.WaitFor(t, time.Minute, "both megabyte events in the dead-letter topic, cut and marked", func() error {
 				c, err := readTopic(dlq, 30*time.Second)
 				if err != nil {
 					return err
 				}
-				if len(c.records) != 2 {
-					return fmt.Errorf("%d dead letters", len(c.records))
+				if len(c.Records) != 2 {
+					return fmt.Errorf("%d dead letters", len(c.Records))
 				}
-				for _, r := range c.records {
+				for _, r := range c.Records {
 					hd := map[string]string{}
 					size := len(r.Key) + len(r.Value)
 					for _, h := range r.Headers {
@@ -76,10 +78,10 @@ func TestMegabyteEventsAreDeadLettered(t *testing.T) {
 				}
 				return nil
 			})
-			if err := svc.ready(); err != nil {
+			if err := svc.Ready(); err != nil {
 				t.Fatalf("not ready after the megabyte events: %v", err)
 			}
-			svc.terminate(t)
+			svc.Terminate(t)
 		})
 	}
 }

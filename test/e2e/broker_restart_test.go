@@ -8,6 +8,8 @@ import (
 	"path/filepath"
 	"testing"
 	"time"
+
+	"github.com/salesagg/salesagg/test/harness"
 )
 
 // TestBrokerRestartWhileEventsFlow: events keep flowing while the broker is stopped for 5 s and started again; the service rides it out without exiting, /readyz returns to 200 and the totals are exact.
@@ -16,60 +18,60 @@ func TestBrokerRestartWhileEventsFlow(t *testing.T) {
 	rng := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 3))
 	appID, input, notif := testNames("brk")
 	createTopic(t, input, 3, nil)
-	events := genEvents(rng, "bp", 30, 6000)
-	want := totalsOf(events)
+	events := harness.GenEvents(rng, "bp", 30, 6000)
+	want := harness.TotalsOf(events)
 
-	svc := startService(t, serviceConfig{appID: appID, stateDir: filepath.Join(t.TempDir(), "state"), input: input, notif: notif, commitMs: 500})
-	svc.waitReady(t, 90*time.Second)
+	svc := startService(t, harness.ServiceConfig{AppID: appID, StateDir: filepath.Join(t.TempDir(), "state"), Input: input, Notif: notif, CommitMs: 500})
+	svc.WaitRestored(t, 90*time.Second)
 	// Whatever happens here, the next tests need the broker.
 	t.Cleanup(func() {
-		if out, err := kafkaCommand(3*time.Minute, "start"); err != nil {
+		if out, err := kafka.Run(3*time.Minute, "start"); err != nil {
 			t.Errorf("kafka.sh start (cleanup): %v\n%s", err, out)
 		}
 	})
 
 	// The producer's client retries through the outage; each batch waits
 	// for its acknowledgement (idempotent: no duplicates after retries).
-	pp := startPacedProducer(t, newClient(t), input, events, 30, 100*time.Millisecond)
-	waitFor(t, 60*time.Second, "1,500 events sent before the broker stops", func() error {
-		if n := pp.sent.Load(); n < 1500 {
+	pp := harness.NewProducer(newClient(t), input, events).Start(t, 30, 100*time.Millisecond)
+	harness.WaitFor(t, 60*time.Second, "1,500 events sent before the broker stops", func() error {
+		if n := pp.Sent(); n < 1500 {
 			return fmt.Errorf("%d events sent", n)
 		}
 		return nil
 	})
 
 	t0 := time.Now()
-	if out, err := kafkaCommand(2*time.Minute, "stop"); err != nil {
+	if out, err := kafka.Run(2*time.Minute, "stop"); err != nil {
 		t.Fatalf("kafka.sh stop: %v\n%s", err, out)
 	}
-	t.Logf("broker stopped in %s; producer at %d/%d", time.Since(t0).Round(time.Millisecond), pp.sent.Load(), len(events))
+	t.Logf("broker stopped in %s; producer at %d/%d", time.Since(t0).Round(time.Millisecond), pp.Sent(), len(events))
 	// The outage itself: the broker stays down this long.
 	select {
 	case <-time.After(5 * time.Second):
-	case <-svc.done:
-		t.Fatalf("%s exited while the broker was down (%s)", svc.name, svc.describeExit())
+	case <-svc.Done():
+		t.Fatalf("%s exited while the broker was down (%s)", svc.Name, svc.DescribeExit())
 	}
-	_, err := svc.get("/readyz", nil)
-	t.Logf("5 s into the outage: %s alive; /readyz: %v", svc.name, errString(err))
+	_, err := svc.GetJSON("/readyz", nil)
+	t.Logf("5 s into the outage: %s alive; /readyz: %v", svc.Name, errString(err))
 	t0 = time.Now()
-	if out, err := kafkaCommand(3*time.Minute, "start"); err != nil {
+	if out, err := kafka.Run(3*time.Minute, "start"); err != nil {
 		t.Fatalf("kafka.sh start: %v\n%s", err, out)
 	}
-	t.Logf("broker started again in %s; producer at %d/%d", time.Since(t0).Round(time.Millisecond), pp.sent.Load(), len(events))
+	t.Logf("broker started again in %s; producer at %d/%d", time.Since(t0).Round(time.Millisecond), pp.Sent(), len(events))
 
-	pp.wait(t, 5*time.Minute)
-	waitFor(t, 2*time.Minute, "/readyz to return to 200", svc.ready)
-	waitFor(t, 2*time.Minute, "exact totals over HTTP", func() error { return svc.checkTotals(want) })
-	if err := checkChangelog(changelogTopic(appID), want); err != nil {
+	pp.Wait(t, 5*time.Minute)
+	harness.WaitFor(t, 2*time.Minute, "/readyz to return to 200", svc.Ready)
+	harness.WaitFor(t, 2*time.Minute, "exact totals over HTTP", func() error { return svc.CheckTotals(want) })
+	if err := checkChangelog(harness.ChangelogTopic(appID), want); err != nil {
 		t.Error(err)
 	}
-	if !svc.alive() {
-		t.Fatalf("%s exited (%s)", svc.name, svc.describeExit())
+	if !svc.Alive() {
+		t.Fatalf("%s exited (%s)", svc.Name, svc.DescribeExit())
 	}
-	if c, err := svc.tasks(); err == nil {
-		t.Logf("%s: %d events processed, %d redelivered events skipped", svc.name, c.Processed, c.Duplicates)
+	if c, err := svc.Counters(); err == nil {
+		t.Logf("%s: %d events processed, %d redelivered events skipped", svc.Name, c.Processed, c.Duplicates)
 	}
-	svc.terminate(t)
+	svc.Terminate(t)
 }
 
 func errString(err error) string {

@@ -11,13 +11,15 @@ import (
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/salesagg/salesagg/test/harness"
 )
 
 // TestRestoreAfterCompaction: many updates of few keys into a pre-created compacted changelog (1 s segments) until the broker compacts it; a restart without the state dir restores fewer records than were written, with exact totals.
 func TestRestoreAfterCompaction(t *testing.T) {
 	rng := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 4))
 	appID, input, notif := testNames("cmp")
-	changelog := changelogTopic(appID)
+	changelog := harness.ChangelogTopic(appID)
 	createTopic(t, input, 3, nil)
 	// The service accepts an existing changelog with as many partitions as
 	// the input, whatever its other settings.
@@ -27,79 +29,79 @@ func TestRestoreAfterCompaction(t *testing.T) {
 		"segment.ms":                str("1000"),
 		"min.cleanable.dirty.ratio": str("0.01"),
 	})
-	events := genEvents(rng, "cp", 10, 5000)
+	events := harness.GenEvents(rng, "cp", 10, 5000)
 
 	stateDir := filepath.Join(t.TempDir(), "state")
-	cfg := serviceConfig{appID: appID, stateDir: stateDir, input: input, notif: notif, commitMs: 100}
+	cfg := harness.ServiceConfig{AppID: appID, StateDir: stateDir, Input: input, Notif: notif, CommitMs: 100}
 	svc := startService(t, cfg)
-	svc.waitReady(t, 90*time.Second)
+	svc.WaitRestored(t, 90*time.Second)
 
 	// 5,000 events over 10 s: with a 100 ms commit interval each product
 	// gets a changelog record about every cycle.
 	cl := newClient(t)
-	pp := startPacedProducer(t, cl, input, events, 50, 100*time.Millisecond)
-	pp.wait(t, 3*time.Minute)
-	want := totalsOf(events)
-	waitFor(t, time.Minute, "exact totals over HTTP", func() error { return svc.checkTotals(want) })
+	pp := harness.NewProducer(cl, input, events).Start(t, 50, 100*time.Millisecond)
+	pp.Wait(t, 3*time.Minute)
+	want := harness.TotalsOf(events)
+	harness.WaitFor(t, time.Minute, "exact totals over HTTP", func() error { return svc.CheckTotals(want) })
 	c, err := readTopic(changelog, 30*time.Second)
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Logf("after %d events: the changelog has %d records written, %d readable", len(events), c.written(), len(c.records))
+	t.Logf("after %d events: the changelog has %d records written, %d readable", len(events), c.Written(), len(c.Records))
 
 	// The cleaner only cleans closed segments, and a segment closes when a
 	// record arrives after segment.ms: a trickle (one event per product a
 	// second) keeps records coming until compaction shows.
-	var trickle []event
+	var trickle []harness.Event
 	lastTrickle := time.Time{}
-	waitFor(t, 90*time.Second, "the broker to compact the changelog", func() error {
+	harness.WaitFor(t, 90*time.Second, "the broker to compact the changelog", func() error {
 		if time.Since(lastTrickle) >= time.Second {
 			var recs []*kgo.Record
 			for p := range 10 {
-				e := event{product: fmt.Sprintf("cp%03d", p), value: 1}
+				e := harness.Event{Product: fmt.Sprintf("cp%03d", p), Value: 1}
 				trickle = append(trickle, e)
-				recs = append(recs, e.record(input))
+				recs = append(recs, e.Record(input))
 			}
-			produce(t, cl, recs...)
+			harness.Produce(t, cl, recs...)
 			lastTrickle = time.Now()
 		}
 		c, err := readTopic(changelog, 30*time.Second)
 		if err != nil {
 			return err
 		}
-		if int64(len(c.records)) >= c.written() {
-			return fmt.Errorf("%d records readable of %d written", len(c.records), c.written())
+		if int64(len(c.Records)) >= c.Written() {
+			return fmt.Errorf("%d records readable of %d written", len(c.Records), c.Written())
 		}
-		t.Logf("compacted: %d records readable of %d written (%d trickle events sent)", len(c.records), c.written(), len(trickle))
+		t.Logf("compacted: %d records readable of %d written (%d trickle events sent)", len(c.Records), c.Written(), len(trickle))
 		return nil
 	})
-	want = totalsOf(events, trickle)
-	waitFor(t, time.Minute, "exact totals over HTTP after the trickle", func() error { return svc.checkTotals(want) })
-	svc.terminate(t)
+	want = harness.TotalsOf(events, trickle)
+	harness.WaitFor(t, time.Minute, "exact totals over HTTP after the trickle", func() error { return svc.CheckTotals(want) })
+	svc.Terminate(t)
 
 	c, err = readTopic(changelog, 30*time.Second)
 	if err != nil {
 		t.Fatal(err)
 	}
-	written, readable := c.written(), int64(len(c.records))
+	written, readable := c.Written(), int64(len(c.Records))
 	if err := os.RemoveAll(stateDir); err != nil {
 		t.Fatal(err)
 	}
 	svc = startService(t, cfg)
-	sum := svc.waitReady(t, 90*time.Second)
-	t.Logf("restart without state dir: %s; restored %d records %v; the changelog has %d written, %d readable", sum.tookLine, sum.total, sum.partitions, written, readable)
-	if sum.total >= written {
-		t.Errorf("restored %d records, want fewer than the %d written (compacted away)", sum.total, written)
+	sum := svc.WaitRestored(t, 90*time.Second)
+	t.Logf("restart without state dir: %s; restored %d records %v; the changelog has %d written, %d readable", sum.TookLine, sum.Total, sum.Partitions, written, readable)
+	if sum.Total >= written {
+		t.Errorf("restored %d records, want fewer than the %d written (compacted away)", sum.Total, written)
 	}
-	if sum.total > readable {
-		t.Errorf("restored %d records, more than the %d readable in the changelog", sum.total, readable)
+	if sum.Total > readable {
+		t.Errorf("restored %d records, more than the %d readable in the changelog", sum.Total, readable)
 	}
-	if sum.total < int64(len(want)) {
-		t.Errorf("restored %d records, fewer than the %d products", sum.total, len(want))
+	if sum.Total < int64(len(want)) {
+		t.Errorf("restored %d records, fewer than the %d products", sum.Total, len(want))
 	}
-	waitFor(t, time.Minute, "exact totals over HTTP after restoring the compacted changelog", func() error { return svc.checkTotals(want) })
+	harness.WaitFor(t, time.Minute, "exact totals over HTTP after restoring the compacted changelog", func() error { return svc.CheckTotals(want) })
 	if err := checkChangelog(changelog, want); err != nil {
 		t.Error(err)
 	}
-	svc.terminate(t)
+	svc.Terminate(t)
 }

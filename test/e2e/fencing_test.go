@@ -14,6 +14,8 @@ import (
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/salesagg/salesagg/test/harness"
 )
 
 // TestPausedInstanceIsFenced: exactly-once on Apache Kafka: instance A is paused (SIGSTOP) past its session timeout while B takes its partitions; when A resumes it is fenced and writes nothing that commits: the committed changelog and notifications stay exact.
@@ -22,44 +24,44 @@ func TestPausedInstanceIsFenced(t *testing.T) {
 	appID, input, notif := testNames("fence")
 	createTopic(t, input, 3, nil)
 	cl := newClient(t)
-	var all []event
+	var all []harness.Event
 	send := func(n int) {
 		t.Helper()
 		// Positive values only: a product's committed notifications must then rise strictly.
-		evs := genEvents(rng, "fp", 12, n)
+		evs := harness.GenEvents(rng, "fp", 12, n)
 		recs := make([]*kgo.Record, len(evs))
 		for i, e := range evs {
-			if e.value <= 0 {
-				evs[i].value = 1 - e.value
+			if e.Value <= 0 {
+				evs[i].Value = 1 - e.Value
 			}
-			recs[i] = evs[i].record(input)
+			recs[i] = evs[i].Record(input)
 		}
-		produce(t, cl, recs...)
+		harness.Produce(t, cl, recs...)
 		all = append(all, evs...)
 	}
 	extra := []string{"--processing.guarantee", "exactly_once_v2", "--session.timeout.ms", "6000"}
-	base := serviceConfig{appID: appID, input: input, notif: notif, commitMs: 200, extra: extra}
+	base := harness.ServiceConfig{AppID: appID, Input: input, Notif: notif, CommitMs: 200, Flags: extra}
 	cfgA, cfgB := base, base
 	// A commits every 10 s: what it folds sits in its open transaction long
 	// enough to pause it there.
-	cfgA.commitMs = 10000
-	cfgA.extra = append(append([]string(nil), extra...), "--transaction.timeout.ms", "60000")
-	cfgA.stateDir = filepath.Join(t.TempDir(), "a")
-	cfgB.stateDir = filepath.Join(t.TempDir(), "b")
+	cfgA.CommitMs = 10000
+	cfgA.Flags = append(append([]string(nil), extra...), "--transaction.timeout.ms", "60000")
+	cfgA.StateDir = filepath.Join(t.TempDir(), "a")
+	cfgB.StateDir = filepath.Join(t.TempDir(), "b")
 
 	a := startService(t, cfgA)
-	a.waitReady(t, 90*time.Second)
+	a.WaitRestored(t, 90*time.Second)
 	send(600)
-	waitFor(t, 60*time.Second, "A's totals", func() error { return a.checkTotals(totalsOf(all)) })
+	harness.WaitFor(t, 60*time.Second, "A's totals", func() error { return a.CheckTotals(harness.TotalsOf(all)) })
 
 	// A folds these into its open transaction, then stops.
-	folded, err := a.tasks()
+	folded, err := a.Counters()
 	if err != nil {
 		t.Fatal(err)
 	}
 	send(300)
-	waitFor(t, 30*time.Second, "A to fold the events into its open transaction", func() error {
-		c, err := a.tasks()
+	harness.WaitFor(t, 30*time.Second, "A to fold the events into its open transaction", func() error {
+		c, err := a.Counters()
 		if err != nil {
 			return err
 		}
@@ -68,37 +70,37 @@ func TestPausedInstanceIsFenced(t *testing.T) {
 		}
 		return nil
 	})
-	if err := a.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
+	if err := a.Signal(syscall.SIGSTOP); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { _ = a.cmd.Process.Signal(syscall.SIGCONT) })
+	t.Cleanup(func() { _ = a.Signal(syscall.SIGCONT) })
 	b := startService(t, cfgB)
-	b.waitReady(t, 120*time.Second) // after A's session expired
+	b.WaitRestored(t, 120*time.Second) // after A's session expired
 	send(300)
-	waitFor(t, 90*time.Second, "B's totals", func() error { return b.checkTotals(totalsOf(all)) })
+	harness.WaitFor(t, 90*time.Second, "B's totals", func() error { return b.CheckTotals(harness.TotalsOf(all)) })
 
-	resumedAt := len(a.logs())
-	if err := a.cmd.Process.Signal(syscall.SIGCONT); err != nil {
+	resumedAt := len(a.Logs())
+	if err := a.Signal(syscall.SIGCONT); err != nil {
 		t.Fatal(err)
 	}
 	// A learns it lost its tasks and drops them with its open transaction.
-	waitFor(t, 60*time.Second, "the resumed A to drop its lost tasks", func() error {
-		for _, e := range a.logs()[resumedAt:] {
-			if strings.Contains(e.msg(), "Closed: dropped") || strings.Contains(e.msg(), "Closed: revoked; the open transaction is aborted") {
+	harness.WaitFor(t, 60*time.Second, "the resumed A to drop its lost tasks", func() error {
+		for _, e := range a.Logs()[resumedAt:] {
+			if strings.Contains(e.Msg(), "Closed: dropped") || strings.Contains(e.Msg(), "Closed: revoked; the open transaction is aborted") {
 				return nil
 			}
 		}
 		return errors.New("A has not dropped its tasks yet")
 	})
 	send(300)
-	want := totalsOf(all)
-	waitFor(t, 90*time.Second, "exact committed changelog", func() error { return checkChangelog(changelogTopic(appID), want) })
+	want := harness.TotalsOf(all)
+	harness.WaitFor(t, 90*time.Second, "exact committed changelog", func() error { return checkChangelog(harness.ChangelogTopic(appID), want) })
 	c, err := readTopic(notif, 30*time.Second)
 	if err != nil {
 		t.Fatal(err)
 	}
 	last := map[string]int64{}
-	for _, r := range c.records {
+	for _, r := range c.Records {
 		var n struct {
 			SKU   string `json:"sku"`
 			Value int64  `json:"value"`
@@ -111,5 +113,5 @@ func TestPausedInstanceIsFenced(t *testing.T) {
 		}
 		last[n.SKU] = n.Value
 	}
-	t.Logf("%d committed notifications, each product's rising; A alive after resuming: %v", len(c.records), a.alive())
+	t.Logf("%d committed notifications, each product's rising; A alive after resuming: %v", len(c.Records), a.Alive())
 }

@@ -12,15 +12,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/salesagg/salesagg/test/harness"
 )
-
-// crashPoints are the commit-cycle points SALESAGGTEST_CRASH_POINT accepts,
-// per processing guarantee.
-var crashPoints = map[string][]string{
-	"at_least_once":   {"flush-start", "changelog-produced", "changelog-flushed", "store-written", "offsets-committed"},
-	"exactly_once_v2": {"changelog-produced", "transaction-committed", "store-written"},
-}
 
 // TestKillNineWhileEventsFlow: 20,000 events flow while the service is SIGKILLed at random moments and once at each commit-cycle crash point, restarting each time; a clean start then has exact totals (HTTP and changelog), under each guarantee.
 func TestKillNineWhileEventsFlow(t *testing.T) {
@@ -41,12 +34,12 @@ func killNine(t *testing.T, guarantee string) {
 	t.Logf("seed %d (rerun with E2E_SEED=%d)", seed, seed)
 	rng := rand.New(rand.NewPCG(seed, 0x6b696c6c))
 
-	appID, input, notif := testNames("kill-" + map[string]string{"exactly_once_v2": "eos", "at_least_once": "alos"}[guarantee])
+	appID, input, notif := testNames("kill-" + slug(guarantee))
 	createTopic(t, input, 3, nil)
-	events := genEvents(rng, "kp", 50, 20_000)
+	events := harness.GenEvents(rng, "kp", 50, 20_000)
 
-	cfg := serviceConfig{appID: appID, stateDir: filepath.Join(t.TempDir(), "state"), input: input, notif: notif, commitMs: 200}
-	cfg.extra = append(cfg.extra, "--processing.guarantee", guarantee)
+	cfg := harness.ServiceConfig{AppID: appID, StateDir: filepath.Join(t.TempDir(), "state"), Input: input, Notif: notif, CommitMs: 200}
+	cfg.Flags = append(cfg.Flags, "--processing.guarantee", guarantee)
 	// A SIGKILLed member stays in the group until its session times out,
 	// and a dynamic member joining meanwhile waits for that. With static
 	// membership (a fixed group.instance.id, as a StatefulSet pod name gives)
@@ -54,22 +47,22 @@ func killNine(t *testing.T, guarantee string) {
 	// restores and processes; without it, each kill waits for readiness.
 	static := runSupports("group.instance.id") && os.Getenv("E2E_DYNAMIC_MEMBERSHIP") == ""
 	if static {
-		cfg.extra = append(cfg.extra, "--group.instance.id", appID+"-0")
+		cfg.Flags = append(cfg.Flags, "--group.instance.id", appID+"-0")
 	}
 	if runSupports("session.timeout.ms") {
-		cfg.extra = append(cfg.extra, "--session.timeout.ms", "6000") // the broker's minimum
+		cfg.Flags = append(cfg.Flags, "--session.timeout.ms", "6000") // the broker's minimum
 	}
-	t.Logf("static membership: %v; extra flags %v", static, cfg.extra)
+	t.Logf("static membership: %v; extra flags %v", static, cfg.Flags)
 
 	svc := startService(t, cfg)
-	svc.waitReady(t, 90*time.Second)
-	pp := startPacedProducer(t, newClient(t), input, events, 40, 70*time.Millisecond)
+	svc.WaitRestored(t, 90*time.Second)
+	pp := harness.NewProducer(newClient(t), input, events).Start(t, 40, 70*time.Millisecond)
 	topUp := newClient(t)
-	var extra []event // events sent to top up crash runs, see below
+	var extra []harness.Event // events sent to top up crash runs, see below
 
 	// describe says what the service was doing, for the log of each kill.
-	describe := func(s *service) string {
-		c, err := s.tasks()
+	describe := func(s *harness.Service) string {
+		c, err := s.Counters()
 		if err != nil {
 			return "not serving: " + err.Error()
 		}
@@ -81,15 +74,11 @@ func killNine(t *testing.T, guarantee string) {
 	lastTopUp := time.Time{}
 	topUpNow := func() {
 		t.Helper()
-		if !pp.finished() || time.Since(lastTopUp) < 100*time.Millisecond {
+		if !pp.Finished() || time.Since(lastTopUp) < 100*time.Millisecond {
 			return
 		}
-		evs := genEvents(rng, "kp", 50, 10)
-		recs := make([]*kgo.Record, len(evs))
-		for i, e := range evs {
-			recs[i] = e.record(input)
-		}
-		produce(t, topUp, recs...)
+		evs := harness.GenEvents(rng, "kp", 50, 10)
+		harness.Produce(t, topUp, harness.Records(input, evs)...)
 		extra = append(extra, evs...)
 		lastTopUp = time.Now()
 	}
@@ -103,19 +92,13 @@ func killNine(t *testing.T, guarantee string) {
 	killLater := func(afterFold bool) {
 		t.Helper()
 		if !static {
-			svc.waitReady(t, 120*time.Second)
+			svc.WaitRestored(t, 120*time.Second)
 		}
 		var d time.Duration
 		if afterFold {
-			waitFor(t, 2*time.Minute, svc.name+" to fold an event", func() error {
-				if !svc.alive() {
-					t.Fatalf("%s exited on its own (%s)", svc.name, svc.describeExit())
-				}
+			harness.WaitFor(t, 2*time.Minute, svc.Name+" to fold an event", func() error {
 				topUpNow()
-				if c, err := svc.tasks(); err == nil && c.Processed > 0 {
-					return nil
-				}
-				return fmt.Errorf("%s has processed nothing yet", svc.name)
+				return svc.Folded()
 			})
 			d = time.Duration(rng.Int64N(int64(1500 * time.Millisecond)))
 		} else {
@@ -124,18 +107,18 @@ func killNine(t *testing.T, guarantee string) {
 		// The chaos schedule itself: the moment of the kill is the point.
 		select {
 		case <-time.After(d):
-		case <-svc.done:
-			t.Fatalf("%s exited on its own (%s)", svc.name, svc.describeExit())
+		case <-svc.Done():
+			t.Fatalf("%s exited on its own (%s)", svc.Name, svc.DescribeExit())
 		}
 		state := describe(svc)
-		svc.kill()
+		svc.Kill()
 		kills++
 		if afterFold {
 			afterFolds++
 		}
 		t.Logf("SIGKILL #%d of %s %s after %s: %s; it had restored %d records at its start; producer at %d/%d",
-			kills, svc.name, d.Round(time.Millisecond), map[bool]string{true: "its first fold", false: map[bool]string{true: "its start", false: "readiness"}[static]}[afterFold],
-			state, svc.restored(t).total, pp.sent.Load(), len(events))
+			kills, svc.Name, d.Round(time.Millisecond), map[bool]string{true: "its first fold", false: map[bool]string{true: "its start", false: "readiness"}[static]}[afterFold],
+			state, svc.Restored(t).Total, pp.Sent(), len(events))
 	}
 
 	for round := range 8 {
@@ -145,43 +128,43 @@ func killNine(t *testing.T, guarantee string) {
 	if afterFolds < 6 {
 		t.Fatalf("only %d of %d kills came after a fold", afterFolds, kills)
 	}
-	for _, point := range crashPoints[guarantee] {
+	for _, point := range harness.CrashPoints[guarantee] {
 		killLater(false) // one process per state dir: the running one goes first
 		spec := fmt.Sprintf("%s:%d", point, 2+rng.IntN(6))
 		crashCfg := cfg
-		crashCfg.crashPoint = spec
+		crashCfg.CrashPoint = spec
 		svc = startService(t, crashCfg)
 		// A crash point needs a commit cycle with something to commit: if
 		// the producer is done, top it up (10 events every 100 ms).
-		waitFor(t, 2*time.Minute, svc.name+" to kill itself at "+spec, func() error {
-			if !svc.alive() {
+		harness.WaitFor(t, 2*time.Minute, svc.Name+" to kill itself at "+spec, func() error {
+			if !svc.Alive() {
 				return nil
 			}
 			topUpNow()
-			return fmt.Errorf("%s still runs", svc.name)
+			return fmt.Errorf("%s still runs", svc.Name)
 		})
-		if !svc.killedBy(syscall.SIGKILL) {
-			t.Fatalf("%s with SALESAGGTEST_CRASH_POINT=%s ended with %s, want killed by SIGKILL at the crash point", svc.name, spec, svc.describeExit())
+		if !svc.KilledBy(syscall.SIGKILL) {
+			t.Fatalf("%s with SALESAGGTEST_CRASH_POINT=%s ended with %s, want killed by SIGKILL at the crash point", svc.Name, spec, svc.DescribeExit())
 		}
-		t.Logf("%s killed itself at %s; producer at %d/%d", svc.name, spec, pp.sent.Load(), len(events))
+		t.Logf("%s killed itself at %s; producer at %d/%d", svc.Name, spec, pp.Sent(), len(events))
 		svc = startService(t, cfg)
 	}
-	if pp.finished() {
+	if pp.Finished() {
 		t.Logf("note: the producer finished during the kills; the later ones hit a service with little or no live traffic (crash runs were topped up)")
 	}
 
 	// The last start runs without a crash point and is not killed.
-	pp.wait(t, 5*time.Minute)
-	want := totalsOf(events, extra)
+	pp.Wait(t, 5*time.Minute)
+	want := harness.TotalsOf(events, extra)
 	t.Logf("producer done: %d events (and %d topping up the crash runs) over %d products", len(events), len(extra), len(want))
-	last := svc.waitReady(t, 120*time.Second)
-	t.Logf("last start restored %d records %v", last.total, last.partitions)
-	waitFor(t, 2*time.Minute, "exact totals over HTTP", func() error { return svc.checkTotals(want) })
-	if err := checkChangelog(changelogTopic(appID), want); err != nil {
+	last := svc.WaitRestored(t, 120*time.Second)
+	t.Logf("last start restored %d records %v", last.Total, last.Partitions)
+	harness.WaitFor(t, 2*time.Minute, "exact totals over HTTP", func() error { return svc.CheckTotals(want) })
+	if err := checkChangelog(harness.ChangelogTopic(appID), want); err != nil {
 		t.Error(err)
 	}
-	if c, err := svc.tasks(); err == nil {
+	if c, err := svc.Counters(); err == nil {
 		t.Logf("last instance: %d events processed, %d redelivered events skipped as already counted", c.Processed, c.Duplicates)
 	}
-	svc.terminate(t)
+	svc.Terminate(t)
 }

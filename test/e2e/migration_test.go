@@ -15,7 +15,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/salesagg/salesagg/test/harness"
 )
 
 // referenceScript is bench/kstreams-reference/run.sh.
@@ -40,7 +40,7 @@ func buildReference(t *testing.T) {
 }
 
 // reference is one run of the Kafka Streams reference.
-type reference struct{ *proc }
+type reference struct{ *harness.Proc }
 
 var referenceSeq int
 
@@ -51,7 +51,7 @@ func startReference(t *testing.T, appID, stateDir, input, notif string) *referen
 	t.Helper()
 	referenceSeq++
 	name := fmt.Sprintf("reference-%02d", referenceSeq)
-	p := startProc(t, name, repoRoot, childEnv(), referenceScript(),
+	p := harness.Start(t, harness.Spec{Name: name, Path: referenceScript(), Dir: repoRoot, Args: []string{
 		"--bootstrap", bootstrap,
 		"--application-id", appID,
 		"--state-dir", stateDir,
@@ -60,15 +60,15 @@ func startReference(t *testing.T, appID, stateDir, input, notif string) *referen
 		"--processing-guarantee", "at_least_once",
 		"--leave-group-on-close", "true",
 		"--commit-interval-ms", "200",
-	)
-	t.Logf("started %s (pid %d, state dir %s)", name, p.pid(), stateDir)
+	}})
+	t.Logf("started %s (pid %d, state dir %s)", name, p.PID(), stateDir)
 	return &reference{p}
 }
 
 // marker returns the stdout lines starting with "REFERENCE "+prefix.
 func (r *reference) marker(prefix string) []string {
 	var out []string
-	for _, l := range r.stdoutLines() {
+	for _, l := range r.StdoutLines() {
 		if strings.HasPrefix(l, "REFERENCE "+prefix) {
 			out = append(out, l)
 		}
@@ -80,12 +80,12 @@ func (r *reference) marker(prefix string) []string {
 // the "REFERENCE RESTORE TOTAL" line before it.
 func (r *reference) waitRunning(t *testing.T, timeout time.Duration) int64 {
 	t.Helper()
-	waitFor(t, timeout, r.name+" to reach RUNNING", func() error {
+	harness.WaitFor(t, timeout, r.Name+" to reach RUNNING", func() error {
 		if errs := r.marker("ERROR"); len(errs) > 0 {
-			t.Fatalf("%s failed: %s", r.name, errs[0])
+			t.Fatalf("%s failed: %s", r.Name, errs[0])
 		}
-		if !r.alive() {
-			t.Fatalf("%s exited (%s)", r.name, r.describeExit())
+		if !r.Alive() {
+			t.Fatalf("%s exited (%s)", r.Name, r.DescribeExit())
 		}
 		if len(r.marker("STATE RUNNING")) == 0 {
 			return fmt.Errorf("states so far: %v", r.marker("STATE"))
@@ -94,14 +94,14 @@ func (r *reference) waitRunning(t *testing.T, timeout time.Duration) int64 {
 	})
 	totals := r.marker("RESTORE TOTAL")
 	if len(totals) == 0 {
-		t.Fatalf("%s reached RUNNING without a RESTORE TOTAL line", r.name)
+		t.Fatalf("%s reached RUNNING without a RESTORE TOTAL line", r.Name)
 	}
 	m := regexp.MustCompile(`records=(\d+)`).FindStringSubmatch(totals[len(totals)-1])
 	if m == nil {
-		t.Fatalf("%s: cannot read %q", r.name, totals[len(totals)-1])
+		t.Fatalf("%s: cannot read %q", r.Name, totals[len(totals)-1])
 	}
 	n, _ := strconv.ParseInt(m[1], 10, 64)
-	t.Logf("%s RUNNING: %s", r.name, totals[len(totals)-1])
+	t.Logf("%s RUNNING: %s", r.Name, totals[len(totals)-1])
 	return n
 }
 
@@ -109,14 +109,14 @@ func (r *reference) waitRunning(t *testing.T, timeout time.Duration) int64 {
 // STOPPED clean=true".
 func (r *reference) terminate(t *testing.T) {
 	t.Helper()
-	if !r.stop(60 * time.Second) {
-		t.Fatalf("%s did not stop within 60 s of SIGTERM; killed", r.name)
+	if !r.Stop(60 * time.Second) {
+		t.Fatalf("%s did not stop within 60 s of SIGTERM; killed", r.Name)
 	}
 	stopped := r.marker("STOPPED")
 	if len(stopped) == 0 || !strings.Contains(stopped[0], "clean=true") {
-		t.Fatalf("%s stopped (%s) with %v, want \"REFERENCE STOPPED clean=true\"", r.name, r.describeExit(), stopped)
+		t.Fatalf("%s stopped (%s) with %v, want \"REFERENCE STOPPED clean=true\"", r.Name, r.DescribeExit(), stopped)
 	}
-	t.Logf("%s stopped: %s", r.name, stopped[0])
+	t.Logf("%s stopped: %s", r.Name, stopped[0])
 }
 
 // TestMigrationFromKafkaStreams: the Kafka Streams reference processes batch 1 and stops; salesagg with the same application.id restores its changelog and adds batch 2; then the reference takes over again from salesagg's changelog and adds batch 3; totals exact at each step.
@@ -124,29 +124,23 @@ func TestMigrationFromKafkaStreams(t *testing.T) {
 	buildReference(t)
 	rng := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 5))
 	appID, input, notif := testNames("mig")
-	changelog := changelogTopic(appID)
+	changelog := harness.ChangelogTopic(appID)
 	// The reference needs its input and notification topics to exist.
 	createTopic(t, input, 3, nil)
 	createTopic(t, notif, 3, nil)
-	batch1 := genEvents(rng, "mp", 20, 1000)
-	batch2 := genEvents(rng, "mp", 25, 1000) // five products new in batch 2
-	batch3 := genEvents(rng, "mp", 30, 1000) // and five more in batch 3
+	batch1 := harness.GenEvents(rng, "mp", 20, 1000)
+	batch2 := harness.GenEvents(rng, "mp", 25, 1000) // five products new in batch 2
+	batch3 := harness.GenEvents(rng, "mp", 30, 1000) // and five more in batch 3
 	cl := newClient(t)
-	send := func(evs []event) {
-		recs := make([]*kgo.Record, len(evs))
-		for i, e := range evs {
-			recs[i] = e.record(input)
-		}
-		produce(t, cl, recs...)
-	}
+	send := func(evs []harness.Event) { harness.Produce(t, cl, harness.Records(input, evs)...) }
 	dir := t.TempDir()
 
 	// Batch 1 through the reference.
 	ref := startReference(t, appID, filepath.Join(dir, "reference-1"), input, notif)
 	ref.waitRunning(t, 3*time.Minute)
 	send(batch1)
-	waitFor(t, 2*time.Minute, "the reference's changelog to hold the batch 1 totals", func() error {
-		return checkChangelog(changelog, totalsOf(batch1))
+	harness.WaitFor(t, 2*time.Minute, "the reference's changelog to hold the batch 1 totals", func() error {
+		return checkChangelog(changelog, harness.TotalsOf(batch1))
 	})
 	ref.terminate(t)
 
@@ -155,18 +149,18 @@ func TestMigrationFromKafkaStreams(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		svc := startService(t, serviceConfig{appID: appID, stateDir: filepath.Join(dir, "salesagg"), input: input, notif: notif})
-		sum := svc.waitReady(t, 2*time.Minute)
-		t.Logf("salesagg took over: %s; restored %d records %v of the reference's changelog (%d records)", sum.tookLine, sum.total, sum.partitions, len(c.records))
-		if sum.total != int64(len(c.records)) {
-			t.Errorf("salesagg restored %d records, want the %d records of the reference's changelog", sum.total, len(c.records))
+		svc := startService(t, harness.ServiceConfig{AppID: appID, StateDir: filepath.Join(dir, "salesagg"), Input: input, Notif: notif})
+		sum := svc.WaitRestored(t, 2*time.Minute)
+		t.Logf("salesagg took over: %s; restored %d records %v of the reference's changelog (%d records)", sum.TookLine, sum.Total, sum.Partitions, len(c.Records))
+		if sum.Total != int64(len(c.Records)) {
+			t.Errorf("salesagg restored %d records, want the %d records of the reference's changelog", sum.Total, len(c.Records))
 		}
-		waitFor(t, time.Minute, "batch 1 totals over HTTP (restored, not reprocessed)", func() error { return svc.checkTotals(totalsOf(batch1)) })
+		harness.WaitFor(t, time.Minute, "batch 1 totals over HTTP (restored, not reprocessed)", func() error { return svc.CheckTotals(harness.TotalsOf(batch1)) })
 		send(batch2)
-		want := totalsOf(batch1, batch2)
-		waitFor(t, time.Minute, "batch 1+2 totals over HTTP", func() error { return svc.checkTotals(want) })
-		waitFor(t, 30*time.Second, "batch 1+2 totals in the changelog", func() error { return checkChangelog(changelog, want) })
-		svc.terminate(t)
+		want := harness.TotalsOf(batch1, batch2)
+		harness.WaitFor(t, time.Minute, "batch 1+2 totals over HTTP", func() error { return svc.CheckTotals(want) })
+		harness.WaitFor(t, 30*time.Second, "batch 1+2 totals in the changelog", func() error { return checkChangelog(changelog, want) })
+		svc.Terminate(t)
 	})
 
 	t.Run("reverse", func(t *testing.T) {
@@ -179,12 +173,12 @@ func TestMigrationFromKafkaStreams(t *testing.T) {
 		}
 		ref := startReference(t, appID, filepath.Join(dir, "reference-2"), input, notif)
 		restored := ref.waitRunning(t, 3*time.Minute)
-		if restored != int64(len(c.records)) {
-			t.Errorf("the reference restored %d records, want the %d records of the changelog", restored, len(c.records))
+		if restored != int64(len(c.Records)) {
+			t.Errorf("the reference restored %d records, want the %d records of the changelog", restored, len(c.Records))
 		}
 		send(batch3)
-		want := totalsOf(batch1, batch2, batch3)
-		waitFor(t, 2*time.Minute, "batch 1+2+3 totals in the reference's changelog", func() error { return checkChangelog(changelog, want) })
+		want := harness.TotalsOf(batch1, batch2, batch3)
+		harness.WaitFor(t, 2*time.Minute, "batch 1+2+3 totals in the reference's changelog", func() error { return checkChangelog(changelog, want) })
 		ref.terminate(t)
 	})
 }

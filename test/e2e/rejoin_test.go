@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/salesagg/salesagg/test/harness"
 )
 
 // rejoinBound is how soon a restart after SIGKILL must be ready: under the
@@ -26,40 +28,40 @@ func TestRestartAfterKillNineIsReadyAtOnce(t *testing.T) {
 	rng := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 0x72656a6e))
 	appID, input, notif := testNames("rejoin")
 	createTopic(t, input, 3, nil)
-	events := genEvents(rng, "rj", 20, 600)
-	cfg := serviceConfig{appID: appID, stateDir: filepath.Join(t.TempDir(), "state"), input: input, notif: notif}
+	events := harness.GenEvents(rng, "rj", 20, 600)
+	cfg := harness.ServiceConfig{AppID: appID, StateDir: filepath.Join(t.TempDir(), "state"), Input: input, Notif: notif}
 
 	svc := startService(t, cfg)
-	svc.waitReady(t, 90*time.Second)
+	svc.WaitRestored(t, 90*time.Second)
 	var recs []*kgo.Record
 	for _, e := range events {
-		recs = append(recs, e.record(input))
+		recs = append(recs, e.Record(input))
 	}
-	produce(t, newClient(t), recs...)
-	waitFor(t, 60*time.Second, "the service to fold events", func() error {
-		c, err := svc.tasks()
+	harness.Produce(t, newClient(t), recs...)
+	harness.WaitFor(t, 60*time.Second, "the service to fold events", func() error {
+		c, err := svc.Counters()
 		if err == nil && c.Processed == 0 {
 			err = errors.New("nothing processed yet")
 		}
 		return err
 	})
-	svc.kill()
+	svc.Kill()
 
 	for round := 1; round <= 3; round++ {
 		began := time.Now()
 		svc = startService(t, cfg)
-		waitFor(t, 60*time.Second, "the restarted service to be ready", svc.ready)
+		harness.WaitFor(t, 60*time.Second, "the restarted service to be ready", svc.Ready)
 		took := time.Since(began)
 		t.Logf("restart after SIGKILL #%d: ready in %s", round, took.Round(time.Millisecond))
 		if took > rejoinBound {
 			t.Errorf("restart #%d was ready after %s, want within %s (static membership replaces the dead member at once)", round, took, rejoinBound)
 		}
-		if err := poll(30*time.Second, func() error { return svc.checkTotals(totalsOf(events)) }); err != nil {
+		if err := harness.Poll(30*time.Second, func() error { return svc.CheckTotals(harness.TotalsOf(events)) }); err != nil {
 			t.Fatal(err)
 		}
 		if round < 3 {
-			svc.kill()
+			svc.Kill()
 		}
 	}
-	svc.terminate(t)
+	svc.Terminate(t)
 }

@@ -11,6 +11,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/salesagg/salesagg/test/harness"
 )
 
 // standbySession is the session timeout of the standby test: the killed
@@ -21,15 +23,34 @@ var promotedLine = regexp.MustCompile(`^task \[(0_\d+)\] standby was (\d+) recor
 
 // promotions returns the tasks s took over from its standby copies: task →
 // records restored.
-func (s *service) promotions() map[string]int64 {
+func promotions(s *harness.Service) map[string]int64 {
 	out := map[string]int64{}
-	for _, e := range s.logs() {
-		if g := promotedLine.FindStringSubmatch(e.msg()); g != nil {
-			n, _ := e.int("records")
+	for _, e := range s.Logs() {
+		if g := promotedLine.FindStringSubmatch(e.Msg()); g != nil {
+			n, _ := e.Int("records")
 			out[g[1]] = n
 		}
 	}
 	return out
+}
+
+// copies reads GET /v1/tasks: standby or warm-up copy → changelog lag (-1
+// unknown).
+func copies(m *harness.Member) (map[string]int64, error) {
+	ts, err := m.Tasks()
+	if err != nil {
+		return nil, err
+	}
+	out := map[string]int64{}
+	for _, t := range ts {
+		if t.Role == "standby" || t.Role == "warmup" {
+			out[t.Task] = -1
+			if t.ChangelogLag != nil && t.State == "running" {
+				out[t.Task] = *t.ChangelogLag
+			}
+		}
+	}
+	return out, nil
 }
 
 // TestStandbyFailoverAfterKillNine: on Apache Kafka, three instances with num.standby.replicas=1
@@ -44,90 +65,79 @@ func TestStandbyFailoverAfterKillNine(t *testing.T) {
 	t.Logf("seed %d", seed)
 	rng := rand.New(rand.NewPCG(seed, 0x73746e64))
 	appID, input, notif := testNames("standby")
-	createTopic(t, input, scalePartitions, nil)
-	events := genEvents(rng, "sb", 300, 9000)
-	want := totalsOf(events)
+	createTopic(t, input, harness.ScalePartitions, nil)
+	events := harness.GenEvents(rng, "sb", 300, 9000)
+	want := harness.TotalsOf(events)
 
 	work := t.TempDir()
-	cfg := func(dir string) serviceConfig {
-		return serviceConfig{appID: appID, stateDir: filepath.Join(work, dir), input: input, notif: notif,
+	cfg := func(dir string) harness.ServiceConfig {
+		return harness.ServiceConfig{AppID: appID, StateDir: filepath.Join(work, dir), Input: input, Notif: notif,
 			// acceptable.recovery.lag 0: only a copy at the changelog end counts as
 			// caught up. With the default (10,000) a member with no copy is caught up
 			// too while the killed task's changelog is short (a kill soon after the
 			// start), and may take the task over with a small cold restore instead
 			// of promoting the copy, which is what this test is about.
-			extra: []string{"--num.standby.replicas", "1", "--acceptable.recovery.lag", "0",
+			Flags: []string{"--num.standby.replicas", "1", "--acceptable.recovery.lag", "0",
 				"--session.timeout.ms", fmt.Sprint(standbySession.Milliseconds())}}
 	}
-	var fl scaleFleet
-	start := func(name, dir string) *scaleMember {
-		t.Helper()
-		m := &scaleMember{name: name, service: startService(t, cfg(dir))}
-		fl.add(m)
-		return m
-	}
+	fl := harness.NewFleet(func(dir string) *harness.Service { return startService(t, cfg(dir)) })
+	start := fl.Start
 	a := start("A", "a")
-	a.waitReady(t, 90*time.Second)
+	a.WaitRestored(t, 90*time.Second)
 	b := start("B", "b")
 	c := start("C", "c")
-	all := []*scaleMember{a, b, c}
-	expect(t, scaleSpread, "the 3 tasks spread over A, B, C (one running task each)", func() error {
-		return runEach(all, true)
+	all := []*harness.Member{a, b, c}
+	harness.Expect(t, harness.SpreadBound, "the 3 tasks spread over A, B, C (one running task each)", func() error {
+		return harness.RunEach(all, true, harness.ScalePartitions)
 	})
-	sampler := startScaleSampler(t, &fl)
-	pp := startPacedProducer(t, newClient(t), input, events, 50, 100*time.Millisecond)
+	sampler := fl.Sample(t)
+	pp := harness.NewProducer(newClient(t), input, events).Start(t, 50, 100*time.Millisecond)
 
 	// Every task has a copy on another instance that has caught up once.
-	expect(t, 60*time.Second, "a standby copy of every task tailing on another instance", func() error {
+	harness.Expect(t, 60*time.Second, "a standby copy of every task tailing on another instance", func() error {
 		have := map[string]string{}
 		for _, m := range all {
-			cp, err := m.copies()
+			cp, err := copies(m)
 			if err != nil {
 				return err
 			}
-			run := m.running()
+			run := m.Running()
 			for task, lag := range cp {
 				if run[task] {
-					return fmt.Errorf("%s runs %s and keeps a copy of it", m.name, task)
+					return fmt.Errorf("%s runs %s and keeps a copy of it", m.Name, task)
 				}
 				if lag >= 0 {
-					have[task] = m.name
+					have[task] = m.Name
 				}
 			}
 		}
-		if len(have) != scalePartitions {
+		if len(have) != harness.ScalePartitions {
 			return fmt.Errorf("copies tailing: %v", have)
 		}
 		return nil
 	})
-	expect(t, 30*time.Second, "C to fold events before its SIGKILL", func() error {
-		tc, err := c.tasks()
-		if err == nil && tc.Processed == 0 {
-			err = fmt.Errorf("C processed 0 events; tasks %v", tc.States)
-		}
-		return err
-	})
+	harness.Expect(t, 30*time.Second, "C to fold events before its SIGKILL", c.Folded)
 	var cTasks []string
-	for task := range c.running() {
+	for task := range c.Running() {
 		cTasks = append(cTasks, task)
 	}
 	sort.Strings(cTasks)
 	if len(cTasks) == 0 {
 		t.Fatal("C runs no task before its SIGKILL")
 	}
-	c.kill()
+	c.Kill()
 	killedAt := time.Now()
-	t.Logf("C (running %v) SIGKILLed at producer %d/%d", cTasks, pp.sent.Load(), len(events))
-	live := []*scaleMember{a, b}
-	expect(t, standbySession+45*time.Second, "A and B to run all 3 tasks after C's SIGKILL", func() error {
-		return runEach(live, false)
+	t.Logf("C (running %v) SIGKILLed at producer %d/%d", cTasks, pp.Sent(), len(events))
+	live := []*harness.Member{a, b}
+	harness.Expect(t, standbySession+45*time.Second, "A and B to run all 3 tasks after C's SIGKILL", func() error {
+		return harness.RunEach(live, false, harness.ScalePartitions)
 	})
 	t.Logf("C's tasks %v run again %s after the SIGKILL (session timeout %s)", cTasks, time.Since(killedAt).Round(time.Millisecond), standbySession)
 	for _, task := range cTasks {
 		var took []string
 		for _, m := range live {
-			if n, ok := m.promotions()[task]; ok {
-				took = append(took, fmt.Sprintf("%s restored %d", m.name, n))
+			if n, ok := promotions(m.Service)[task]; ok {
+				took = append(took, fmt.Sprintf("%s restored %d", m.Name, n))
 			}
 		}
 		if len(took) == 0 {
@@ -137,22 +147,22 @@ func TestStandbyFailoverAfterKillNine(t *testing.T) {
 		}
 	}
 
-	pp.wait(t, 2*time.Minute)
-	expect(t, 60*time.Second, "every product answered by A and B with its exact total, from its owner", func() error {
-		return servedByOwner(live, want)
+	pp.Wait(t, 2*time.Minute)
+	harness.Expect(t, 60*time.Second, "every product answered by A and B with its exact total, from its owner", func() error {
+		return harness.ServedByOwner(live, want, harness.ScalePartitions)
 	})
-	expect(t, 30*time.Second, "the changelog's latest committed totals to be exact", func() error {
-		return checkChangelog(changelogTopic(appID), want)
+	harness.Expect(t, 30*time.Second, "the changelog's latest committed totals to be exact", func() error {
+		return checkChangelog(harness.ChangelogTopic(appID), want)
 	})
 
 	c2 := start("C2", "c")
-	live = []*scaleMember{a, b, c2}
-	expect(t, scaleSpread, "the 3 tasks spread over A, B, C again", func() error { return runEach(live, true) })
-	expect(t, 60*time.Second, "every product answered by A, B and C with its exact total, from its owner", func() error {
-		return servedByOwner(live, want)
+	live = []*harness.Member{a, b, c2}
+	harness.Expect(t, harness.SpreadBound, "the 3 tasks spread over A, B, C again", func() error { return harness.RunEach(live, true, harness.ScalePartitions) })
+	harness.Expect(t, 60*time.Second, "every product answered by A, B and C with its exact total, from its owner", func() error {
+		return harness.ServedByOwner(live, want, harness.ScalePartitions)
 	})
-	reportScale(t, sampler)
+	harness.ReportOwnership(t, sampler)
 	for _, m := range live {
-		m.terminate(t)
+		m.Terminate(t)
 	}
 }

@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/salesagg/salesagg/test/harness"
 )
 
 // TestJoinStormInsideOneTransaction: on Apache Kafka, exactly-once with a 10 s commit
@@ -23,69 +25,60 @@ func TestJoinStormInsideOneTransaction(t *testing.T) {
 	t.Logf("seed %d", seed)
 	rng := rand.New(rand.NewPCG(seed, 0x73746f72))
 	appID, input, notif := testNames("storm")
-	createTopic(t, input, scalePartitions, nil)
-	events := genEvents(rng, "st", 30, 4000)
-	want := totalsOf(events)
+	createTopic(t, input, harness.ScalePartitions, nil)
+	events := harness.GenEvents(rng, "st", 30, 4000)
+	want := harness.TotalsOf(events)
 
 	work := t.TempDir()
-	cfg := func(dir string) serviceConfig {
-		return serviceConfig{appID: appID, stateDir: filepath.Join(work, dir), input: input, notif: notif, commitMs: 10000,
-			extra: []string{"--processing.guarantee", "exactly_once_v2"}}
+	cfg := func(dir string) harness.ServiceConfig {
+		return harness.ServiceConfig{AppID: appID, StateDir: dir, Input: input, Notif: notif, CommitMs: 10000,
+			Flags: []string{"--processing.guarantee", "exactly_once_v2"}}
 	}
-	var fl scaleFleet
-	start := func(name, dir string) *scaleMember {
+	fl := harness.NewFleet(func(dir string) *harness.Service { return startService(t, cfg(dir)) })
+	start := func(name, dir string) *harness.Member {
 		t.Helper()
-		m := &scaleMember{name: name, service: startService(t, cfg(dir))}
-		fl.add(m)
-		return m
+		return fl.Start(name, filepath.Join(work, dir))
 	}
-	gone := func(m *scaleMember) {
+	gone := func(m *harness.Member) {
 		t.Helper()
-		m.terminate(t)
-		fl.mu.Lock()
-		defer fl.mu.Unlock()
-		for i, x := range fl.members {
-			if x == m {
-				fl.members = append(fl.members[:i], fl.members[i+1:]...)
-				break
-			}
-		}
+		m.Terminate(t)
+		fl.Forget(m)
 	}
 
 	a := start("A", "a")
-	a.waitReady(t, 90*time.Second)
-	sampler := startScaleSampler(t, &fl)
-	pp := startPacedProducer(t, newClient(t, kgo.RecordPartitioner(headerPartitioner{})), input, events, 20, 100*time.Millisecond)
-	runsOne := func(m *scaleMember) func() error {
+	a.WaitRestored(t, 90*time.Second)
+	sampler := fl.Sample(t)
+	pp := harness.NewProducer(newClient(t, kgo.RecordPartitioner(harness.HeaderPartitioner{})), input, events).Start(t, 20, 100*time.Millisecond)
+	runsOne := func(m *harness.Member) func() error {
 		return func() error {
-			if len(m.running()) == 0 {
-				return fmt.Errorf("%s runs no task", m.name)
+			if len(m.Running()) == 0 {
+				return fmt.Errorf("%s runs no task", m.Name)
 			}
 			return nil
 		}
 	}
 	for round := range 3 {
 		b := start(fmt.Sprintf("B%d", round), "b")
-		waitFor(t, 90*time.Second, fmt.Sprintf("round %d: B running a task", round), runsOne(b))
+		harness.WaitFor(t, 90*time.Second, fmt.Sprintf("round %d: B running a task", round), runsOne(b))
 		c := start(fmt.Sprintf("C%d", round), "c")
-		waitFor(t, 90*time.Second, fmt.Sprintf("round %d: C running a task", round), runsOne(c))
-		t.Logf("round %d: B and C joined (producer at %d/%d)", round, pp.sent.Load(), len(events))
+		harness.WaitFor(t, 90*time.Second, fmt.Sprintf("round %d: C running a task", round), runsOne(c))
+		t.Logf("round %d: B and C joined (producer at %d/%d)", round, pp.Sent(), len(events))
 		gone(c)
 		gone(b)
 	}
-	pp.wait(t, 5*time.Minute)
-	expect(t, 90*time.Second, "A to run every task and answer every exact total", func() error {
-		if r := a.running(); len(r) != scalePartitions {
+	pp.Wait(t, 5*time.Minute)
+	harness.Expect(t, 90*time.Second, "A to run every task and answer every exact total", func() error {
+		if r := a.Running(); len(r) != harness.ScalePartitions {
 			return fmt.Errorf("A runs %v", r)
 		}
-		return a.checkTotals(want)
+		return a.CheckTotals(want)
 	})
-	expect(t, 30*time.Second, "the changelog's latest committed totals to be exact", func() error {
-		return checkChangelog(changelogTopic(appID), want)
+	harness.Expect(t, 30*time.Second, "the changelog's latest committed totals to be exact", func() error {
+		return checkChangelog(harness.ChangelogTopic(appID), want)
 	})
-	reportScale(t, sampler)
-	if lines := strings.Count(strings.Join(a.stderrLines(), "\n"), "Stopping tasks the latest assignment does not leave running here"); lines > 0 {
+	harness.ReportOwnership(t, sampler)
+	if lines := strings.Count(strings.Join(a.StderrLines(), "\n"), "Stopping tasks the latest assignment does not leave running here"); lines > 0 {
 		t.Logf("A stopped tasks whose revoke it was not told of %d times", lines)
 	}
-	a.terminate(t)
+	a.Terminate(t)
 }

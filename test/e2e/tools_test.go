@@ -7,7 +7,6 @@ import (
 	"context"
 	"fmt"
 	"net"
-	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -17,6 +16,8 @@ import (
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/salesagg/salesagg/test/harness"
 )
 
 // Kafka's command-line tools, from the kafka-tools jar that test/kafka/pom.xml
@@ -35,12 +36,12 @@ const (
 func TestKafkaToolsAgainstTheDevBroker(t *testing.T) {
 	jars := kafkaJars(t)
 	dir := t.TempDir()
-	brokerAddr := freeAddr(t)
-	broker := startProc(t, "dev-broker", repoRoot, childEnv(), binPath, "broker",
-		"--data-dir", filepath.Join(dir, "broker"), "--listen", brokerAddr, "--log.format", "json")
-	waitFor(t, 30*time.Second, "the dev broker to listen", func() error {
-		if !broker.alive() {
-			return fmt.Errorf("dev broker exited (%s)", broker.describeExit())
+	brokerAddr := harness.FreeAddr(t)
+	broker := harness.Start(t, harness.Spec{Name: "dev-broker", Path: binPath, Dir: repoRoot,
+		Args: []string{"broker", "--data-dir", filepath.Join(dir, "broker"), "--listen", brokerAddr, "--log.format", "json"}})
+	harness.WaitFor(t, 30*time.Second, "the dev broker to listen", func() error {
+		if !broker.Alive() {
+			return fmt.Errorf("dev broker exited (%s)", broker.DescribeExit())
 		}
 		c, err := net.DialTimeout("tcp", brokerAddr, time.Second)
 		if err == nil {
@@ -50,26 +51,23 @@ func TestKafkaToolsAgainstTheDevBroker(t *testing.T) {
 	})
 
 	const appID, input = "tools-app", "sales-events-v1"
-	httpAddr := freeAddr(t)
-	p := startProc(t, "salesagg", repoRoot, childEnv(), binPath, "run",
-		"--bootstrap.servers", brokerAddr, "--application.id", appID, "--state.dir", filepath.Join(dir, "state"),
-		"--http.addr", httpAddr, "--log.format", "json", "--commit.interval.ms", "100")
-	svc := &service{proc: p, httpAddr: httpAddr, http: &http.Client{Timeout: 3 * time.Second}}
-	svc.waitReady(t, 90*time.Second)
+	svc := harness.StartService(t, harness.ServiceConfig{Bin: binPath, Broker: brokerAddr, Dir: repoRoot,
+		AppID: appID, StateDir: filepath.Join(dir, "state"), CommitMs: 100})
+	svc.WaitRestored(t, 90*time.Second)
 
 	cl, err := kgo.NewClient(kgo.SeedBrokers(brokerAddr))
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer cl.Close()
-	lines := scanLines(t, filepath.Join(repoRoot, "sample_events.txt"))
+	lines := sampleRecords(t, input)
 	ends := map[int32]int64{} // log end offset per input partition
-	send := func(lines [][2]string) map[int32]int64 {
+	send := func(lines []*kgo.Record) map[int32]int64 {
 		recs := make([]*kgo.Record, len(lines))
-		for i, kv := range lines {
-			recs[i] = &kgo.Record{Topic: input, Key: []byte(kv[0]), Value: []byte(kv[1])}
+		for i, l := range lines {
+			recs[i] = &kgo.Record{Topic: input, Key: l.Key, Value: l.Value}
 		}
-		produce(t, cl, recs...)
+		harness.Produce(t, cl, recs...)
 		sent := map[int32]int64{}
 		for _, r := range recs {
 			sent[r.Partition]++
@@ -78,7 +76,7 @@ func TestKafkaToolsAgainstTheDevBroker(t *testing.T) {
 		return sent
 	}
 	send(lines)
-	waitFor(t, 60*time.Second, "the sample totals over HTTP", func() error { return svc.checkTotals(seedTotals) })
+	harness.WaitFor(t, 60*time.Second, "the sample totals over HTTP", func() error { return svc.CheckTotals(harness.SampleTotals) })
 
 	// The group is listed.
 	out := runTool(t, jars, consumerGroupsClass, "--bootstrap-server", brokerAddr, "--list")
@@ -90,7 +88,7 @@ func TestKafkaToolsAgainstTheDevBroker(t *testing.T) {
 	// commit is at most commit.interval.ms behind the totals).
 	var rows []groupRow
 	// Each try starts a JVM (seconds on a loaded machine): a long bound.
-	waitFor(t, 2*time.Minute, "LAG 0 on every input partition", func() error {
+	harness.WaitFor(t, 2*time.Minute, "LAG 0 on every input partition", func() error {
 		out = runTool(t, jars, consumerGroupsClass, "--bootstrap-server", brokerAddr, "--describe", "--group", appID)
 		rows = parseGroupTable(t, out, input)
 		return checkLag(rows, ends, map[int32]int64{}, true)
@@ -98,7 +96,7 @@ func TestKafkaToolsAgainstTheDevBroker(t *testing.T) {
 	t.Logf("kafka-consumer-groups --describe, running:\n%s", out)
 
 	// Stopped, then 30 more events: the lag is those events, per partition.
-	svc.terminate(t)
+	svc.Terminate(t)
 	more := send(lines[:30])
 	out = runTool(t, jars, consumerGroupsClass, "--bootstrap-server", brokerAddr, "--describe", "--group", appID)
 	if !strings.Contains(out, "has no active members") {
@@ -137,11 +135,11 @@ func kafkaJars(t *testing.T) string {
 	if _, err := exec.LookPath("java"); err != nil {
 		t.Fatal("java is needed to run Kafka's tools (Java 17+)")
 	}
-	out, err := kafkaCommand(10*time.Minute, "jars")
+	out, err := kafka.Run(10*time.Minute, "jars")
 	if err != nil {
 		t.Fatalf("kafka.sh jars: %v\n%s", err, out)
 	}
-	lib := lastLine(out)
+	lib := harness.LastLine(out)
 	if _, err := os.Stat(filepath.Join(lib, "kafka-tools-"+kafkaVersion()+".jar")); err != nil {
 		t.Fatalf("the jar set has no kafka-tools jar (test/kafka/pom.xml): %v", err)
 	}
