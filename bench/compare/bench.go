@@ -10,6 +10,8 @@ import (
 	"runtime"
 	"strings"
 	"time"
+
+	"github.com/salesagg/salesagg/bench/kit"
 )
 
 // benchmark runs the whole comparison: build, broker, data, then every
@@ -29,7 +31,7 @@ func benchmark(ctx context.Context, o options) (err error) {
 	}()
 	logf("temporary dir %s", tmp)
 	startedAt := time.Now()
-	machine := describeMachine()
+	machine := kit.DescribeMachine()
 
 	e := &env{o: o, tmp: tmp, prefix: "bench-" + startedAt.Format("20060102-150405")}
 	has := func(s string) bool { return strings.Contains(","+strings.Join(o.systems, ",")+",", ","+s+",") }
@@ -37,11 +39,8 @@ func benchmark(ctx context.Context, o options) (err error) {
 	// Builds first, untimed.
 	if has(sysSalesagg) {
 		e.salesagg = filepath.Join(tmp, "salesagg")
-		logf("building salesagg: go build -o %s ./cmd/salesagg", e.salesagg)
-		cmd := exec.CommandContext(ctx, "go", "build", "-o", e.salesagg, "./cmd/salesagg")
-		cmd.Dir, cmd.Stdout, cmd.Stderr = o.repo, os.Stderr, os.Stderr
-		if err := cmd.Run(); err != nil {
-			return fmt.Errorf("building salesagg: %w", err)
+		if err := kit.BuildSalesagg(ctx, o.repo, e.salesagg, logf); err != nil {
+			return err
 		}
 	}
 	var streamsVersion string
@@ -57,29 +56,15 @@ func benchmark(ctx context.Context, o options) (err error) {
 	}
 
 	// Broker.
-	var br *broker
-	if o.bootstrap != "" {
-		br = &broker{addr: o.bootstrap}
-	} else {
-		br, err = startBroker(ctx, o.repo, tmp)
-		defer br.down() // always, even after a failed start
-		if err != nil {
-			return err
-		}
-	}
-	e.addr = br.addr
-	admCl, adm, err := newAdmin(e.addr)
+	br, err := kit.OpenBroker(ctx, o.repo, tmp, o.bootstrap, logf)
+	defer br.Close() // always, even after a failed start
 	if err != nil {
 		return err
 	}
-	defer admCl.Close()
-	e.adm = adm
-	if br.version == "" {
-		br.version = brokerVersionGuess(ctx, adm)
-	}
+	e.addr, e.adm = br.Addr, br.Adm
 	var groups []string
-	if o.bootstrap != "" {
-		defer func() { deleteRunTopics(e.addr, e.prefix, groups) }()
+	if br.External {
+		defer func() { kit.DeleteRun(br.Adm, e.prefix, groups, logf) }()
 	}
 
 	// One data set per --products value, each through every guarantee ×
@@ -100,7 +85,7 @@ func benchmark(ctx context.Context, o options) (err error) {
 		topic := e.prefix + "-" + datasetSlug(products) + "-sales-events"
 		logf("producing %d events over %d products (seed %d) into %s (%d partitions) at %s", events, products, o.seed, topic, o.partitions, e.addr)
 		e.data = nil // the previous data set's totals can go before the next ones are made
-		e.data, err = generate(ctx, e.addr, topic, events, products, o.seed, o.partitions, adm)
+		e.data, err = generate(ctx, e.addr, topic, events, products, o.seed, o.partitions, e.adm)
 		if err != nil {
 			return err
 		}
@@ -112,7 +97,7 @@ func benchmark(ctx context.Context, o options) (err error) {
 			warm := e.prefix + "-warmup"
 			groups = append(groups, warm)
 			t0 := time.Now()
-			if err := warmGroupCoordinator(ctx, adm, warm, topic); err != nil {
+			if err := kit.WarmGroupCoordinator(ctx, e.adm, warm, topic); err != nil {
 				logf("warning: warming the group coordinator: %v", err)
 			} else {
 				logf("group coordinator ready (%d ms)", time.Since(t0).Milliseconds())
@@ -132,9 +117,9 @@ func benchmark(ctx context.Context, o options) (err error) {
 			}
 			rep.stem = resultsStem(o.outDir, rep.StartedAt, products, several, g)
 			e.stem = rep.stem
-			rep.Versions = versions{Go: runtime.Version(), Java: javaVersion(), Kafka: br.version, KafkaStreams: streamsVersion}
-			rep.Versions.GitCommit, rep.Versions.GitDirty = gitState(o.repo)
-			rep.Machine.LoadAvgStart = loadAvg()
+			rep.Versions = kit.Versions{Go: runtime.Version(), Java: kit.JavaVersion(), Kafka: br.Version, KafkaStreams: streamsVersion}
+			rep.Versions.GitCommit, rep.Versions.GitDirty = kit.GitState(o.repo)
+			rep.Machine.LoadAvgStart = kit.LoadAvg()
 			for i, s := range plan {
 				if ctx.Err() != nil {
 					return context.Cause(ctx)
@@ -160,10 +145,10 @@ func benchmark(ctx context.Context, o options) (err error) {
 				rep.Order = append(rep.Order, s.name())
 				rep.Systems[s.name()] = r
 				if r.Status != "ok" {
-					failures = append(failures, fmt.Sprintf("%s/%s/%s: %s", datasetSlug(products), g, s.name(), firstLine(r.Error)))
+					failures = append(failures, fmt.Sprintf("%s/%s/%s: %s", datasetSlug(products), g, s.name(), kit.FirstLine(r.Error)))
 				}
 			}
-			rep.Machine.LoadAvgEnd = loadAvg()
+			rep.Machine.LoadAvgEnd = kit.LoadAvg()
 			rep.FinishedAt = time.Now()
 			rep.derive()
 			table := rep.table()
@@ -195,7 +180,7 @@ func benchmark(ctx context.Context, o options) (err error) {
 		path := filepath.Join(o.outDir, startedAt.Format("2006-01-02T150405")+"-growth.json")
 		fmt.Printf("## Growth with the number of products (%s)\n\n", strings.Join(o.guarantees, ", "))
 		fmt.Print(gr.Table)
-		if err := writeJSON(path, gr); err != nil {
+		if err := kit.WriteJSON(path, gr); err != nil {
 			return fmt.Errorf("writing the growth results: %w", err)
 		}
 		fmt.Printf("\ngrowth figures: %s\n\n", path)
@@ -204,9 +189,4 @@ func benchmark(ctx context.Context, o options) (err error) {
 		return errors.New("some systems failed:\n  " + strings.Join(failures, "\n  "))
 	}
 	return nil
-}
-
-func firstLine(s string) string {
-	l, _, _ := strings.Cut(s, "\n")
-	return l
 }

@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"strings"
 	"time"
+
+	"github.com/salesagg/salesagg/bench/kit"
 )
 
 // growthPoint is one system under one guarantee on one data set, as a row of
@@ -43,8 +45,8 @@ type growthReport struct {
 	Seed            uint64         `json:"seed"`
 	Guarantees      []string       `json:"guarantees"`
 	Profile         bool           `json:"profile"`
-	Machine         machineInfo    `json:"machine"`
-	Versions        versions       `json:"versions"`
+	Machine         kit.Machine    `json:"machine"`
+	Versions        kit.Versions   `json:"versions"`
 	Series          []growthSeries `json:"series"`
 	Table           string         `json:"table_markdown"`
 }
@@ -110,16 +112,16 @@ func (g *growthReport) table() string {
 		b.WriteString("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n")
 		for _, p := range s.Points {
 			_, cpu, _ := micros(p.CPUPerEventUs)
-			products := group(int64(p.Products))
+			products := kit.Group(int64(p.Products))
 			if p.Status != "ok" {
 				products += " (" + p.Status + ")"
 			}
 			fmt.Fprintf(&b, "| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n",
-				products, group(int64(p.Events)),
-				orDash(p.EventsPerSec > 0, group(int64(p.EventsPerSec+0.5))),
+				products, kit.Group(int64(p.Events)),
+				orDash(p.EventsPerSec > 0, kit.Group(int64(p.EventsPerSec+0.5))),
 				orDash(p.ProcessingPeakRSSBytes > 0, fmt.Sprintf("%.0f", float64(p.ProcessingPeakRSSBytes)/(1<<20))),
 				orDash(p.FullRestoreStartToReadyMs > 0, fmt.Sprintf("%.2f", float64(p.FullRestoreStartToReadyMs)/1000)),
-				orDash(p.RestoreRecordsPerSecWall > 0, group(int64(p.RestoreRecordsPerSecWall+0.5))),
+				orDash(p.RestoreRecordsPerSecWall > 0, kit.Group(int64(p.RestoreRecordsPerSecWall+0.5))),
 				orDash(p.FullRestorePeakRSSBytes > 0, fmt.Sprintf("%.0f", float64(p.FullRestorePeakRSSBytes)/(1<<20))),
 				orDash(p.RestartStartToReadyMs > 0, fmt.Sprintf("%.2f", float64(p.RestartStartToReadyMs)/1000)),
 				orDash(p.RestartPeakRSSBytes > 0, fmt.Sprintf("%.0f", float64(p.RestartPeakRSSBytes)/(1<<20))),

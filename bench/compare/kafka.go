@@ -6,97 +6,16 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
-	"os"
-	"os/exec"
-	"path/filepath"
-	"regexp"
 	"slices"
 	"strconv"
-	"strings"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/salesagg/salesagg/bench/kit"
 	"github.com/salesagg/salesagg/internal/sales"
 )
-
-// broker is the Kafka broker of the run: one started by test/kafka/kafka.sh
-// in a temp dir, or the one given with --bootstrap.
-type broker struct {
-	addr     string
-	kafkaDir string // "" when external
-	script   string
-	version  string
-}
-
-// startBroker runs `kafka.sh up` with KAFKA_DIR under tmp.
-func startBroker(ctx context.Context, repo, tmp string) (*broker, error) {
-	b := &broker{kafkaDir: filepath.Join(tmp, "kafka"), script: filepath.Join(repo, "test", "kafka", "kafka.sh")}
-	logf("starting a Kafka broker: KAFKA_DIR=%s %s up", b.kafkaDir, b.script)
-	cmd := exec.CommandContext(ctx, b.script, "up")
-	cmd.Env = append(os.Environ(), "KAFKA_DIR="+b.kafkaDir)
-	cmd.Stderr = os.Stderr
-	out, err := cmd.Output()
-	if err != nil {
-		return b, fmt.Errorf("kafka.sh up: %w", err)
-	}
-	lines := strings.Split(strings.TrimSpace(string(out)), "\n")
-	b.addr = strings.TrimSpace(lines[len(lines)-1])
-	if log, err := os.ReadFile(filepath.Join(b.kafkaDir, "broker.log")); err == nil {
-		if m := regexp.MustCompile(`Kafka version: (\S+)`).FindSubmatch(log); m != nil {
-			b.version = string(m[1])
-		}
-	}
-	return b, nil
-}
-
-// down stops the broker started by startBroker (always, with its own timeout).
-func (b *broker) down() {
-	if b == nil || b.kafkaDir == "" {
-		return
-	}
-	logf("stopping the Kafka broker (kafka.sh down)")
-	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, b.script, "down")
-	cmd.Env = append(os.Environ(), "KAFKA_DIR="+b.kafkaDir)
-	cmd.Stdout = os.Stderr
-	cmd.Stderr = os.Stderr
-	if err := cmd.Run(); err != nil {
-		logf("kafka.sh down: %v", err)
-	}
-}
-
-func newAdmin(addr string, opts ...kgo.Opt) (*kgo.Client, *kadm.Client, error) {
-	cl, err := kgo.NewClient(append([]kgo.Opt{kgo.SeedBrokers(addr)}, opts...)...)
-	if err != nil {
-		return nil, nil, err
-	}
-	return cl, kadm.NewClient(cl), nil
-}
-
-// brokerVersionGuess asks the broker for its API versions (for --bootstrap).
-func brokerVersionGuess(ctx context.Context, adm *kadm.Client) string {
-	vs, err := adm.ApiVersions(ctx)
-	if err != nil {
-		return ""
-	}
-	for _, v := range vs {
-		if v.Err == nil {
-			return "guess: " + v.VersionGuess()
-		}
-	}
-	return ""
-}
-
-func createTopic(ctx context.Context, adm *kadm.Client, topic string, partitions int) error {
-	_, err := adm.CreateTopic(ctx, int32(partitions), 1, nil, topic)
-	if err != nil {
-		return fmt.Errorf("creating topic %s: %w", topic, err)
-	}
-	return nil
-}
 
 // dataset is the generated input: per-product expected totals and the end
 // offsets of the input topic after producing.
@@ -174,7 +93,7 @@ func generate(ctx context.Context, addr, topic string, events, products int, see
 	if events < products {
 		return nil, fmt.Errorf("%d events cannot cover %d products", events, products)
 	}
-	if err := createTopic(ctx, adm, topic, partitions); err != nil {
+	if err := kit.CreateTopic(ctx, adm, topic, partitions); err != nil {
 		return nil, err
 	}
 	cl, err := kgo.NewClient(
@@ -269,29 +188,6 @@ func productIndex(key []byte, products int) (int, bool) {
 	return n, n < products
 }
 
-// committedAtEnd reports whether the group's committed offsets of topic
-// reached ends on every partition, and how many offsets are committed.
-func committedAtEnd(ctx context.Context, adm *kadm.Client, group, topic string, ends map[int32]int64) (bool, int64, error) {
-	offs, err := adm.FetchOffsets(ctx, group)
-	if err != nil {
-		return false, 0, err
-	}
-	at := true
-	var sum int64
-	for p, end := range ends {
-		o, ok := offs.Lookup(topic, p)
-		if !ok || o.Err != nil || o.At < 0 {
-			at = false
-			continue
-		}
-		sum += o.At
-		if o.At < end {
-			at = false
-		}
-	}
-	return at, sum, nil
-}
-
 // verifyResult is the comparison of a changelog with the expected totals.
 type verifyResult struct {
 	Changelog        string   `json:"changelog_topic"`
@@ -324,7 +220,7 @@ func verifyChangelog(ctx context.Context, addr, topic string, expected []int64, 
 		vr.ReadMs = time.Since(t0).Milliseconds()
 		return vr
 	}
-	cl, adm, err := newAdmin(addr)
+	cl, adm, err := kit.NewAdmin(addr)
 	if err != nil {
 		return fail(err)
 	}
@@ -505,59 +401,6 @@ func (st *changelogState) compare(vr *verifyResult, expected []int64, partitions
 			vr.KeysFound++
 			vr.Extra++
 			example(fmt.Sprintf("unexpected key %q = %d", k, o.total))
-		}
-	}
-}
-
-// deleteRunTopics deletes the topics and groups of this run (with --bootstrap).
-func deleteRunTopics(addr, prefix string, groups []string) {
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	cl, adm, err := newAdmin(addr)
-	if err != nil {
-		return
-	}
-	defer cl.Close()
-	if len(groups) > 0 {
-		_, _ = adm.DeleteGroups(ctx, groups...)
-	}
-	tds, err := adm.ListTopics(ctx)
-	if err != nil {
-		logf("cleanup: listing topics: %v", err)
-		return
-	}
-	var del []string
-	for _, t := range tds.Names() {
-		if strings.HasPrefix(t, prefix) {
-			del = append(del, t)
-		}
-	}
-	if len(del) > 0 {
-		if _, err := adm.DeleteTopics(ctx, del...); err != nil {
-			logf("cleanup: deleting topics: %v", err)
-		} else {
-			logf("cleanup: deleted %d topics of this run", len(del))
-		}
-	}
-}
-
-// warmGroupCoordinator commits an offset for a throw-away group, so that the
-// broker creates __consumer_offsets and elects the coordinator now rather
-// than in the first measured system's start.
-func warmGroupCoordinator(ctx context.Context, adm *kadm.Client, group, topic string) error {
-	var os kadm.Offsets
-	os.AddOffset(topic, 0, 0, -1)
-	ctx, cancel := context.WithTimeout(ctx, 60*time.Second)
-	defer cancel()
-	for {
-		err := adm.CommitAllOffsets(ctx, group, os)
-		if err == nil {
-			return nil
-		}
-		select {
-		case <-ctx.Done():
-			return err
-		case <-time.After(200 * time.Millisecond):
 		}
 	}
 }

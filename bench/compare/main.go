@@ -15,13 +15,12 @@ import (
 	"fmt"
 	"math"
 	"os"
-	"os/signal"
-	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
-	"syscall"
 	"time"
+
+	"github.com/salesagg/salesagg/bench/kit"
 )
 
 const (
@@ -100,8 +99,8 @@ func run() int {
 		return 2
 	}
 	o.commitInterval = time.Duration(*commitMs) * time.Millisecond
-	o.guarantees = splitList(guarantees)
-	o.systems = splitList(systems)
+	o.guarantees = kit.SplitList(guarantees)
+	o.systems = kit.SplitList(systems)
 	var problems []string
 	var err error
 	if o.products, err = parseInts(products); err != nil {
@@ -117,25 +116,7 @@ func run() int {
 		fmt.Fprintf(os.Stderr, "compare: %v\n", err)
 		return 2
 	}
-	if o.repo == "" {
-		r, err := findRepo()
-		if err != nil {
-			fmt.Fprintf(os.Stderr, "compare: %v (pass --repo)\n", err)
-			return 2
-		}
-		o.repo = r
-	}
-	if o.outDir == "" {
-		o.outDir = filepath.Join(o.repo, "bench", "results")
-	}
-
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
-	defer stop()
-	if err := benchmark(ctx, o); err != nil {
-		fmt.Fprintf(os.Stderr, "compare: %v\n", err)
-		return 1
-	}
-	return 0
+	return kit.Run("compare", &o.repo, &o.outDir, func(ctx context.Context) error { return benchmark(ctx, o) })
 }
 
 // validate adds what is wrong with o to problems (those of parsing) and
@@ -213,7 +194,7 @@ func checkList(flagName string, vs []int, lo, hi int) []string {
 // parseInts parses a non-empty comma-separated list of integers.
 func parseInts(s string) ([]int, error) {
 	var out []int
-	for _, p := range splitList(s) {
+	for _, p := range kit.SplitList(s) {
 		n, err := strconv.Atoi(p)
 		if err != nil {
 			return nil, fmt.Errorf("%q is not an integer", p)
@@ -229,7 +210,7 @@ func parseInts(s string) ([]int, error) {
 // parseCaches parses --reference-cache: byte counts (≥ 0) or "default".
 func parseCaches(s string) ([]int64, error) {
 	var out []int64
-	for _, p := range splitList(s) {
+	for _, p := range kit.SplitList(s) {
 		if p == "default" {
 			out = append(out, cacheDefault)
 			continue
@@ -246,35 +227,5 @@ func parseCaches(s string) ([]int64, error) {
 	return out, nil
 }
 
-func splitList(s string) []string {
-	var out []string
-	for _, p := range strings.Split(s, ",") {
-		if p = strings.TrimSpace(p); p != "" {
-			out = append(out, p)
-		}
-	}
-	return out
-}
-
-// findRepo walks up from the working directory to the salesagg module root.
-func findRepo() (string, error) {
-	dir, err := os.Getwd()
-	if err != nil {
-		return "", err
-	}
-	for {
-		b, err := os.ReadFile(filepath.Join(dir, "go.mod"))
-		if err == nil && strings.Contains(string(b), "module github.com/salesagg/salesagg\n") {
-			return dir, nil
-		}
-		parent := filepath.Dir(dir)
-		if parent == dir {
-			return "", errors.New("not inside the salesagg repository (no go.mod of github.com/salesagg/salesagg above the working directory)")
-		}
-		dir = parent
-	}
-}
-
-func logf(format string, args ...any) {
-	fmt.Fprintf(os.Stderr, "%s compare: %s\n", time.Now().Format("15:04:05.000"), fmt.Sprintf(format, args...))
-}
+// logf logs a progress line of the comparison to standard error.
+func logf(format string, args ...any) { kit.NewLogf("compare")(format, args...) }

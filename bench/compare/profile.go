@@ -79,7 +79,7 @@ func startCPUProfile(ctx context.Context, in *instance, base, path string, secon
 			req, _ := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
 			resp, err := client.Do(req)
 			if err != nil {
-				if errors.Is(err, syscall.ECONNREFUSED) && in.running() && ctx.Err() == nil {
+				if errors.Is(err, syscall.ECONNREFUSED) && in.Running() && ctx.Err() == nil {
 					select {
 					case <-ctx.Done():
 					case <-time.After(20 * time.Millisecond):
@@ -117,9 +117,9 @@ func (cp *cpuProfile) finish(in *instance, m *runMetrics, res *systemResult, sys
 		return
 	}
 	m.Profiles.CPU, m.Profiles.CPUSeconds = cp.path, cp.seconds
-	m.Profiles.CPUFromStartMs = cp.sentAt.Sub(in.started).Milliseconds()
+	m.Profiles.CPUFromStartMs = cp.sentAt.Sub(in.Started).Milliseconds()
 	logf("%s: %s run: CPU profile (%d s from %.2f s after start): %s", system, run, cp.seconds,
-		cp.sentAt.Sub(in.started).Seconds(), cp.path)
+		cp.sentAt.Sub(in.Started).Seconds(), cp.path)
 }
 
 // abandon cancels the profile (the run failed) and waits for its goroutine.
@@ -150,8 +150,8 @@ func heapProfile(ctx context.Context, in *instance, m *runMetrics, res *systemRe
 		res.anomaly("%s run: %s", m.Run, msg)
 		return
 	}
-	m.Profiles.Heap, m.Profiles.HeapAtMs = path, at.Sub(in.started).Milliseconds()
-	logf("%s: %s run: heap profile at %.2f s after start: %s", res.System, m.Run, at.Sub(in.started).Seconds(), path)
+	m.Profiles.Heap, m.Profiles.HeapAtMs = path, at.Sub(in.Started).Milliseconds()
+	logf("%s: %s run: heap profile at %.2f s after start: %s", res.System, m.Run, at.Sub(in.Started).Seconds(), path)
 }
 
 // saveProfile writes a 200 response's body to path (via a .tmp file and a

@@ -1,40 +1,14 @@
 package main
 
 import (
-	"encoding/json"
 	"fmt"
 	"math"
-	"os"
-	"os/exec"
 	"path/filepath"
-	"regexp"
-	"runtime"
-	"strconv"
 	"strings"
 	"time"
+
+	"github.com/salesagg/salesagg/bench/kit"
 )
-
-type machineInfo struct {
-	Cores         int    `json:"cores"` // runtime.NumCPU
-	MemTotalBytes int64  `json:"mem_total_bytes"`
-	MemAvailBytes int64  `json:"mem_available_bytes_at_start"`
-	CPUModel      string `json:"cpu_model,omitempty"`
-	Kernel        string `json:"kernel,omitempty"`
-	GOOS          string `json:"goos"`
-	GOARCH        string `json:"goarch"`
-	Hostname      string `json:"hostname,omitempty"`
-	LoadAvgStart  string `json:"loadavg_start,omitempty"`
-	LoadAvgEnd    string `json:"loadavg_end,omitempty"`
-}
-
-type versions struct {
-	Go           string `json:"go"`
-	Java         string `json:"java"`
-	Kafka        string `json:"kafka_broker"`
-	KafkaStreams string `json:"kafka_streams,omitempty"`
-	GitCommit    string `json:"git_commit,omitempty"`
-	GitDirty     bool   `json:"git_dirty"`
-}
 
 type report struct {
 	StartedAt  time.Time `json:"started_at"`
@@ -53,8 +27,8 @@ type report struct {
 	ExternalBroker   bool                     `json:"external_broker"`
 	CommitIntervalMs int64                    `json:"commit_interval_ms"`
 	ProduceMs        int64                    `json:"produce_ms"`
-	Machine          machineInfo              `json:"machine"`
-	Versions         versions                 `json:"versions"`
+	Machine          kit.Machine              `json:"machine"`
+	Versions         kit.Versions             `json:"versions"`
 	Order            []string                 `json:"order"`
 	Systems          map[string]*systemResult `json:"systems"`
 	// The reference variant with the highest processing events/s; the
@@ -65,62 +39,6 @@ type report struct {
 	Table          string `json:"table_markdown"`
 
 	stem string // results path without ".json"
-}
-
-func describeMachine() machineInfo {
-	m := machineInfo{Cores: runtime.NumCPU(), GOOS: runtime.GOOS, GOARCH: runtime.GOARCH}
-	if b, err := os.ReadFile("/proc/meminfo"); err == nil {
-		for _, line := range strings.Split(string(b), "\n") {
-			k, v, _ := strings.Cut(line, ":")
-			f := strings.Fields(v)
-			if len(f) == 0 {
-				continue
-			}
-			n, _ := strconv.ParseInt(f[0], 10, 64)
-			switch k {
-			case "MemTotal":
-				m.MemTotalBytes = n * 1024
-			case "MemAvailable":
-				m.MemAvailBytes = n * 1024
-			}
-		}
-	}
-	if b, err := os.ReadFile("/proc/cpuinfo"); err == nil {
-		if mm := regexp.MustCompile(`(?m)^model name\s*:\s*(.+)$`).FindSubmatch(b); mm != nil {
-			m.CPUModel = strings.TrimSpace(string(mm[1]))
-		}
-	}
-	if b, err := os.ReadFile("/proc/sys/kernel/osrelease"); err == nil {
-		m.Kernel = strings.TrimSpace(string(b))
-	}
-	m.Hostname, _ = os.Hostname()
-	return m
-}
-
-func loadAvg() string {
-	b, err := os.ReadFile("/proc/loadavg")
-	if err != nil {
-		return ""
-	}
-	f := strings.Fields(string(b))
-	if len(f) < 3 {
-		return ""
-	}
-	return strings.Join(f[:3], " ")
-}
-
-func javaVersion() string {
-	out, err := exec.Command("java", "-version").CombinedOutput()
-	if err != nil {
-		return ""
-	}
-	// e.g. openjdk version "17.0.15" 2025-04-15 / OpenJDK Runtime Environment (build 17.0.15+6-...)
-	lines := strings.Split(strings.TrimSpace(string(out)), "\n")
-	s := strings.TrimSpace(lines[0])
-	if len(lines) > 1 {
-		s += " (" + strings.TrimSpace(lines[1]) + ")"
-	}
-	return s
 }
 
 // referenceStreamsVersion reads the Kafka Streams version from the
@@ -136,23 +54,6 @@ func referenceStreamsVersion(repo string) string {
 	return ""
 }
 
-// gitState returns HEAD and whether the work tree differs from it, with
-// read-only git commands (no index refresh is written).
-func gitState(repo string) (string, bool) {
-	git := func(args ...string) (string, error) {
-		cmd := exec.Command("git", append([]string{"--no-optional-locks", "-C", repo}, args...)...)
-		cmd.Env = append(os.Environ(), "GIT_OPTIONAL_LOCKS=0")
-		out, err := cmd.Output()
-		return strings.TrimSpace(string(out)), err
-	}
-	head, err := git("rev-parse", "HEAD")
-	if err != nil {
-		return "", false
-	}
-	st, err := git("status", "--porcelain", "--untracked-files=no")
-	return head, err == nil && st != ""
-}
-
 // ---------------------------------------------------------------------------
 // Table
 
@@ -165,7 +66,7 @@ type row struct {
 func (rep *report) header() string {
 	var b strings.Builder
 	m := rep.Machine
-	fmt.Fprintf(&b, "## salesagg vs Kafka Streams reference — %s, %s products\n\n", rep.Guarantee, group(int64(rep.Products)))
+	fmt.Fprintf(&b, "## salesagg vs Kafka Streams reference — %s, %s products\n\n", rep.Guarantee, kit.Group(int64(rep.Products)))
 	raised := ""
 	if rep.Events != rep.EventsRequested {
 		raised = fmt.Sprintf(" (--events %d raised to the product count)", rep.EventsRequested)
@@ -173,14 +74,14 @@ func (rep *report) header() string {
 	fmt.Fprintf(&b, "- data: %d events%s over %d products (%d distinct), %d input partitions, seed %d, %s of keys+values\n",
 		rep.Events, raised, rep.Products, rep.DistinctProducts, rep.Partitions, rep.Seed, mib(rep.InputBytes))
 	fmt.Fprintf(&b, "- machine: %d cores (%s), %s RAM, load average %s at start, %s at end\n",
-		m.Cores, m.CPUModel, gib(m.MemTotalBytes), m.LoadAvgStart, m.LoadAvgEnd)
+		m.Cores, m.CPUModel, kit.GiB(m.MemTotalBytes), m.LoadAvgStart, m.LoadAvgEnd)
 	v := rep.Versions
 	dirty := ""
 	if v.GitDirty {
 		dirty = " (work tree modified)"
 	}
 	fmt.Fprintf(&b, "- versions: %s, Java %s, Kafka broker %s, Kafka Streams %s, git %s%s\n",
-		v.Go, v.Java, v.Kafka, v.KafkaStreams, short(v.GitCommit), dirty)
+		v.Go, v.Java, v.Kafka, v.KafkaStreams, kit.Short(v.GitCommit), dirty)
 	fmt.Fprintf(&b, "- commit interval %d ms for both; systems run one after another on one broker (%s)\n", rep.CommitIntervalMs, rep.Bootstrap)
 	if rep.Profile {
 		fmt.Fprintf(&b, "- **profiled** (--profile): salesagg served net/http/pprof and was CPU-profiled for %d s in its processing and full restore runs; its figures include the profiler's cost\n",
@@ -229,40 +130,14 @@ func (rep *report) columns() []string {
 	return cols
 }
 
-func short(s string) string {
-	if len(s) > 12 {
-		return s[:12]
-	}
-	return s
-}
-
 func mib(b int64) string { return fmt.Sprintf("%.1f MiB", float64(b)/(1<<20)) }
-func gib(b int64) string { return fmt.Sprintf("%.1f GiB", float64(b)/(1<<30)) }
 
 func secs(ms int64) (float64, string, bool) {
 	return float64(ms) / 1000, fmt.Sprintf("%.2f", float64(ms)/1000), true
 }
 
 func count(n float64) (float64, string, bool) {
-	return n, group(int64(math.Round(n))), true
-}
-
-// group formats n with thousands separators.
-func group(n int64) string {
-	s := strconv.FormatInt(n, 10)
-	neg := strings.HasPrefix(s, "-")
-	s = strings.TrimPrefix(s, "-")
-	var out []byte
-	for i, c := range []byte(s) {
-		if i > 0 && (len(s)-i)%3 == 0 {
-			out = append(out, ',')
-		}
-		out = append(out, c)
-	}
-	if neg {
-		return "-" + string(out)
-	}
-	return string(out)
+	return n, kit.Group(int64(math.Round(n))), true
 }
 
 func none() (float64, string, bool) { return 0, "", false }
@@ -387,7 +262,7 @@ func rows() []row {
 				return 0, "ERROR", true
 			}
 			bad := v.Mismatches + v.Missing + v.Extra + int(v.BadValues) + v.WrongPartition + v.MultiPartition
-			s := fmt.Sprintf("%d of %s", bad, group(int64(v.KeysExpected)))
+			s := fmt.Sprintf("%d of %s", bad, kit.Group(int64(v.KeysExpected)))
 			if bad > 0 {
 				s = "**" + s + " WRONG**"
 			}
@@ -615,21 +490,5 @@ func resultsStem(outDir string, at time.Time, products int, several bool, guaran
 // write stores the report as <stem>.json.
 func (rep *report) write() (string, error) {
 	path := rep.stem + ".json"
-	return path, writeJSON(path, rep)
-}
-
-// writeJSON writes v indented to path (via a .tmp file and a rename).
-func writeJSON(path string, v any) error {
-	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
-		return err
-	}
-	b, err := json.MarshalIndent(v, "", "  ")
-	if err != nil {
-		return err
-	}
-	tmp := path + ".tmp"
-	if err := os.WriteFile(tmp, append(b, '\n'), 0o644); err != nil {
-		return err
-	}
-	return os.Rename(tmp, path)
+	return path, kit.WriteJSON(path, rep)
 }

@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -19,6 +18,8 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/salesagg/salesagg/bench/kit"
 )
 
 // env is what every system's measurement shares.
@@ -203,7 +204,7 @@ func (r *systemResult) anomaly(format string, args ...any) {
 
 // instance is one started process of a system, with what its output told.
 type instance struct {
-	*proc
+	*kit.Proc
 	run      string
 	httpAddr string // salesagg
 
@@ -216,21 +217,12 @@ type instance struct {
 	runningAt   time.Time
 	restoreSeen bool
 	// both
-	errorLines  int
-	warnLines   int
-	firstErrors []string
-	cleanStop   *bool
+	errs      kit.ErrorLines
+	warnLines int
+	cleanStop *bool
 }
 
-func (in *instance) noteError(line string) {
-	in.errorLines++
-	if len(in.firstErrors) < 5 {
-		if len(line) > 500 {
-			line = line[:500] + "…"
-		}
-		in.firstErrors = append(in.firstErrors, line)
-	}
-}
+func (in *instance) noteError(line string) { in.errs.Note(line, 500) }
 
 // driver starts and watches one system's processes.
 type driver interface {
@@ -271,7 +263,7 @@ func measureRuns(ctx context.Context, e *env, d driver, res *systemResult) error
 	// The notification topic must exist for the reference (the broker does
 	// not auto-create topics); salesagg would create it. Both get one made
 	// here, like the input: 3 partitions, replication 1.
-	if err := createTopic(ctx, e.adm, notificationTopic(d.appID()), e.o.partitions); err != nil {
+	if err := kit.CreateTopic(ctx, e.adm, notificationTopic(d.appID()), e.o.partitions); err != nil {
 		return err
 	}
 
@@ -283,21 +275,21 @@ func measureRuns(ctx context.Context, e *env, d driver, res *systemResult) error
 			return err
 		}
 		if !processedAt.IsZero() {
-			m.StartToProcessedMs = processedAt.Sub(in.started).Milliseconds()
+			m.StartToProcessedMs = processedAt.Sub(in.Started).Milliseconds()
 		}
-		m.StartToCaughtUpMs = caughtAt.Sub(in.started).Milliseconds()
-		res.EventsPerSec = events / caughtAt.Sub(in.started).Seconds()
+		m.StartToCaughtUpMs = caughtAt.Sub(in.Started).Milliseconds()
+		res.EventsPerSec = events / caughtAt.Sub(in.Started).Seconds()
 		if d := caughtAt.Sub(readyAt).Seconds(); d > 0 {
 			res.EventsPerSecAfterReady = events / d
 		}
 		logf("%s: caught up %.2f s after start (ready at %.2f s): %.0f events/s", d.name(),
-			caughtAt.Sub(in.started).Seconds(), readyAt.Sub(in.started).Seconds(), res.EventsPerSec)
+			caughtAt.Sub(in.Started).Seconds(), readyAt.Sub(in.Started).Seconds(), res.EventsPerSec)
 		if pf, ok := profiledDriver(e, d); ok {
 			heapProfile(pctx, in, m, res, pf.pprofURL(in), e.profilePath(d, "processing", "heap"))
 		}
 		d.caughtUp(pctx, in, res)
-		logf("%s: verifying changelog %s against the expected totals", d.name(), changelogTopic(d.appID()))
-		vr := verifyChangelog(pctx, e.addr, changelogTopic(d.appID()), e.data.expected, e.o.partitions)
+		logf("%s: verifying changelog %s against the expected totals", d.name(), kit.ChangelogTopic(d.appID()))
+		vr := verifyChangelog(pctx, e.addr, kit.ChangelogTopic(d.appID()), e.data.expected, e.o.partitions)
 		res.Verify = &vr
 		switch {
 		case vr.Error != "":
@@ -363,9 +355,9 @@ func runOnce(ctx context.Context, e *env, d driver, res *systemResult, run strin
 	if err != nil {
 		return m, err
 	}
-	m.Pid = in.pid
-	m.Logs = filepath.Join(in.logDir, in.name+".{stdout,stderr}")
-	defer in.kill()
+	m.Pid = in.PID
+	m.Logs = filepath.Join(in.LogDir, in.Name+".{stdout,stderr}")
+	defer in.Kill()
 
 	// --profile: a CPU profile from the start of a full restore (the restore
 	// happens before ready), from ready in a processing run.
@@ -386,19 +378,17 @@ func runOnce(ctx context.Context, e *env, d driver, res *systemResult, run strin
 			// The process must not be stopped before the profile is in.
 			cpuProf.finish(in, m, res, d.name(), run)
 		}
-		took, killed := in.stop(e.o.stopTimeout)
+		took, killed := in.Stop(e.o.stopTimeout)
 		m.StopMs, m.Killed = took.Milliseconds(), killed
-		code, sig, cpu := in.exitInfo()
+		code, sig, cpu := in.ExitInfo()
 		m.ExitCode, m.ExitSignal, m.CPUMs, m.CPUUs = code, sig, cpu.Milliseconds(), cpu.Microseconds()
-		m.LifetimeMs = in.exitedAt().Sub(in.started).Milliseconds()
-		m.PeakRSSBytes = in.peak()
-		in.proc.mu.Lock()
-		m.RSSSamples = in.proc.samples
-		in.proc.mu.Unlock()
+		m.LifetimeMs = in.ExitedAt().Sub(in.Started).Milliseconds()
+		m.PeakRSSBytes = in.Peak()
+		m.RSSSamples = in.Samples()
 		in.mu.Lock()
 		m.CleanStop = in.cleanStop
-		m.ErrorLines, m.WarnLines = in.errorLines, in.warnLines
-		m.FirstErrors = in.firstErrors
+		m.ErrorLines, m.WarnLines = in.errs.Count, in.warnLines
+		m.FirstErrors = in.errs.First
 		in.mu.Unlock()
 		if killed {
 			res.anomaly("%s run: no exit within %s of SIGTERM; killed", run, e.o.stopTimeout)
@@ -427,7 +417,7 @@ func runOnce(ctx context.Context, e *env, d driver, res *systemResult, run strin
 		finish()
 		return m, err
 	}
-	m.StartToReadyMs = readyAt.Sub(in.started).Milliseconds()
+	m.StartToReadyMs = readyAt.Sub(in.Started).Milliseconds()
 	if profiling {
 		switch run {
 		case "processing":
@@ -442,7 +432,7 @@ func runOnce(ctx context.Context, e *env, d driver, res *systemResult, run strin
 		res.anomaly("%s run: the restore report was not found in the output", run)
 	}
 	logf("%s: %s run ready %.2f s after start; restored %d records in %d ms (reported)", d.name(), run,
-		readyAt.Sub(in.started).Seconds(), m.RestoredRecords, m.RestoreReportedMs)
+		readyAt.Sub(in.Started).Seconds(), m.RestoredRecords, m.RestoreReportedMs)
 	if body != nil {
 		if err := body(pctx, in, m, readyAt); err != nil {
 			cpuProf.abandon()
@@ -450,10 +440,10 @@ func runOnce(ctx context.Context, e *env, d driver, res *systemResult, run strin
 			return m, err
 		}
 	}
-	if !in.running() {
+	if !in.Running() {
 		cpuProf.abandon()
 		finish()
-		return m, in.exitError("before it was stopped")
+		return m, in.ExitError("before it was stopped")
 	}
 	finish()
 	return m, nil
@@ -478,7 +468,7 @@ func waitCaughtUp(ctx context.Context, e *env, d driver, in *instance) (caught, 
 			}
 		}
 		qctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-		at, sum, err := committedAtEnd(qctx, e.adm, d.appID(), e.data.topic, e.data.ends)
+		at, sum, err := kit.CommittedAtEnd(qctx, e.adm, d.appID(), e.data.topic, e.data.ends)
 		cancel()
 		now := time.Now()
 		if err == nil {
@@ -487,13 +477,13 @@ func waitCaughtUp(ctx context.Context, e *env, d driver, in *instance) (caught, 
 				return now, processed, nil
 			}
 		}
-		if !in.running() {
-			return time.Time{}, time.Time{}, in.exitError("while processing")
+		if !in.Running() {
+			return time.Time{}, time.Time{}, in.ExitError("while processing")
 		}
 		if now.Sub(lastLog) >= 5*time.Second {
 			lastLog = now
 			logf("%s: processing: %d of %d input offsets committed (%.1f%%), %.0f s since start%s", d.name(), committed, e.data.events,
-				100*float64(committed)/float64(e.data.events), now.Sub(in.started).Seconds(), d.progress(ctx, in))
+				100*float64(committed)/float64(e.data.events), now.Sub(in.Started).Seconds(), d.progress(ctx, in))
 		}
 		select {
 		case <-ctx.Done():
@@ -503,18 +493,7 @@ func waitCaughtUp(ctx context.Context, e *env, d driver, in *instance) (caught, 
 	}
 }
 
-func changelogTopic(app string) string    { return app + "-PRODUCT_AGGREGATED_SALES-changelog" }
 func notificationTopic(app string) string { return app + "-notifications" }
-
-// freePort returns a free TCP port on 127.0.0.1.
-func freePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
-}
 
 // ---------------------------------------------------------------------------
 // salesagg
@@ -538,7 +517,7 @@ func (d *salesaggDriver) stateDir() string { return d.state }
 var restorationRe = regexp.MustCompile(`^Restoration took (\d+) ms`)
 
 func (d *salesaggDriver) launch(run string) (*instance, error) {
-	port, err := freePort()
+	port, err := kit.FreePort()
 	if err != nil {
 		return nil, err
 	}
@@ -590,11 +569,12 @@ func (d *salesaggDriver) launch(run string) (*instance, error) {
 			in.restorationMs, _ = strconv.ParseInt(m[1], 10, 64)
 		}
 	}
-	p, err := startProc(d.e.data.slug()+"-salesagg-"+shortGuarantee(d.e.guarantee)+"-"+run, d.e.o.repo, filepath.Join(d.e.tmp, "logs"), d.e.salesagg, args, nil, onLine)
+	p, err := kit.Start(kit.Spec{Name: d.e.data.slug() + "-salesagg-" + shortGuarantee(d.e.guarantee) + "-" + run, LogDir: filepath.Join(d.e.tmp, "logs"),
+		Path: d.e.salesagg, Args: args, Dir: d.e.o.repo, SampleRSS: true, OnLine: onLine})
 	if err != nil {
 		return nil, err
 	}
-	in.proc = p
+	in.Proc = p
 	return in, nil
 }
 
@@ -614,12 +594,12 @@ func (d *salesaggDriver) waitReady(ctx context.Context, in *instance) (time.Time
 			}
 			reason = strings.TrimSpace(string(body))
 		}
-		if !in.running() {
-			return time.Time{}, in.exitError("before it was ready")
+		if !in.Running() {
+			return time.Time{}, in.ExitError("before it was ready")
 		}
 		if time.Since(lastLog) >= 5*time.Second {
 			lastLog = time.Now()
-			logf("salesagg: waiting for /readyz (%.0f s since start): %s", time.Since(in.started).Seconds(), reason)
+			logf("salesagg: waiting for /readyz (%.0f s since start): %s", time.Since(in.Started).Seconds(), reason)
 		}
 		select {
 		case <-ctx.Done():
@@ -821,11 +801,12 @@ func (d *referenceDriver) launch(run string) (*instance, error) {
 			}
 		}
 	}
-	p, err := startProc(d.slug+"-"+run, d.e.o.repo, filepath.Join(d.e.tmp, "logs"), d.e.refRunSh, args, nil, onLine)
+	p, err := kit.Start(kit.Spec{Name: d.slug + "-" + run, LogDir: filepath.Join(d.e.tmp, "logs"),
+		Path: d.e.refRunSh, Args: args, Dir: d.e.o.repo, SampleRSS: true, OnLine: onLine})
 	if err != nil {
 		return nil, err
 	}
-	in.proc = p
+	in.Proc = p
 	return in, nil
 }
 
@@ -838,12 +819,12 @@ func (d *referenceDriver) waitReady(ctx context.Context, in *instance) (time.Tim
 		if !at.IsZero() {
 			return at, nil
 		}
-		if !in.running() {
-			return time.Time{}, in.exitError("before it was RUNNING")
+		if !in.Running() {
+			return time.Time{}, in.ExitError("before it was RUNNING")
 		}
 		if time.Since(lastLog) >= 5*time.Second {
 			lastLog = time.Now()
-			logf("reference: waiting for REFERENCE STATE RUNNING (%.0f s since start)", time.Since(in.started).Seconds())
+			logf("reference: waiting for REFERENCE STATE RUNNING (%.0f s since start)", time.Since(in.Started).Seconds())
 		}
 		select {
 		case <-ctx.Done():

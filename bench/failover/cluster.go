@@ -18,6 +18,8 @@ import (
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kadm"
+
+	"github.com/salesagg/salesagg/bench/kit"
 )
 
 // env is what every run shares.
@@ -58,14 +60,13 @@ type instance struct {
 	stateDir string
 	starts   int
 
-	mu          sync.Mutex
-	proc        *proc
-	errorLines  int
-	warnLines   int
-	firstErrors []string
+	mu        sync.Mutex
+	proc      *kit.Proc
+	errs      kit.ErrorLines
+	warnLines int
 }
 
-func (in *instance) p() *proc {
+func (in *instance) p() *kit.Proc {
 	in.mu.Lock()
 	defer in.mu.Unlock()
 	return in.proc
@@ -73,7 +74,7 @@ func (in *instance) p() *proc {
 
 func (in *instance) running() bool {
 	p := in.p()
-	return p != nil && p.running()
+	return p != nil && p.Running()
 }
 
 // cluster is one run's group: its instances, topics and what their logs told.
@@ -90,7 +91,7 @@ type cluster struct {
 	t0    time.Time
 
 	mu        sync.Mutex
-	procs     []*proc
+	procs     []*kit.Proc
 	restores  []*restoreEvent
 	copies    []*copyEvent
 	anomalies []string
@@ -110,7 +111,7 @@ func newCluster(e *env, name string, set settings, n int) (*cluster, error) {
 	c.ctl = &http.Client{Transport: tr, Timeout: 3 * time.Second}
 	c.probe = &http.Client{Transport: tr, Timeout: time.Second}
 	for i := 0; i < n; i++ {
-		port, err := freePort()
+		port, err := kit.FreePort()
 		if err != nil {
 			return nil, err
 		}
@@ -118,16 +119,6 @@ func newCluster(e *env, name string, set settings, n int) (*cluster, error) {
 			stateDir: filepath.Join(c.dir, "state", fmt.Sprintf("i%d", i))})
 	}
 	return c, nil
-}
-
-// freePort returns a free TCP port on 127.0.0.1.
-func freePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
 }
 
 func (c *cluster) anomaly(format string, args ...any) {
@@ -168,11 +159,12 @@ func (c *cluster) start(in *instance) error {
 	}
 	args = append(args, c.set.flags()...)
 	pname := fmt.Sprintf("%s-%s-%d", c.name, in.name, in.starts)
-	p, err := startProc(pname, c.e.o.repo, filepath.Join(c.dir, "logs"), c.e.bin, args, func(stream string, at time.Time, line string) {
-		if stream == "stderr" {
-			c.onLogLine(in, at, line)
-		}
-	})
+	p, err := kit.Start(kit.Spec{Name: pname, LogDir: filepath.Join(c.dir, "logs"), Path: c.e.bin, Args: args, Dir: c.e.o.repo,
+		OnLine: func(stream string, at time.Time, line string) {
+			if stream == "stderr" {
+				c.onLogLine(in, at, line)
+			}
+		}})
 	if err != nil {
 		return err
 	}
@@ -182,7 +174,7 @@ func (c *cluster) start(in *instance) error {
 	in.mu.Lock()
 	in.proc = p
 	in.mu.Unlock()
-	logf("%s: started %s (pid %d, http %s, state %s)", c.name, in.name, p.pid, in.addr, in.stateDir)
+	logf("%s: started %s (pid %d, http %s, state %s)", c.name, in.name, p.PID, in.addr, in.stateDir)
 	return nil
 }
 
@@ -192,30 +184,30 @@ func (c *cluster) kill9(in *instance) (time.Time, error) {
 	if p == nil {
 		return time.Time{}, fmt.Errorf("%s was never started", in.name)
 	}
-	return p.kill9()
+	return p.Kill9()
 }
 
 // stopAll stops every process still running (SIGTERM, SIGKILL after the
 // stop timeout), in parallel, and notes unclean exits.
 func (c *cluster) stopAll() {
 	c.mu.Lock()
-	procs := append([]*proc(nil), c.procs...)
+	procs := append([]*kit.Proc(nil), c.procs...)
 	c.mu.Unlock()
 	var wg sync.WaitGroup
 	for _, p := range procs {
-		if !p.running() {
+		if !p.Running() {
 			continue
 		}
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			took, killed := p.stop(c.e.o.stopTimeout)
-			code, sig := p.exitInfo()
+			took, killed := p.Stop(c.e.o.stopTimeout)
+			code, sig, _ := p.ExitInfo()
 			switch {
 			case killed:
-				c.anomaly("%s: no exit within %s of SIGTERM at the end of the run; killed", p.name, c.e.o.stopTimeout)
+				c.anomaly("%s: no exit within %s of SIGTERM at the end of the run; killed", p.Name, c.e.o.stopTimeout)
 			case code != 0:
-				c.anomaly("%s: exit code %d%s after SIGTERM at the end of the run (%.2f s)", p.name, code, sigText(sig), took.Seconds())
+				c.anomaly("%s: exit code %d%s after SIGTERM at the end of the run (%.2f s)", p.Name, code, sigText(sig), took.Seconds())
 			}
 		}()
 	}
@@ -421,13 +413,7 @@ func (c *cluster) noteRestore(inst, task string, at time.Time, set func(*restore
 func (in *instance) noteError(line string) {
 	in.mu.Lock()
 	defer in.mu.Unlock()
-	in.errorLines++
-	if len(in.firstErrors) < 5 {
-		if len(line) > 400 {
-			line = line[:400] + "…"
-		}
-		in.firstErrors = append(in.firstErrors, line)
-	}
+	in.errs.Note(line, 400)
 }
 
 // restoreSummary sums the restore events of a time window.
@@ -693,8 +679,8 @@ func alive(ins []*instance) error {
 		if p == nil {
 			return fmt.Errorf("%s was never started", in.name)
 		}
-		if !p.running() {
-			return p.exitError("unexpectedly")
+		if !p.Running() {
+			return p.ExitError("unexpectedly")
 		}
 	}
 	return nil
@@ -732,7 +718,7 @@ func (c *cluster) waitCaughtUp(ctx context.Context, ends map[int32]int64, live [
 		if err := alive(live); err != nil {
 			return false, "", err
 		}
-		at, sum, err := committedAtEnd(ctx, c.e.adm, c.app, c.topic, ends)
+		at, sum, err := kit.CommittedAtEnd(ctx, c.e.adm, c.app, c.topic, ends)
 		if err != nil {
 			return false, err.Error(), nil
 		}

@@ -2,15 +2,9 @@ package main
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"math/rand/v2"
-	"os"
-	"os/exec"
-	"path/filepath"
-	"regexp"
 	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -18,94 +12,6 @@ import (
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 )
-
-// broker is the Kafka broker of the benchmark: one started by
-// test/kafka/kafka.sh in a temp dir, or the one given with --bootstrap.
-type broker struct {
-	addr     string
-	kafkaDir string // "" when external
-	script   string
-	version  string
-}
-
-// startBroker runs `kafka.sh up` with KAFKA_DIR under tmp; the bootstrap
-// address is the last line of its stdout.
-func startBroker(ctx context.Context, repo, tmp string) (*broker, error) {
-	b := &broker{kafkaDir: filepath.Join(tmp, "kafka"), script: filepath.Join(repo, "test", "kafka", "kafka.sh")}
-	logf("starting a Kafka broker: KAFKA_DIR=%s %s up", b.kafkaDir, b.script)
-	cmd := exec.CommandContext(ctx, b.script, "up")
-	cmd.Env = append(os.Environ(), "KAFKA_DIR="+b.kafkaDir)
-	cmd.Stderr = os.Stderr
-	out, err := cmd.Output()
-	if err != nil {
-		return b, fmt.Errorf("kafka.sh up: %w", err)
-	}
-	lines := strings.Split(strings.TrimSpace(string(out)), "\n")
-	b.addr = strings.TrimSpace(lines[len(lines)-1])
-	if !strings.HasPrefix(b.addr, "127.0.0.1:") {
-		return b, fmt.Errorf("kafka.sh up printed %q as its last line, want a 127.0.0.1:PORT address", b.addr)
-	}
-	if log, err := os.ReadFile(filepath.Join(b.kafkaDir, "broker.log")); err == nil {
-		if m := regexp.MustCompile(`Kafka version: (\S+)`).FindSubmatch(log); m != nil {
-			b.version = string(m[1])
-		}
-	}
-	return b, nil
-}
-
-// down stops the broker started by startBroker (always, with its own timeout).
-func (b *broker) down() {
-	if b == nil || b.kafkaDir == "" {
-		return
-	}
-	logf("stopping the Kafka broker (kafka.sh down)")
-	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, b.script, "down")
-	cmd.Env = append(os.Environ(), "KAFKA_DIR="+b.kafkaDir)
-	cmd.Stdout = os.Stderr
-	cmd.Stderr = os.Stderr
-	if err := cmd.Run(); err != nil {
-		logf("kafka.sh down: %v", err)
-	}
-}
-
-func newAdmin(addr string) (*kgo.Client, *kadm.Client, error) {
-	cl, err := kgo.NewClient(kgo.SeedBrokers(addr))
-	if err != nil {
-		return nil, nil, err
-	}
-	return cl, kadm.NewClient(cl), nil
-}
-
-// brokerVersionGuess asks the broker for its API versions (for --bootstrap).
-func brokerVersionGuess(ctx context.Context, adm *kadm.Client) string {
-	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	defer cancel()
-	vs, err := adm.ApiVersions(ctx)
-	if err != nil {
-		return ""
-	}
-	for _, v := range vs {
-		if v.Err == nil {
-			return "guess: " + v.VersionGuess()
-		}
-	}
-	return ""
-}
-
-func createTopic(ctx context.Context, adm *kadm.Client, topic string, parts int) error {
-	ctx, cancel := context.WithTimeout(ctx, 60*time.Second)
-	defer cancel()
-	resp, err := adm.CreateTopic(ctx, int32(parts), 1, nil, topic)
-	if err == nil {
-		err = resp.Err
-	}
-	if err != nil {
-		return fmt.Errorf("creating topic %s: %w", topic, err)
-	}
-	return nil
-}
 
 // waitTopic waits (bounded) until the broker's metadata shows every
 // partition of a just-created topic with a leader: a client that asks
@@ -162,31 +68,6 @@ func endOffsets(ctx context.Context, adm *kadm.Client, topic string) (map[int32]
 	out := map[int32]int64{}
 	ends.Each(func(lo kadm.ListedOffset) { out[lo.Partition] = lo.Offset })
 	return out, nil
-}
-
-// committedAtEnd reports whether the group's committed offsets of topic
-// reached ends on every partition, and how many offsets are committed.
-func committedAtEnd(ctx context.Context, adm *kadm.Client, group, topic string, ends map[int32]int64) (bool, int64, error) {
-	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-	defer cancel()
-	offs, err := adm.FetchOffsets(ctx, group)
-	if err != nil {
-		return false, 0, err
-	}
-	at := true
-	var sum int64
-	for p, end := range ends {
-		o, ok := offs.Lookup(topic, p)
-		if !ok || o.Err != nil || o.At < 0 {
-			at = false
-			continue
-		}
-		sum += o.At
-		if o.At < end {
-			at = false
-		}
-	}
-	return at, sum, nil
 }
 
 func productKey(i int) string { return "product-" + strconv.Itoa(i) }
@@ -382,49 +263,4 @@ func (p *pacer) finish() pacerStats {
 		st.FirstError = p.firstErr.Error()
 	}
 	return st
-}
-
-// deleteRun deletes the topics with the given prefix and the groups (bounded).
-func deleteRun(adm *kadm.Client, prefix string, groups []string) {
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	if len(groups) > 0 {
-		_, _ = adm.DeleteGroups(ctx, groups...)
-	}
-	tds, err := adm.ListTopics(ctx)
-	if err != nil {
-		logf("cleanup: listing topics: %v", err)
-		return
-	}
-	var del []string
-	for _, t := range tds.Names() {
-		if strings.HasPrefix(t, prefix) {
-			del = append(del, t)
-		}
-	}
-	if len(del) > 0 {
-		if _, err := adm.DeleteTopics(ctx, del...); err != nil {
-			logf("cleanup: deleting topics %v: %v", del, err)
-		}
-	}
-}
-
-// warmGroupCoordinator commits an offset for a throw-away group, so that the
-// broker creates __consumer_offsets before the first run.
-func warmGroupCoordinator(ctx context.Context, adm *kadm.Client, group, topic string) error {
-	var os kadm.Offsets
-	os.AddOffset(topic, 0, 0, -1)
-	ctx, cancel := context.WithTimeout(ctx, 60*time.Second)
-	defer cancel()
-	for {
-		err := adm.CommitAllOffsets(ctx, group, os)
-		if err == nil {
-			return nil
-		}
-		select {
-		case <-ctx.Done():
-			return errors.Join(err, context.Cause(ctx))
-		case <-time.After(200 * time.Millisecond):
-		}
-	}
 }

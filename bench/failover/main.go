@@ -17,11 +17,10 @@ import (
 	"flag"
 	"fmt"
 	"os"
-	"os/signal"
-	"path/filepath"
 	"strings"
-	"syscall"
 	"time"
+
+	"github.com/salesagg/salesagg/bench/kit"
 )
 
 const (
@@ -88,30 +87,12 @@ func run() int {
 	}
 	o.sessionTimeout = time.Duration(*sessionMs) * time.Millisecond
 	o.commitInterval = time.Duration(*commitMs) * time.Millisecond
-	o.scenarios = splitList(scenarios)
+	o.scenarios = kit.SplitList(scenarios)
 	if err := o.validate(); err != nil {
 		fmt.Fprintf(os.Stderr, "failover: %v\n", err)
 		return 2
 	}
-	if o.repo == "" {
-		r, err := findRepo()
-		if err != nil {
-			fmt.Fprintf(os.Stderr, "failover: %v (pass --repo)\n", err)
-			return 2
-		}
-		o.repo = r
-	}
-	if o.outDir == "" {
-		o.outDir = filepath.Join(o.repo, "bench", "results")
-	}
-
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
-	defer stop()
-	if err := benchmark(ctx, o); err != nil {
-		fmt.Fprintf(os.Stderr, "failover: %v\n", err)
-		return 1
-	}
-	return 0
+	return kit.Run("failover", &o.repo, &o.outDir, func(ctx context.Context) error { return benchmark(ctx, o) })
 }
 
 func (o *options) validate() error {
@@ -159,35 +140,5 @@ func (o *options) validate() error {
 	return nil
 }
 
-func splitList(s string) []string {
-	var out []string
-	for _, p := range strings.Split(s, ",") {
-		if p = strings.TrimSpace(p); p != "" {
-			out = append(out, p)
-		}
-	}
-	return out
-}
-
-// findRepo walks up from the working directory to the salesagg module root.
-func findRepo() (string, error) {
-	dir, err := os.Getwd()
-	if err != nil {
-		return "", err
-	}
-	for {
-		b, err := os.ReadFile(filepath.Join(dir, "go.mod"))
-		if err == nil && strings.Contains(string(b), "module github.com/salesagg/salesagg\n") {
-			return dir, nil
-		}
-		parent := filepath.Dir(dir)
-		if parent == dir {
-			return "", errors.New("not inside the salesagg repository (no go.mod of github.com/salesagg/salesagg above the working directory)")
-		}
-		dir = parent
-	}
-}
-
-func logf(format string, args ...any) {
-	fmt.Fprintf(os.Stderr, "%s failover: %s\n", time.Now().Format("15:04:05.000"), fmt.Sprintf(format, args...))
-}
+// logf logs a progress line of the benchmark to standard error.
+func logf(format string, args ...any) { kit.NewLogf("failover")(format, args...) }

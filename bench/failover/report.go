@@ -5,13 +5,13 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
-	"regexp"
 	"runtime"
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/salesagg/salesagg/bench/kit"
 )
 
 // benchmark builds salesagg, starts (or uses) the broker, runs every run of
@@ -33,7 +33,7 @@ func benchmark(ctx context.Context, o options) (err error) {
 	logf("temporary dir %s", tmp)
 	startedAt := time.Now()
 	rep := &report{
-		StartedAt: startedAt, Benchmark: "failover", Machine: describeMachine(),
+		StartedAt: startedAt, Benchmark: "failover", Machine: kit.DescribeMachine(),
 		Parameters: parameters{
 			Products: o.products, RateEventsPerS: o.rate, Partitions: partitions, Instances: instances,
 			Scenarios: o.scenarios, ProcessingGuarantee: guarantee,
@@ -43,52 +43,35 @@ func benchmark(ctx context.Context, o options) (err error) {
 		},
 		ExternalBroker: o.bootstrap != "",
 	}
-	rep.Machine.LoadAvgStart = loadAvg()
+	rep.Machine.LoadAvgStart = kit.LoadAvg()
 	e := &env{o: o, tmp: tmp, prefix: "fo-" + startedAt.Format("20060102-150405")}
 
 	// Build, untimed.
 	e.bin = filepath.Join(tmp, "salesagg")
-	logf("building salesagg: go build -o %s ./cmd/salesagg", e.bin)
-	cmd := exec.CommandContext(ctx, "go", "build", "-o", e.bin, "./cmd/salesagg")
-	cmd.Dir, cmd.Stdout, cmd.Stderr = o.repo, os.Stderr, os.Stderr
-	if err := cmd.Run(); err != nil {
-		return fmt.Errorf("building salesagg: %w", err)
+	if err := kit.BuildSalesagg(ctx, o.repo, e.bin, logf); err != nil {
+		return err
 	}
 
 	// Broker.
-	var br *broker
-	if o.bootstrap != "" {
-		br = &broker{addr: o.bootstrap}
-	} else {
-		br, err = startBroker(ctx, o.repo, tmp)
-		defer br.down() // always, even after a failed start
-		if err != nil {
-			return err
-		}
-	}
-	e.addr = br.addr
-	rep.Bootstrap = e.addr
-	admCl, adm, err := newAdmin(e.addr)
+	br, err := kit.OpenBroker(ctx, o.repo, tmp, o.bootstrap, logf)
+	defer br.Close() // always, even after a failed start
 	if err != nil {
 		return err
 	}
-	defer admCl.Close()
-	e.adm = adm
-	if br.version == "" {
-		br.version = brokerVersionGuess(ctx, adm)
-	}
-	rep.Versions = versions{Go: runtime.Version(), Java: javaVersion(), Kafka: br.version}
-	rep.Versions.GitCommit, rep.Versions.GitDirty = gitState(o.repo)
+	e.addr, e.adm = br.Addr, br.Adm
+	rep.Bootstrap = e.addr
+	rep.Versions = kit.Versions{Go: runtime.Version(), Java: kit.JavaVersion(), Kafka: br.Version}
+	rep.Versions.GitCommit, rep.Versions.GitDirty = kit.GitState(o.repo)
 
 	warm := e.prefix + "-warmup"
 	warmTopic := e.prefix + "-warmup"
-	if err := createTopic(ctx, adm, warmTopic, 1); err != nil {
+	if err := kit.CreateTopic(ctx, e.adm, warmTopic, 1); err != nil {
 		return err
 	}
-	if err := warmGroupCoordinator(ctx, adm, warm, warmTopic); err != nil {
+	if err := kit.WarmGroupCoordinator(ctx, e.adm, warm, warmTopic); err != nil {
 		logf("warning: warming the group coordinator: %v", err)
 	}
-	deleteRun(adm, warmTopic, []string{warm})
+	kit.DeleteRun(e.adm, warmTopic, []string{warm}, logf)
 
 	for _, sp := range specs(o.scenarios) {
 		if ctx.Err() != nil {
@@ -104,7 +87,7 @@ func benchmark(ctx context.Context, o options) (err error) {
 	if ctx.Err() != nil {
 		rep.Interrupted = true
 	}
-	rep.Machine.LoadAvgEnd = loadAvg()
+	rep.Machine.LoadAvgEnd = kit.LoadAvg()
 	rep.FinishedAt = time.Now()
 	rep.Table = rep.tables()
 	fmt.Println()
@@ -127,7 +110,7 @@ func benchmark(ctx context.Context, o options) (err error) {
 		var fs []string
 		for _, r := range rep.Runs {
 			if r.Status != "ok" {
-				fs = append(fs, r.Name+": "+firstLine(r.Error))
+				fs = append(fs, r.Name+": "+kit.FirstLine(r.Error))
 			}
 		}
 		return fmt.Errorf("some runs failed:\n  %s", strings.Join(fs, "\n  "))
@@ -158,104 +141,11 @@ type report struct {
 	Parameters     parameters   `json:"parameters"`
 	Bootstrap      string       `json:"bootstrap"`
 	ExternalBroker bool         `json:"external_broker"`
-	Machine        machineInfo  `json:"machine"`
-	Versions       versions     `json:"versions"`
+	Machine        kit.Machine  `json:"machine"`
+	Versions       kit.Versions `json:"versions"`
 	Interrupted    bool         `json:"interrupted,omitempty"`
 	Runs           []*runResult `json:"runs"`
 	Table          string       `json:"table_markdown"`
-}
-
-type machineInfo struct {
-	Cores         int    `json:"cores"` // runtime.NumCPU
-	MemTotalBytes int64  `json:"mem_total_bytes"`
-	MemAvailBytes int64  `json:"mem_available_bytes_at_start"`
-	CPUModel      string `json:"cpu_model,omitempty"`
-	Kernel        string `json:"kernel,omitempty"`
-	GOOS          string `json:"goos"`
-	GOARCH        string `json:"goarch"`
-	Hostname      string `json:"hostname,omitempty"`
-	LoadAvgStart  string `json:"loadavg_start,omitempty"`
-	LoadAvgEnd    string `json:"loadavg_end,omitempty"`
-}
-
-type versions struct {
-	Go        string `json:"go"`
-	Java      string `json:"java"`
-	Kafka     string `json:"kafka_broker"`
-	GitCommit string `json:"git_commit,omitempty"`
-	GitDirty  bool   `json:"git_dirty"`
-}
-
-func describeMachine() machineInfo {
-	m := machineInfo{Cores: runtime.NumCPU(), GOOS: runtime.GOOS, GOARCH: runtime.GOARCH}
-	if b, err := os.ReadFile("/proc/meminfo"); err == nil {
-		for _, line := range strings.Split(string(b), "\n") {
-			k, v, _ := strings.Cut(line, ":")
-			f := strings.Fields(v)
-			if len(f) == 0 {
-				continue
-			}
-			n, _ := strconv.ParseInt(f[0], 10, 64)
-			switch k {
-			case "MemTotal":
-				m.MemTotalBytes = n * 1024
-			case "MemAvailable":
-				m.MemAvailBytes = n * 1024
-			}
-		}
-	}
-	if b, err := os.ReadFile("/proc/cpuinfo"); err == nil {
-		if mm := regexp.MustCompile(`(?m)^model name\s*:\s*(.+)$`).FindSubmatch(b); mm != nil {
-			m.CPUModel = strings.TrimSpace(string(mm[1]))
-		}
-	}
-	if b, err := os.ReadFile("/proc/sys/kernel/osrelease"); err == nil {
-		m.Kernel = strings.TrimSpace(string(b))
-	}
-	m.Hostname, _ = os.Hostname()
-	return m
-}
-
-func loadAvg() string {
-	b, err := os.ReadFile("/proc/loadavg")
-	if err != nil {
-		return ""
-	}
-	f := strings.Fields(string(b))
-	if len(f) < 3 {
-		return ""
-	}
-	return strings.Join(f[:3], " ")
-}
-
-func javaVersion() string {
-	out, err := exec.Command("java", "-version").CombinedOutput()
-	if err != nil {
-		return ""
-	}
-	lines := strings.Split(strings.TrimSpace(string(out)), "\n")
-	s := strings.TrimSpace(lines[0])
-	if len(lines) > 1 {
-		s += " (" + strings.TrimSpace(lines[1]) + ")"
-	}
-	return s
-}
-
-// gitState returns HEAD and whether the work tree differs from it, with
-// read-only git commands (no index refresh is written).
-func gitState(repo string) (string, bool) {
-	git := func(args ...string) (string, error) {
-		cmd := exec.Command("git", append([]string{"--no-optional-locks", "-C", repo}, args...)...)
-		cmd.Env = append(os.Environ(), "GIT_OPTIONAL_LOCKS=0")
-		out, err := cmd.Output()
-		return strings.TrimSpace(string(out)), err
-	}
-	head, err := git("rev-parse", "HEAD")
-	if err != nil {
-		return "", false
-	}
-	st, err := git("status", "--porcelain", "--untracked-files=no")
-	return head, err == nil && st != ""
 }
 
 // ---------------------------------------------------------------------------
@@ -266,16 +156,16 @@ func (rep *report) header() string {
 	p, m, v := rep.Parameters, rep.Machine, rep.Versions
 	fmt.Fprintf(&b, "## salesagg failover benchmark\n\n")
 	fmt.Fprintf(&b, "- state: %s products preloaded per run (one event each), %d input partitions (tasks), %d instances (scale: %d → %d), %s, commit.interval.ms %d, session.timeout.ms %d\n",
-		group(int64(p.Products)), p.Partitions, p.Instances, p.Instances-1, p.Instances, p.ProcessingGuarantee, p.CommitIntervalMs, p.SessionTimeoutMs)
+		kit.Group(int64(p.Products)), p.Partitions, p.Instances, p.Instances-1, p.Instances, p.ProcessingGuarantee, p.CommitIntervalMs, p.SessionTimeoutMs)
 	fmt.Fprintf(&b, "- load: %d events/s over all products while measuring (%s of steady state before each disruption); probes every %d ms\n",
 		p.RateEventsPerS, time.Duration(p.SteadyMs)*time.Millisecond, p.PollMs)
 	fmt.Fprintf(&b, "- machine: %d cores (%s), %s RAM, load average %s at start, %s at end\n",
-		m.Cores, m.CPUModel, gib(m.MemTotalBytes), m.LoadAvgStart, m.LoadAvgEnd)
+		m.Cores, m.CPUModel, kit.GiB(m.MemTotalBytes), m.LoadAvgStart, m.LoadAvgEnd)
 	dirty := ""
 	if v.GitDirty {
 		dirty = " (work tree modified)"
 	}
-	fmt.Fprintf(&b, "- versions: %s, Java %s, Kafka broker %s, git %s%s; broker %s\n", v.Go, v.Java, v.Kafka, short(v.GitCommit), dirty, rep.Bootstrap)
+	fmt.Fprintf(&b, "- versions: %s, Java %s, Kafka broker %s, git %s%s; broker %s\n", v.Go, v.Java, v.Kafka, kit.Short(v.GitCommit), dirty, rep.Bootstrap)
 	return b.String()
 }
 
@@ -315,7 +205,7 @@ func (rep *report) tables() string {
 			cells = append(cells, strings.Join(first, "; "), strings.Join(active, "; "))
 			if k.KillToSurvivorsReadyMs > 0 {
 				cells = append(cells, msCell(k.KillToSurvivorsReadyMs),
-					fmt.Sprintf("%s (%s; %s)", group(k.Restored.Records), group(k.Restored.TakeoverRecords), group(k.Restored.StandbyRecords)),
+					fmt.Sprintf("%s (%s; %s)", kit.Group(k.Restored.Records), kit.Group(k.Restored.TakeoverRecords), kit.Group(k.Restored.StandbyRecords)),
 					copyCell(k.Restored))
 			} else {
 				cells = append(cells, failedCell(r), "–", "–")
@@ -359,7 +249,7 @@ func (rep *report) tables() string {
 				task = "–"
 			}
 			fmt.Fprintf(&b, "| %d | %t | %s | %s | %s | %d | %s | %s | %s | %s | %s | %s |\n", r.Settings.Standbys, r.Settings.LeaveGroupOnClose,
-				msCell(max(rr.MaxGapMs, 0)), task, msCell(rr.TotalGapMs), gaps, standbyCell(rr.Tasks), group(rr.Restored.Records), copyCell(rr.Restored),
+				msCell(max(rr.MaxGapMs, 0)), task, msCell(rr.TotalGapMs), gaps, standbyCell(rr.Tasks), kit.Group(rr.Restored.Records), copyCell(rr.Restored),
 				strings.Join(stops, " / "), strings.Join(readies, " / "), msCell(rr.RollToSettledMs))
 		}
 		b.WriteString("\nUnanswerable: every instance's latest answer for a product of that task was not a 200 (503, 404, a transport error or\n" +
@@ -397,7 +287,7 @@ func (rep *report) tables() string {
 			}
 			prod := "–"
 			if r.Producer != nil {
-				prod = fmt.Sprintf("%s (%d)", group(int64(r.Producer.RateAchieved+0.5)), r.Producer.RateTarget)
+				prod = fmt.Sprintf("%s (%d)", kit.Group(int64(r.Producer.RateAchieved+0.5)), r.Producer.RateTarget)
 			}
 			fmt.Fprintf(&b, "| %s | %s | %d | %s | %s | %s | %s |\n", r.Name, msCell(p.ProduceMs), p.Instances, msCell(p.StartToAllReadyMs),
 				msCell(p.StartToCaughtUpMs), msCell(p.StartToSettledMs), prod)
@@ -420,24 +310,24 @@ func standbyCell(ts []*taskGaps) string {
 	if lag < 0 {
 		return strconv.Itoa(n)
 	}
-	return fmt.Sprintf("%d (%s)", n, group(lag))
+	return fmt.Sprintf("%d (%s)", n, kit.Group(lag))
 }
 
 // copyCell: the catch-up of the copies started in a window.
 func copyCell(s restoreSummary) string {
-	return fmt.Sprintf("%s (%d)", group(s.CopyBehind), s.CopyCatchups)
+	return fmt.Sprintf("%s (%d)", kit.Group(s.CopyBehind), s.CopyCatchups)
 }
 
 // withCopies: records restored, then the copies' catch-up.
 func withCopies(s restoreSummary) string {
-	return fmt.Sprintf("%s (%s in %d)", group(s.Records), group(s.CopyBehind), s.CopyCatchups)
+	return fmt.Sprintf("%s (%s in %d)", kit.Group(s.Records), kit.Group(s.CopyBehind), s.CopyCatchups)
 }
 
 func failedCell(r *runResult) string {
 	if r.Status == "ok" {
 		return "–"
 	}
-	s := firstLine(r.Error)
+	s := kit.FirstLine(r.Error)
 	if len(s) > 160 {
 		s = s[:160] + "…"
 	}
@@ -469,33 +359,6 @@ func (rep *report) notes() string {
 		return ""
 	}
 	return "### Failures and anomalies\n\n" + b.String()
-}
-
-func short(s string) string {
-	if len(s) > 12 {
-		return s[:12]
-	}
-	return s
-}
-
-func gib(b int64) string { return fmt.Sprintf("%.1f GiB", float64(b)/(1<<30)) }
-
-// group formats n with thousands separators.
-func group(n int64) string {
-	s := strconv.FormatInt(n, 10)
-	neg := strings.HasPrefix(s, "-")
-	s = strings.TrimPrefix(s, "-")
-	var out []byte
-	for i, c := range []byte(s) {
-		if i > 0 && (len(s)-i)%3 == 0 {
-			out = append(out, ',')
-		}
-		out = append(out, c)
-	}
-	if neg {
-		return "-" + string(out)
-	}
-	return string(out)
 }
 
 // write stores the report as <outDir>/<date>T<time>-failover.json (via a

@@ -11,6 +11,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/salesagg/salesagg/bench/kit"
 	"github.com/salesagg/salesagg/internal/sales"
 )
 
@@ -90,10 +91,10 @@ func runOne(ctx context.Context, e *env, scenario, name string, set settings, to
 		res.LogLines = map[string]*logCounts{}
 		for _, in := range c.insts {
 			in.mu.Lock()
-			res.LogLines[in.name] = &logCounts{Errors: in.errorLines, Warns: in.warnLines, FirstErrors: in.firstErrors}
-			if in.errorLines > 0 {
+			res.LogLines[in.name] = &logCounts{Errors: in.errs.Count, Warns: in.warnLines, FirstErrors: in.errs.First}
+			if in.errs.Count > 0 {
 				c.mu.Lock()
-				c.anomalies = append(c.anomalies, fmt.Sprintf("%s logged %d error lines, first: %s", in.name, in.errorLines, in.firstErrors[0]))
+				c.anomalies = append(c.anomalies, fmt.Sprintf("%s logged %d error lines, first: %s", in.name, in.errs.Count, in.errs.First[0]))
 				c.mu.Unlock()
 			}
 			in.mu.Unlock()
@@ -101,7 +102,7 @@ func runOne(ctx context.Context, e *env, scenario, name string, set settings, to
 		c.mu.Lock()
 		res.Anomalies = c.anomalies
 		c.mu.Unlock()
-		deleteRun(e.adm, c.app, []string{c.app})
+		kit.DeleteRun(e.adm, c.app, []string{c.app}, logf)
 		if !e.o.keepTmp {
 			c.removeState()
 		}
@@ -109,12 +110,12 @@ func runOne(ctx context.Context, e *env, scenario, name string, set settings, to
 		if res.Status == "ok" {
 			logf("=== run %s done in %.1f s ===", name, float64(res.DurationMs)/1000)
 		} else {
-			logf("=== run %s FAILED after %.1f s: %s ===", name, float64(res.DurationMs)/1000, firstLine(res.Error))
+			logf("=== run %s FAILED after %.1f s: %s ===", name, float64(res.DurationMs)/1000, kit.FirstLine(res.Error))
 		}
 	}()
 
 	err = func() error {
-		if err := createTopic(ctx, e.adm, c.topic, partitions); err != nil {
+		if err := kit.CreateTopic(ctx, e.adm, c.topic, partitions); err != nil {
 			return err
 		}
 		if err := waitTopic(ctx, e.adm, c.topic, partitions); err != nil {
@@ -134,7 +135,7 @@ func runOne(ctx context.Context, e *env, scenario, name string, set settings, to
 				return err
 			}
 		}
-		t0 := live[0].p().started
+		t0 := live[0].p().Started
 		readyAt, err := c.waitReady(ctx, live, e.o.timeout)
 		if err != nil {
 			return fmt.Errorf("preload: %w", err)
@@ -182,11 +183,6 @@ func runOne(ctx context.Context, e *env, scenario, name string, set settings, to
 		res.Status, res.Error = "failed", err.Error()
 	}
 	return res
-}
-
-func firstLine(s string) string {
-	l, _, _ := strings.Cut(s, "\n")
-	return l
 }
 
 // ---------------------------------------------------------------------------
@@ -336,7 +332,7 @@ func killScenario(ctx context.Context, c *cluster, res *runResult, probes map[st
 	if err := c.start(victim); err != nil {
 		return err
 	}
-	t0 := victim.p().started
+	t0 := victim.p().Started
 	readyAt, err = c.waitReady(ctx, []*instance{victim}, o.timeout)
 	if err != nil {
 		return fmt.Errorf("restart: %w", err)
@@ -545,9 +541,9 @@ func rollingScenario(ctx context.Context, c *cluster, res *runResult, probes map
 		sigAts = append(sigAts, sigAt)
 		st.SigtermAtMs = sigAt.Sub(rollAt).Milliseconds()
 		logf("%s: SIGTERM %s", c.name, in.name)
-		took, killed := p.stop(o.stopTimeout)
+		took, killed := p.Stop(o.stopTimeout)
 		st.StopMs, st.Killed = took.Milliseconds(), killed
-		st.ExitCode, st.ExitSignal = p.exitInfo()
+		st.ExitCode, st.ExitSignal, _ = p.ExitInfo()
 		if killed {
 			c.anomaly("%s: no exit within %s of SIGTERM; killed", in.name, o.stopTimeout)
 		} else if st.ExitCode != 0 {
@@ -556,7 +552,7 @@ func rollingScenario(ctx context.Context, c *cluster, res *runResult, probes map
 		if err := c.start(in); err != nil {
 			return err
 		}
-		t0 := in.p().started
+		t0 := in.p().Started
 		readyAt, err := c.waitReady(ctx, []*instance{in}, o.timeout)
 		if err != nil {
 			return fmt.Errorf("rolling restart of %s: %w", in.name, err)
@@ -762,7 +758,7 @@ func scaleScenario(ctx context.Context, c *cluster, res *runResult, probes map[s
 	if err := c.start(newIn); err != nil {
 		return err
 	}
-	t0 := newIn.p().started
+	t0 := newIn.p().Started
 	readyAt, err := c.waitReady(ctx, []*instance{newIn}, o.timeout)
 	if err != nil {
 		return fmt.Errorf("scale-out: %w", err)
