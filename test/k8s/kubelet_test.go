@@ -5,12 +5,12 @@ package k8s
 import (
 	"bytes"
 	"context"
-	"encoding/json"
 	"fmt"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -19,6 +19,8 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+
+	"github.com/salesagg/salesagg/test/harness"
 )
 
 // container is one run of a pod's container as a local process, with the
@@ -73,8 +75,8 @@ func startContainer(t *testing.T, pod *Pod, sec *corev1.PodSecurityContext, bin 
 	if c.cmd.Dir == "" {
 		c.cmd.Dir = "/"
 	}
-	c.cmd.Stdout = &lineWriter{emit: func(l string) { c.line("out", l) }}
-	c.cmd.Stderr = &lineWriter{emit: func(l string) {
+	c.cmd.Stdout = &harness.LineWriter{Emit: func(l string) { c.line("out", l) }}
+	c.cmd.Stderr = &harness.LineWriter{Emit: func(l string) {
 		c.mu.Lock()
 		c.stderr = append(c.stderr, l)
 		c.mu.Unlock()
@@ -340,50 +342,11 @@ func (c *container) problemsSoFar() []string {
 }
 
 // logs returns the JSON log lines (stderr) so far.
-func (c *container) logs() []map[string]any {
+func (c *container) logs() []harness.LogEntry {
 	c.mu.Lock()
-	lines := append([]string(nil), c.stderr...)
+	lines := slices.Clone(c.stderr)
 	c.mu.Unlock()
-	var out []map[string]any
-	for _, l := range lines {
-		if !strings.HasPrefix(l, "{") {
-			continue
-		}
-		var e map[string]any
-		if json.Unmarshal([]byte(l), &e) == nil {
-			out = append(out, e)
-		}
-	}
-	return out
+	return harness.JSONLines(lines)
 }
 
-func (c *container) tail(n int) string {
-	b, err := os.ReadFile(c.logPath)
-	if err != nil {
-		return err.Error()
-	}
-	lines := strings.Split(strings.TrimRight(string(b), "\n"), "\n")
-	if len(lines) > n {
-		lines = lines[len(lines)-n:]
-	}
-	return strings.Join(lines, "\n")
-}
-
-// lineWriter splits what is written into lines.
-type lineWriter struct {
-	buf  []byte
-	emit func(string)
-}
-
-func (w *lineWriter) Write(b []byte) (int, error) {
-	w.buf = append(w.buf, b...)
-	for {
-		i := bytes.IndexByte(w.buf, '\n')
-		if i < 0 {
-			break
-		}
-		w.emit(strings.TrimRight(string(w.buf[:i]), "\r"))
-		w.buf = w.buf[i+1:]
-	}
-	return len(b), nil
-}
+func (c *container) tail(n int) string { return harness.Tail(c.logPath, n) }

@@ -7,16 +7,17 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"maps"
 	"net"
 	"net/http"
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -24,6 +25,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 	"k8s.io/apimachinery/pkg/util/intstr"
 
+	"github.com/salesagg/salesagg/test/harness"
 	"github.com/salesagg/salesagg/test/port"
 )
 
@@ -119,7 +121,7 @@ func TestStatefulSetRehearsal(t *testing.T) {
 		t.Fatal(err)
 	}
 	bin := buildSalesagg(t, root, work)
-	broker, external := startKafka(t, root, work)
+	broker, external := harness.StartKafka(t, root, work)
 	if os.Geteuid() == 0 {
 		t.Logf("running the pods as uid %d gid %d with group %d (runAsUser, runAsGroup, fsGroup)", *podSec.RunAsUser, *podSec.RunAsGroup, *podSec.FSGroup)
 	} else {
@@ -223,9 +225,11 @@ func TestStatefulSetRehearsal(t *testing.T) {
 	for i := range products {
 		products[i] = fmt.Sprintf("k8s-p%02d", i)
 	}
-	prod := newProducer(cl, products)
+	prod := harness.NewEndlessProducer(cl, cfg.InputTopic, func(i int) harness.Event {
+		return harness.Event{Product: products[i%len(products)], Value: 1}
+	})
 	for range preloadPerProduct {
-		if err := prod.send(len(products)); err != nil {
+		if _, err := prod.Send(len(products)); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -253,8 +257,8 @@ func TestStatefulSetRehearsal(t *testing.T) {
 	t.Logf("all %d pods ready %s after the start", replicas, time.Since(t0).Round(time.Millisecond))
 
 	hc := &http.Client{Timeout: 2 * time.Second}
-	waitFor(t, 60*time.Second, "every pod to answer the preload's totals", func() error {
-		return checkTotals(hc, listen, prod.totals(), false)
+	harness.WaitFor(t, 60*time.Second, "every pod to answer the preload's totals", func() error {
+		return checkTotals(hc, listen, prod.Totals(), false)
 	})
 	// One probe product per task, by X-Served-By.
 	taskOf := map[string]string{}
@@ -278,7 +282,7 @@ func TestStatefulSetRehearsal(t *testing.T) {
 	// ready too): take it once each task runs on exactly one pod, each pod
 	// runs one, and two readings a few seconds apart agree.
 	var before map[string][]string
-	waitFor(t, 2*time.Minute, "a settled assignment, one task per pod", func() error {
+	harness.WaitFor(t, 2*time.Minute, "a settled assignment, one task per pod", func() error {
 		first := assignment(t, hc, listen)
 		seen := map[string]int{}
 		for pod, tasks := range first {
@@ -304,9 +308,9 @@ func TestStatefulSetRehearsal(t *testing.T) {
 	t.Logf("tasks before the rolling update: %v; probe products %v", before, probeProducts)
 
 	pr := startProber(listen, probeProducts)
-	prod.start(produceTick, produceBatch)
-	target := prod.sentNow() + 4*produceBatch
-	waitFor(t, 30*time.Second, "events to flow", func() error { return prod.sentAtLeast(target) })
+	prod.Start(t, produceBatch, produceTick)
+	target := prod.Sent() + 4*produceBatch
+	harness.WaitFor(t, 30*time.Second, "events to flow", sentAtLeast(prod, target))
 
 	// The rolling update: highest ordinal first, each once all are ready.
 	type step struct {
@@ -337,19 +341,19 @@ func TestStatefulSetRehearsal(t *testing.T) {
 		nc.mu.Unlock()
 		steps = append(steps, st)
 		t.Logf("%s: SIGTERM → exit %s, start → /readyz 200 %s, → the readiness probe passed %s (producer at %d events)",
-			nc.pod.Name, took.Round(time.Millisecond), st.serviceReady.Round(time.Millisecond), st.startToReady.Round(time.Millisecond), prod.sentNow())
+			nc.pod.Name, took.Round(time.Millisecond), st.serviceReady.Round(time.Millisecond), st.startToReady.Round(time.Millisecond), prod.Sent())
 	}
-	target = prod.sentNow() + 4*produceBatch
-	waitFor(t, 30*time.Second, "events to flow after the update", func() error { return prod.sentAtLeast(target) })
-	if err := prod.stop(); err != nil {
+	target = prod.Sent() + 4*produceBatch
+	harness.WaitFor(t, 30*time.Second, "events to flow after the update", sentAtLeast(prod, target))
+	if err := prod.Stop(); err != nil {
 		t.Errorf("producer: %v", err)
 	}
-	want := prod.totals()
+	want := prod.Totals()
 	var sum int64
 	for _, v := range want {
 		sum += v
 	}
-	waitFor(t, 60*time.Second, "every pod to answer every product's exact total, from its owner", func() error {
+	harness.WaitFor(t, 60*time.Second, "every pod to answer every product's exact total, from its owner", func() error {
 		return checkTotals(hc, listen, want, true)
 	})
 	pr.stop()
@@ -362,10 +366,13 @@ func TestStatefulSetRehearsal(t *testing.T) {
 			t.Errorf("%s (restarted) logged no \"Finished restoring changelog\" line", c.pod.Name)
 		}
 		for _, l := range lines {
-			if l.records != 0 {
-				t.Errorf("%s (restarted): %q: want 0 records (the volume held the state)", c.pod.Name, l.msg)
-			} else {
-				t.Logf("%s: %s (records=%d)", c.pod.Name, l.msg, l.records)
+			switch {
+			case !l.Agrees:
+				t.Errorf("%s (restarted): %q: its field records (%d) disagrees with the message", c.pod.Name, l.Msg, l.Records)
+			case l.Records != 0:
+				t.Errorf("%s (restarted): %q: want 0 records (the volume held the state)", c.pod.Name, l.Msg)
+			default:
+				t.Logf("%s: %s (records=%d)", c.pod.Name, l.Msg, l.Records)
 			}
 		}
 	}
@@ -383,7 +390,7 @@ func TestStatefulSetRehearsal(t *testing.T) {
 
 	// Availability.
 	rep := pr.report()
-	for _, task := range sortedKeys(rep) {
+	for _, task := range slices.Sorted(maps.Keys(rep)) {
 		r := rep[task]
 		t.Logf("task %s (%s): longest unanswerable %s (%d stretches), longest without the owner's answer %s, %d of %d answers from a standby copy (max lag %d), %d answers",
 			task, probeProducts[task], r.maxUnanswerable.Round(time.Millisecond), r.unanswerableStretches, r.maxOwnerAway.Round(time.Millisecond), r.stale, r.ok, r.maxLag, r.total)
@@ -478,7 +485,7 @@ func query(hc *http.Client, addr, product string) answer {
 func checkTotals(hc *http.Client, addrs []string, want map[string]int64, fresh bool) error {
 	var diffs []string
 	for i, addr := range addrs {
-		for _, p := range sortedKeys(want) {
+		for _, p := range slices.Sorted(maps.Keys(want)) {
 			a := query(hc, addr, p)
 			switch {
 			case a.err != nil:
@@ -492,7 +499,7 @@ func checkTotals(hc *http.Client, addrs []string, want map[string]int64, fresh b
 			}
 		}
 	}
-	return summarize(diffs)
+	return harness.Summarize(diffs)
 }
 
 // assignment reads each pod's running active tasks (GET /v1/tasks).
@@ -531,133 +538,10 @@ func assignment(t *testing.T, hc *http.Client, addrs []string) map[string][]stri
 // ---------------------------------------------------------------------------
 // Logs
 
-type restoreLine struct {
-	msg     string
-	records int64
-}
-
-var finishedRestoring = regexp.MustCompile(`^Finished restoring changelog \S+-\d+ to store \S+ with a total number of (\d+) records`)
-
 // restoreLines returns the container's "Finished restoring changelog" lines
-// with their field records (which must agree with the message).
-func restoreLines(c *container) []restoreLine {
-	var out []restoreLine
-	for _, e := range c.logs() {
-		msg, _ := e["msg"].(string)
-		g := finishedRestoring.FindStringSubmatch(msg)
-		if g == nil {
-			continue
-		}
-		n, ok := e["records"].(float64)
-		inMsg, _ := strconv.ParseInt(g[1], 10, 64)
-		if !ok || int64(n) != inMsg {
-			out = append(out, restoreLine{msg + " [field records disagrees]", -1})
-			continue
-		}
-		out = append(out, restoreLine{msg, int64(n)})
-	}
-	return out
-}
-
-// ---------------------------------------------------------------------------
-// Producer
-
-// producer sends {"product":p,"value":1} with key p to the input topic,
-// round robin over the products, and counts what the broker acknowledged.
-type producer struct {
-	cl       *kgo.Client
-	products []string
-	next     int
-	sent     atomic.Int64
-	mu       sync.Mutex
-	counts   map[string]int64
-	err      error
-	quit     chan struct{}
-	done     chan struct{}
-}
-
-func newProducer(cl *kgo.Client, products []string) *producer {
-	return &producer{cl: cl, products: products, counts: map[string]int64{}}
-}
-
-// send produces n events and waits for their acknowledgement.
-func (p *producer) send(n int) error {
-	recs := make([]*kgo.Record, n)
-	for i := range recs {
-		prod := p.products[p.next%len(p.products)]
-		p.next++
-		recs[i] = &kgo.Record{Key: []byte(prod), Value: fmt.Appendf(nil, `{"product":%q,"value":1}`, prod)}
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	results := p.cl.ProduceSync(ctx, recs...)
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	for _, r := range results {
-		if r.Err != nil {
-			return fmt.Errorf("producing: %w", r.Err)
-		}
-		p.counts[string(r.Record.Key)]++
-	}
-	p.sent.Add(int64(n))
-	return nil
-}
-
-// start sends batch events every tick until stop.
-func (p *producer) start(tick time.Duration, batch int) {
-	p.quit, p.done = make(chan struct{}), make(chan struct{})
-	go func() {
-		defer close(p.done)
-		tk := time.NewTicker(tick)
-		defer tk.Stop()
-		for {
-			select {
-			case <-p.quit:
-				return
-			case <-tk.C:
-			}
-			if err := p.send(batch); err != nil {
-				p.mu.Lock()
-				p.err = err
-				p.mu.Unlock()
-				return
-			}
-		}
-	}()
-}
-
-func (p *producer) stop() error {
-	close(p.quit)
-	<-p.done
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return p.err
-}
-
-func (p *producer) sentNow() int64 { return p.sent.Load() }
-
-func (p *producer) sentAtLeast(n int64) error {
-	p.mu.Lock()
-	err := p.err
-	p.mu.Unlock()
-	if err != nil {
-		return err
-	}
-	if s := p.sent.Load(); s < n {
-		return fmt.Errorf("%d events sent, waiting for %d", s, n)
-	}
-	return nil
-}
-
-func (p *producer) totals() map[string]int64 {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	out := make(map[string]int64, len(p.counts))
-	for k, v := range p.counts {
-		out[k] = v
-	}
-	return out
-}
+// (the records of each come from its field records, which must agree with
+// the message).
+func restoreLines(c *container) []harness.RestoreLine { return harness.RestoreLines(c.logs()) }
 
 // ---------------------------------------------------------------------------
 // Prober
@@ -792,32 +676,18 @@ func (pr *prober) report() map[string]*taskStats { return pr.stats }
 // ---------------------------------------------------------------------------
 // Helpers
 
-// waitFor polls cond every 200 ms until it returns nil, failing the test
-// with cond's last error after timeout.
-func waitFor(t *testing.T, timeout time.Duration, what string, cond func() error) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	tick := time.NewTicker(200 * time.Millisecond)
-	defer tick.Stop()
-	for {
-		err := cond()
-		if err == nil {
-			return
+// sentAtLeast returns a condition: the producer has had n events
+// acknowledged (it gives up once the producer failed).
+func sentAtLeast(p *harness.Producer, n int64) func() error {
+	return func() error {
+		if err := p.Err(); err != nil {
+			return fmt.Errorf("%w: %w", harness.ErrGiveUp, err)
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %s waiting for %s: %v", timeout, what, err)
+		if s := p.Sent(); s < n {
+			return fmt.Errorf("%d events sent, waiting for %d", s, n)
 		}
-		<-tick.C
+		return nil
 	}
-}
-
-func sortedKeys[V any](m map[string]V) []string {
-	out := make([]string, 0, len(m))
-	for k := range m {
-		out = append(out, k)
-	}
-	sort.Strings(out)
-	return out
 }
 
 // untraversable returns the first directory of dir and its parents that
