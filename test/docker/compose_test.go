@@ -4,12 +4,10 @@ package docker
 
 import (
 	"archive/tar"
-	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
-	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -21,23 +19,17 @@ import (
 	"testing"
 	"time"
 
-	"github.com/twmb/franz-go/pkg/kadm"
-	"github.com/twmb/franz-go/pkg/kgo"
-
+	"github.com/salesagg/salesagg/test/harness"
 	"github.com/salesagg/salesagg/test/port"
 )
 
-// seedTotals are the totals sample_events.txt gives (the README's).
-var seedTotals = map[string]int64{
-	"product1": 9200, "product2": 8150, "product3": 7350, "product4": 11700, "product5": 6000,
-	"product6": 8750, "product7": 9150, "product8": 12150, "product9": 7550, "product10": 3450,
-}
+// changelog is the changelog topic of the default application id.
+var changelog = harness.ChangelogTopic("sales-aggregator")
 
 const (
 	project    = "salesaggtest"
 	stateVol   = "salesagg-state" // docker-compose.yml names its volumes
 	kafkaVol   = "salesagg-kafka-data"
-	changelog  = "sales-aggregator-PRODUCT_AGGREGATED_SALES-changelog"
 	partitions = 3
 	serviceUID = "65532"
 )
@@ -98,7 +90,7 @@ func TestComposeWalkthrough(t *testing.T) {
 	}
 	httpPort := httpAddr[strings.LastIndex(httpAddr, ":")+1:]
 
-	c := &composeRun{t: t, e: e, bin: compose, dir: repo, base: "http://" + httpAddr}
+	c := &composeRun{t: t, e: e, bin: compose, dir: repo, api: harness.NewAPI(httpAddr)}
 	c.env = append(slices.Clone(e.env),
 		"COMPOSE_FILE=docker-compose.yml:test/docker/docker-compose.test.yml",
 		"COMPOSE_PROJECT_NAME="+project, "COMPOSE_ANSI=never", "COMPOSE_PROFILES=",
@@ -130,7 +122,7 @@ func TestComposeWalkthrough(t *testing.T) {
 	if !strings.Contains(res.stderr+res.stdout, "sent 100 records to sales-events-v1") {
 		t.Fatalf("produce said:\n%s%s", res.stdout, res.stderr)
 	}
-	waitUntil(t, time.Minute, "the sample totals over HTTP", c.checkTotals)
+	harness.WaitFor(t, time.Minute, "the sample totals over HTTP", c.checkTotals)
 	phase("produced, totals")
 
 	// 3. docker-compose stop && docker-compose rm -f && docker-compose up -d:
@@ -152,7 +144,7 @@ func TestComposeWalkthrough(t *testing.T) {
 	c.checkContainer(second)
 	logs = c.restoreLines()
 	c.expectRestored(logs, map[int32]int64{0: 0, 1: 0, 2: 0}, false)
-	waitUntil(t, 30*time.Second, "the same totals after stop, rm, up", c.checkTotals)
+	harness.WaitFor(t, 30*time.Second, "the same totals after stop, rm, up", c.checkTotals)
 	phase("stop, rm, up: 0 restored")
 
 	// 4. The state removed: docker-compose stop salesagg && docker-compose rm
@@ -167,7 +159,7 @@ func TestComposeWalkthrough(t *testing.T) {
 	c.checkContainer(third)
 	logs = c.restoreLines()
 	c.expectRestored(logs, counts, true)
-	waitUntil(t, 30*time.Second, "the same totals after the full restore", c.checkTotals)
+	harness.WaitFor(t, 30*time.Second, "the same totals after the full restore", c.checkTotals)
 	phase("state removed: full restore")
 
 	// 5. docker-compose down -v removes the containers and both volumes;
@@ -342,18 +334,15 @@ func checkImage(t *testing.T, e *engine, image string) {
 // dir and returns its address; the broker goes down in the cleanup.
 func startKafka(t *testing.T, repo, dir string) string {
 	t.Helper()
-	script := filepath.Join(repo, "test", "kafka", "kafka.sh")
-	env := []string{"KAFKA_DIR=" + dir}
+	k := harness.NewKafka(repo, dir)
 	t.Cleanup(func() {
-		if _, err := run(t, runOpts{env: env, timeout: 2 * time.Minute}, script, "down"); err != nil {
-			t.Error(err)
+		if out, err := k.Run(2*time.Minute, "down"); err != nil {
+			t.Errorf("kafka.sh down: %v\n%s", err, out)
 		}
 	})
-	res := must(t, runOpts{env: env, timeout: 5 * time.Minute}, script, "up")
-	lines := strings.Split(strings.TrimSpace(res.stdout), "\n")
-	addr := strings.TrimSpace(lines[len(lines)-1])
-	if !strings.HasPrefix(addr, "127.0.0.1:") {
-		t.Fatalf("kafka.sh up printed %q as its last line, want 127.0.0.1:PORT", addr)
+	addr, err := k.Up(5 * time.Minute)
+	if err != nil {
+		t.Fatal(err)
 	}
 	return addr
 }
@@ -367,7 +356,7 @@ type composeRun struct {
 	bin  string
 	dir  string
 	env  []string
-	base string // the service's HTTP address
+	api  *harness.API // the service's HTTP API
 	gone bool
 }
 
@@ -448,17 +437,17 @@ func (c *composeRun) waitHealthy() container {
 		c.t.Fatal("docker-compose ps -q salesagg: no container")
 	}
 	var got container
-	took := waitUntil(c.t, 3*time.Minute, "the salesagg container to be healthy", func() error {
+	took := harness.WaitFor(c.t, 3*time.Minute, "the salesagg container to be healthy", func() error {
 		ct, err := c.inspect(id)
 		if err != nil {
 			return err
 		}
 		got = ct
 		if ct.State.Status == "exited" || ct.State.Status == "dead" {
-			return fmt.Errorf("%w: the container %s (exit code %d)", errFatal, ct.State.Status, ct.State.ExitCode)
+			return fmt.Errorf("%w: the container %s (exit code %d)", harness.ErrGiveUp, ct.State.Status, ct.State.ExitCode)
 		}
 		if ct.State.Health == nil {
-			return fmt.Errorf("%w: the container has no healthcheck", errFatal)
+			return fmt.Errorf("%w: the container has no healthcheck", harness.ErrGiveUp)
 		}
 		if ct.State.Health.Status != "healthy" {
 			last := "no probe yet"
@@ -570,7 +559,7 @@ var restoredRe = regexp.MustCompile(`^Finished restoring changelog (\S+)-(\d+) t
 func (c *composeRun) restoreLines() []string {
 	c.t.Helper()
 	var out []string
-	waitUntil(c.t, 30*time.Second, "the 'Restoration took' line in docker-compose logs", func() error {
+	harness.WaitFor(c.t, 30*time.Second, "the 'Restoration took' line in docker-compose logs", func() error {
 		out = c.readRestoreLines()
 		for _, l := range out {
 			if strings.HasPrefix(l, "Restoration took") {
@@ -645,30 +634,7 @@ func (c *composeRun) expectRestored(lines []string, want map[int32]int64, noChec
 }
 
 // checkTotals asks the service for each product over HTTP, as a user would.
-func (c *composeRun) checkTotals() error {
-	client := &http.Client{Timeout: 5 * time.Second}
-	var wrong []string
-	for p, want := range seedTotals {
-		resp, err := client.Get(c.base + "/v1/products/" + p)
-		if err != nil {
-			return err
-		}
-		var body struct {
-			Product string `json:"product"`
-			Total   int64  `json:"total"`
-		}
-		err = json.NewDecoder(resp.Body).Decode(&body)
-		resp.Body.Close()
-		if resp.StatusCode != http.StatusOK || err != nil || body.Product != p || body.Total != want {
-			wrong = append(wrong, fmt.Sprintf("%s: HTTP %d %+v (want %d)", p, resp.StatusCode, body, want))
-		}
-	}
-	if len(wrong) > 0 {
-		slices.Sort(wrong)
-		return errors.New(strings.Join(wrong, "; "))
-	}
-	return nil
-}
+func (c *composeRun) checkTotals() error { return c.api.CheckTotals(harness.SampleTotals) }
 
 func (c *composeRun) volumeCreated(name string) string {
 	c.t.Helper()
@@ -679,63 +645,16 @@ func (c *composeRun) volumeCreated(name string) string {
 // restore does) and returns the committed records of each partition.
 func changelogCounts(t *testing.T, bootstrap, topic string) map[int32]int64 {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
-	adm, err := kgo.NewClient(kgo.SeedBrokers(bootstrap))
+	c, err := harness.ReadTopic(bootstrap, topic, 60*time.Second)
 	if err != nil {
 		t.Fatal(err)
 	}
-	starts, err := kadm.NewClient(adm).ListStartOffsets(ctx, topic)
-	var ends kadm.ListedOffsets
-	if err == nil {
-		ends, err = kadm.NewClient(adm).ListEndOffsets(ctx, topic)
-	}
-	adm.Close()
-	if err == nil {
-		err = errors.Join(starts.Error(), ends.Error())
-	}
-	if err != nil {
-		t.Fatalf("listing the offsets of %s: %v", topic, err)
-	}
 	counts := map[int32]int64{}
-	from := map[int32]kgo.Offset{}
-	pending := map[int32]int64{}
-	ends.Each(func(o kadm.ListedOffset) {
-		counts[o.Partition] = 0
-		if s := starts[topic][o.Partition].Offset; o.Offset > s {
-			from[o.Partition] = kgo.NewOffset().At(s)
-			pending[o.Partition] = o.Offset
-		}
-	})
-	if len(pending) > 0 {
-		cl, err := kgo.NewClient(kgo.SeedBrokers(bootstrap),
-			kgo.ConsumePartitions(map[string]map[int32]kgo.Offset{topic: from}),
-			kgo.FetchIsolationLevel(kgo.ReadCommitted()), kgo.KeepControlRecords())
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer cl.Close()
-		for len(pending) > 0 {
-			fetches := cl.PollFetches(ctx)
-			if ctx.Err() != nil {
-				t.Fatalf("reading %s: %v (not read to the end: %v)", topic, ctx.Err(), pending)
-			}
-			if err := fetches.Err(); err != nil {
-				t.Fatalf("reading %s: %v", topic, err)
-			}
-			fetches.EachRecord(func(r *kgo.Record) {
-				end, ok := pending[r.Partition]
-				if !ok || r.Offset >= end {
-					return
-				}
-				if !r.Attrs.IsControl() {
-					counts[r.Partition]++
-				}
-				if r.Offset+1 >= end {
-					delete(pending, r.Partition)
-				}
-			})
-		}
+	for p := range c.End {
+		counts[p] = 0
+	}
+	for _, r := range c.Records {
+		counts[r.Partition]++
 	}
 	if len(counts) != partitions {
 		t.Fatalf("changelog %s has partitions %v, want %d", topic, counts, partitions)

@@ -26,6 +26,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/salesagg/salesagg/test/harness"
 )
 
 // The Compose implementation: Compose v2, built once per machine from the Go
@@ -107,30 +109,6 @@ func tail(s string, n int) string {
 	}
 	return strings.Join(lines, "\n")
 }
-
-// waitUntil polls cond every interval until it returns nil, for at most
-// timeout, and fails the test with cond's last error.
-func waitUntil(t *testing.T, timeout time.Duration, what string, cond func() error) time.Duration {
-	t.Helper()
-	start := time.Now()
-	deadline := start.Add(timeout)
-	for {
-		err := cond()
-		if err == nil {
-			return time.Since(start)
-		}
-		if errors.Is(err, errFatal) {
-			t.Fatalf("waiting for %s: %v", what, err)
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %s waiting for %s: %v", timeout, what, err)
-		}
-		time.Sleep(250 * time.Millisecond)
-	}
-}
-
-// errFatal, wrapped, stops waitUntil at once (a container that exited).
-var errFatal = errors.New("giving up")
 
 // cacheDir is where the slow parts are kept between runs on one machine:
 // $SALESAGG_DOCKER_CACHE, else ${XDG_CACHE_HOME:-$HOME/.cache}/salesagg/docker.
@@ -301,10 +279,10 @@ func startDockerd(t *testing.T, root string) *engine {
 	_ = logf.Close()
 	go func() { _ = e.cmd.Wait(); close(e.exited) }()
 	t.Cleanup(func() { e.stop(t) })
-	took := waitUntil(t, 90*time.Second, "dockerd to answer", func() error {
+	took := harness.WaitFor(t, 90*time.Second, "dockerd to answer", func() error {
 		select {
 		case <-e.exited:
-			return fmt.Errorf("%w: dockerd exited: %v\n%s", errFatal, e.cmd.ProcessState, e.logTail())
+			return fmt.Errorf("%w: dockerd exited: %v\n%s", harness.ErrGiveUp, e.cmd.ProcessState, e.logTail())
 		default:
 		}
 		_, err := run(t, runOpts{env: e.env, timeout: 10 * time.Second, quiet: true}, "docker", "version", "--format", "{{.Server.Version}}")
