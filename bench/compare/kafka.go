@@ -96,14 +96,7 @@ func generate(ctx context.Context, addr, topic string, events, products int, see
 	if err := kit.CreateTopic(ctx, adm, topic, partitions); err != nil {
 		return nil, err
 	}
-	cl, err := kgo.NewClient(
-		kgo.SeedBrokers(addr),
-		kgo.DefaultProduceTopic(topic),
-		kgo.ProducerLinger(5*time.Millisecond),
-		kgo.ProducerBatchMaxBytes(1<<20),
-		kgo.MaxBufferedRecords(200_000),
-		kgo.RequiredAcks(kgo.AllISRAcks()),
-	)
+	cl, err := kit.NewBulkProducer(addr, topic)
 	if err != nil {
 		return nil, err
 	}
@@ -111,12 +104,8 @@ func generate(ctx context.Context, addr, topic string, events, products int, see
 
 	ds := &dataset{topic: topic, products: products, events: events, expected: make([]int64, products)}
 	src := newEventSource(seed, products)
-	var (
-		failed  = make(chan error, 1)
-		t0      = time.Now()
-		lastLog = t0
-	)
-	for i := 0; i < events; i++ {
+	t0 := time.Now()
+	err = kit.ProduceAll(ctx, cl, events, func(int) *kgo.Record {
 		n, value := src.next()
 		ds.expected[n] += value
 		// key and value in one allocation: `p<n>` then `{"product":"p<n>","value":V}`
@@ -128,28 +117,11 @@ func generate(ctx context.Context, addr, topic string, events, products int, see
 		buf = append(buf, `","value":`...)
 		buf = strconv.AppendInt(buf, value, 10)
 		buf = append(buf, '}')
-		r := &kgo.Record{Key: buf[:k:k], Value: buf[k:]}
 		ds.bytes += int64(len(buf))
-		cl.Produce(ctx, r, func(_ *kgo.Record, err error) {
-			if err != nil {
-				select {
-				case failed <- err:
-				default:
-				}
-			}
-		})
-		if now := time.Now(); now.Sub(lastLog) >= 5*time.Second {
-			lastLog = now
-			logf("producing: %d of %d events", i+1, events)
-		}
-	}
-	if err := cl.Flush(ctx); err != nil {
-		return nil, fmt.Errorf("flushing the producer: %w", err)
-	}
-	select {
-	case err := <-failed:
-		return nil, fmt.Errorf("producing to %s: %w", topic, err)
-	default:
+		return &kgo.Record{Key: buf[:k:k], Value: buf[k:]}
+	}, logf, "the events to "+topic, 0)
+	if err != nil {
+		return nil, err
 	}
 	ds.produceMs = time.Since(t0).Milliseconds()
 

@@ -84,19 +84,8 @@ func run() int {
 	fs.BoolVar(&o.keepTmp, "keep-tmp", false, "keep the temporary directory (process logs, state dirs, broker) after the run")
 	fs.BoolVar(&o.profile, "profile", false, "run salesagg with --http.pprof true and save CPU and heap profiles of its processing and full restore runs next to the JSON")
 	fs.IntVar(&o.profileSeconds, "profile-seconds", maxProfileSeconds, "length of each CPU profile with --profile, 1..29 s (the harness waits for it before stopping salesagg)")
-	fs.Usage = func() {
-		fmt.Fprintf(fs.Output(), "Usage: go run ./bench/compare [flags]    (quick run: --events 20000 --products 2000)\n\n")
-		fs.PrintDefaults()
-	}
-	if err := fs.Parse(os.Args[1:]); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return 0
-		}
-		return 2
-	}
-	if fs.NArg() > 0 {
-		fmt.Fprintf(os.Stderr, "compare: unexpected arguments %q\n", fs.Args())
-		return 2
+	if code, ok := kit.Parse(fs, "compare", "--events 20000 --products 2000"); !ok {
+		return code
 	}
 	o.commitInterval = time.Duration(*commitMs) * time.Millisecond
 	o.guarantees = kit.SplitList(guarantees)

@@ -11,6 +11,8 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/salesagg/salesagg/bench/kit"
 )
 
 // waitTopic waits (bounded) until the broker's metadata shows every
@@ -76,58 +78,22 @@ func eventValue(product string) []byte {
 	return []byte(`{"product":"` + product + `","value":1}`)
 }
 
-func newProducer(addr, topic string) (*kgo.Client, error) {
-	return kgo.NewClient(
-		kgo.SeedBrokers(addr),
-		kgo.DefaultProduceTopic(topic),
-		kgo.ProducerLinger(5*time.Millisecond),
-		kgo.ProducerBatchMaxBytes(1<<20),
-		kgo.MaxBufferedRecords(200_000),
-		kgo.RequiredAcks(kgo.AllISRAcks()),
-	)
-}
-
 // preload produces products events, one per product product-0 …
 // product-<n-1>, with franz-go's default partitioner (murmur2 on the key, as
 // the Java client), and returns the input's end offsets.
 func preload(ctx context.Context, addr, topic string, n int, adm *kadm.Client) (map[int32]int64, time.Duration, error) {
-	cl, err := newProducer(addr, topic)
+	cl, err := kit.NewBulkProducer(addr, topic)
 	if err != nil {
 		return nil, 0, err
 	}
 	defer cl.Close()
 	t0 := time.Now()
-	var (
-		failed  = make(chan error, 1)
-		lastLog = t0
-	)
-	for i := 0; i < n; i++ {
-		if ctx.Err() != nil {
-			return nil, 0, context.Cause(ctx)
-		}
+	err = kit.ProduceAll(ctx, cl, n, func(i int) *kgo.Record {
 		p := productKey(i)
-		cl.Produce(ctx, &kgo.Record{Key: []byte(p), Value: eventValue(p)}, func(_ *kgo.Record, err error) {
-			if err != nil {
-				select {
-				case failed <- err:
-				default:
-				}
-			}
-		})
-		if now := time.Now(); now.Sub(lastLog) >= 5*time.Second {
-			lastLog = now
-			logf("preload: produced %d of %d products", i+1, n)
-		}
-	}
-	fctx, cancel := context.WithTimeout(ctx, 5*time.Minute)
-	defer cancel()
-	if err := cl.Flush(fctx); err != nil {
-		return nil, 0, fmt.Errorf("flushing the preload producer: %w", err)
-	}
-	select {
-	case err := <-failed:
-		return nil, 0, fmt.Errorf("producing the preload to %s: %w", topic, err)
-	default:
+		return &kgo.Record{Key: []byte(p), Value: eventValue(p)}
+	}, logf, "the preload to "+topic, 5*time.Minute)
+	if err != nil {
+		return nil, 0, err
 	}
 	took := time.Since(t0)
 	ends, err := endOffsets(ctx, adm, topic)
@@ -177,7 +143,7 @@ type pacerStats struct {
 }
 
 func startPacer(addr, topic string, rate, products int, seed uint64) (*pacer, error) {
-	cl, err := newProducer(addr, topic)
+	cl, err := kit.NewBulkProducer(addr, topic)
 	if err != nil {
 		return nil, err
 	}

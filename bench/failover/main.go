@@ -71,19 +71,8 @@ func run() int {
 	fs.DurationVar(&o.stopTimeout, "stop-timeout", 60*time.Second, "time given to a process to exit after SIGTERM before SIGKILL")
 	fs.DurationVar(&o.poll, "poll", 50*time.Millisecond, "period of the product probes")
 	fs.Uint64Var(&o.seed, "seed", 20240601, "seed of the steady producer's product choice")
-	fs.Usage = func() {
-		fmt.Fprintf(fs.Output(), "Usage: go run ./bench/failover [flags]    (quick run: --products 20000 --rate 2000)\n\n")
-		fs.PrintDefaults()
-	}
-	if err := fs.Parse(os.Args[1:]); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return 0
-		}
-		return 2
-	}
-	if fs.NArg() > 0 {
-		fmt.Fprintf(os.Stderr, "failover: unexpected arguments %q\n", fs.Args())
-		return 2
+	if code, ok := kit.Parse(fs, "failover", "--products 20000 --rate 2000"); !ok {
+		return code
 	}
 	o.sessionTimeout = time.Duration(*sessionMs) * time.Millisecond
 	o.commitInterval = time.Duration(*commitMs) * time.Millisecond

@@ -229,3 +229,58 @@ func BuildSalesagg(ctx context.Context, repo, out string, logf Logf) error {
 	}
 	return nil
 }
+
+// NewBulkProducer returns a client that loads topic fast: batches of up to
+// 1 MiB lingering 5 ms, up to 200,000 records buffered, acknowledged by
+// every in-sync replica. Records are partitioned as the Java client does
+// (murmur2 of the key).
+func NewBulkProducer(addr, topic string) (*kgo.Client, error) {
+	return kgo.NewClient(
+		kgo.SeedBrokers(addr),
+		kgo.DefaultProduceTopic(topic),
+		kgo.ProducerLinger(5*time.Millisecond),
+		kgo.ProducerBatchMaxBytes(1<<20),
+		kgo.MaxBufferedRecords(200_000),
+		kgo.RequiredAcks(kgo.AllISRAcks()),
+	)
+}
+
+// ProduceAll produces next(0) … next(n-1) without waiting for each
+// acknowledgement, logs its progress every 5 s (what: what is produced),
+// flushes (within flushTimeout unless 0) and returns the first error.
+func ProduceAll(ctx context.Context, cl *kgo.Client, n int, next func(i int) *kgo.Record, logf Logf, what string, flushTimeout time.Duration) error {
+	failed := make(chan error, 1)
+	lastLog := time.Now()
+	for i := 0; i < n; i++ {
+		if ctx.Err() != nil {
+			return context.Cause(ctx)
+		}
+		cl.Produce(ctx, next(i), func(_ *kgo.Record, err error) {
+			if err != nil {
+				select {
+				case failed <- err:
+				default:
+				}
+			}
+		})
+		if now := time.Now(); now.Sub(lastLog) >= 5*time.Second {
+			lastLog = now
+			logf("producing %s: %d of %d", what, i+1, n)
+		}
+	}
+	fctx := ctx
+	if flushTimeout > 0 {
+		var cancel context.CancelFunc
+		fctx, cancel = context.WithTimeout(ctx, flushTimeout)
+		defer cancel()
+	}
+	if err := cl.Flush(fctx); err != nil {
+		return fmt.Errorf("flushing %s: %w", what, err)
+	}
+	select {
+	case err := <-failed:
+		return fmt.Errorf("producing %s: %w", what, err)
+	default:
+		return nil
+	}
+}

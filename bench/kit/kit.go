@@ -11,6 +11,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"flag"
 	"fmt"
 	"net"
 	"os"
@@ -172,4 +173,26 @@ func Run(tool string, repo, outDir *string, bench func(context.Context) error) i
 		return 1
 	}
 	return 0
+}
+
+// Parse gives fs the usage line of bench/<tool> (quick: the flags of a
+// quick run), parses the command line into it and reports whether the
+// program goes on; when not, code is its exit code: 0 after --help, 2 after
+// a bad flag or an argument.
+func Parse(fs *flag.FlagSet, tool, quick string) (code int, ok bool) {
+	fs.Usage = func() {
+		fmt.Fprintf(fs.Output(), "Usage: go run ./bench/%s [flags]    (quick run: %s)\n\n", tool, quick)
+		fs.PrintDefaults()
+	}
+	if err := fs.Parse(os.Args[1:]); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return 0, false
+		}
+		return 2, false
+	}
+	if fs.NArg() > 0 {
+		fmt.Fprintf(os.Stderr, "%s: unexpected arguments %q\n", tool, fs.Args())
+		return 2, false
+	}
+	return 0, true
 }
