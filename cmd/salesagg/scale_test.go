@@ -31,27 +31,25 @@ func scaleEvents(rng *rand.Rand, n int) []harness.Event {
 
 func TestSeveralInstancesOneGroup(t *testing.T) {
 	// Scenario: with the default group config, one group scales 1 → 3 → 2 → 3 (SIGTERM one, add one, SIGKILL and restart one) while events flow; no two instances ever run one task, every instance answers every product with its exact total, served by the instance running its task, and the changelog holds the same totals (harness.SeveralInstancesOneGroup, which test/e2e runs on Apache Kafka).
-	for _, g := range []string{"exactly_once_v2", "at_least_once"} {
-		t.Run(g, func(t *testing.T) {
-			seed := uint64(time.Now().UnixNano())
-			t.Logf("seed %d", seed)
-			broker := kfakeCluster(t, harness.ScalePartitions)
-			harness.SeveralInstancesOneGroup(t, harness.ScaleSetup{
-				Start: func(dir string) *harness.Service {
-					return startService(t, broker, dir, nil, "--processing.guarantee", g)
-				},
-				Bootstrap: broker,
-				Changelog: changelog,
-				Client:    harness.NewClient(t, broker, kgo.RecordPartitioner(harness.HeaderPartitioner{})),
-				Input:     "sales-events-v1",
-				// 10 every 100 ms: the producer is stopped once the group is
-				// back to three, well before its 8,000.
-				Events: scaleEvents(rand.New(rand.NewPCG(seed, 11)), 8000),
-				Batch:  10, Every: 100 * time.Millisecond,
-				ReadyTimeout: 60 * time.Second,
-			})
+	harness.EachGuarantee(t, func(t *testing.T, g string) {
+		seed := uint64(time.Now().UnixNano())
+		t.Logf("seed %d", seed)
+		broker := kfakeCluster(t, harness.ScalePartitions)
+		harness.SeveralInstancesOneGroup(t, harness.ScaleSetup{
+			Start: func(dir string) *harness.Service {
+				return startService(t, broker, dir, nil, "--processing.guarantee", g)
+			},
+			Bootstrap: broker,
+			Changelog: changelog,
+			Client:    harness.NewClient(t, broker, kgo.RecordPartitioner(harness.HeaderPartitioner{})),
+			Input:     "sales-events-v1",
+			// 10 every 100 ms: the producer is stopped once the group is
+			// back to three, well before its 8,000.
+			Events: scaleEvents(rand.New(rand.NewPCG(seed, 11)), 8000),
+			Batch:  10, Every: 100 * time.Millisecond,
+			ReadyTimeout: 60 * time.Second,
 		})
-	}
+	})
 }
 
 func TestRestartAfterKillNineRejoinsAtOnce(t *testing.T) {

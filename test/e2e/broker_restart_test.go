@@ -4,7 +4,6 @@ package e2e
 
 import (
 	"fmt"
-	"math/rand/v2"
 	"path/filepath"
 	"testing"
 	"time"
@@ -15,9 +14,7 @@ import (
 // TestBrokerRestartWhileEventsFlow: events keep flowing while the broker is stopped for 5 s and started again; the service rides it out without exiting, /readyz returns to 200 and the totals are exact.
 func TestBrokerRestartWhileEventsFlow(t *testing.T) {
 	requireOwnBroker(t)
-	rng := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 3))
-	appID, input, notif := testNames("brk")
-	createTopic(t, input, 3, nil)
+	rng, appID, input, notif := begin(t, "brk", 3)
 	events := harness.GenEvents(rng, "bp", 30, 6000)
 	want := harness.TotalsOf(events)
 

@@ -4,7 +4,6 @@ package e2e
 
 import (
 	"fmt"
-	"math/rand/v2"
 	"os"
 	"path/filepath"
 	"testing"
@@ -17,10 +16,8 @@ import (
 
 // TestRestoreAfterCompaction: many updates of few keys into a pre-created compacted changelog (1 s segments) until the broker compacts it; a restart without the state dir restores fewer records than were written, with exact totals.
 func TestRestoreAfterCompaction(t *testing.T) {
-	rng := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 4))
-	appID, input, notif := testNames("cmp")
+	rng, appID, input, notif := begin(t, "cmp", 4)
 	changelog := harness.ChangelogTopic(appID)
-	createTopic(t, input, 3, nil)
 	// The service accepts an existing changelog with as many partitions as
 	// the input, whatever its other settings.
 	str := func(s string) *string { return &s }

@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"math/rand/v2"
 	"path/filepath"
 	"strings"
 	"syscall"
@@ -20,9 +19,7 @@ import (
 
 // TestPausedInstanceIsFenced: exactly-once on Apache Kafka: instance A is paused (SIGSTOP) past its session timeout while B takes its partitions; when A resumes it is fenced and writes nothing that commits: the committed changelog and notifications stay exact.
 func TestPausedInstanceIsFenced(t *testing.T) {
-	rng := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 5))
-	appID, input, notif := testNames("fence")
-	createTopic(t, input, 3, nil)
+	rng, appID, input, notif := begin(t, "fence", 5)
 	cl := newClient(t)
 	var all []harness.Event
 	send := func(n int) {

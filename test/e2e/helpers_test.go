@@ -94,3 +94,16 @@ func sampleRecords(t *testing.T, topic string) []*kgo.Record {
 	}
 	return out
 }
+
+// begin opens a scenario: names unique to this test (testNames(short)), its
+// input topic created with harness.ScalePartitions partitions (tasks
+// 0_0..0_2), and a random source on stream seeded from the clock, the seed
+// logged.
+func begin(t *testing.T, short string, stream uint64) (rng *rand.Rand, appID, input, notif string) {
+	t.Helper()
+	seed := uint64(time.Now().UnixNano())
+	t.Logf("seed %d", seed)
+	appID, input, notif = testNames(short)
+	createTopic(t, input, harness.ScalePartitions, nil)
+	return rand.New(rand.NewPCG(seed, stream)), appID, input, notif
+}

@@ -17,9 +17,7 @@ import (
 
 // TestKillNineWhileEventsFlow: 20,000 events flow while the service is SIGKILLed at random moments and once at each commit-cycle crash point, restarting each time; a clean start then has exact totals (HTTP and changelog), under each guarantee.
 func TestKillNineWhileEventsFlow(t *testing.T) {
-	for _, g := range []string{"exactly_once_v2", "at_least_once"} {
-		t.Run(g, func(t *testing.T) { killNine(t, g) })
-	}
+	harness.EachGuarantee(t, killNine)
 }
 
 func killNine(t *testing.T, guarantee string) {

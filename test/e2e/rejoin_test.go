@@ -4,7 +4,6 @@ package e2e
 
 import (
 	"errors"
-	"math/rand/v2"
 	"path/filepath"
 	"testing"
 	"time"
@@ -25,9 +24,7 @@ const rejoinBound = 30 * time.Second
 // dir is ready again well before the dead member's session would expire,
 // and its totals are exact. The start-to-ready time is logged (README).
 func TestRestartAfterKillNineIsReadyAtOnce(t *testing.T) {
-	rng := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 0x72656a6e))
-	appID, input, notif := testNames("rejoin")
-	createTopic(t, input, 3, nil)
+	rng, appID, input, notif := begin(t, "rejoin", 0x72656a6e)
 	events := harness.GenEvents(rng, "rj", 20, 600)
 	cfg := harness.ServiceConfig{AppID: appID, StateDir: filepath.Join(t.TempDir(), "state"), Input: input, Notif: notif}
 

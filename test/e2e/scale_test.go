@@ -3,7 +3,6 @@
 package e2e
 
 import (
-	"math/rand/v2"
 	"testing"
 	"time"
 
@@ -12,32 +11,26 @@ import (
 	"github.com/salesagg/salesagg/test/harness"
 )
 
-// TestSeveralInstancesOneGroup: on Apache Kafka, with the default group config, one group scales 1 → 3 → 2 → 3 (SIGTERM one for good, add one, SIGKILL one and restart it on its state dir) while events flow, some with an empty key or on a partition that does not own them; no two instances ever run one task, every instance answers every product with its exact total, served by the one running its task (one forwarding hop), and the changelog holds the same totals, under each guarantee (harness.SeveralInstancesOneGroup, which cmd/salesagg runs on the dev broker).
+// TestSeveralInstancesOneGroup: on Apache Kafka, with the default group config, one group scales 1 → 3 → 2 → 3 (SIGTERM one for good, add one, SIGKILL one and restart it on its state dir) while events flow, some with an empty key or on a partition that does not own them; no two instances ever run one task, every instance answers every product with its exact total, served by the one running its task (one forwarding hop), and the changelog holds the same totals, under each guarantee (harness.SeveralInstancesOneGroup, which cmd/salesagg runs on the in-process kfake broker).
 func TestSeveralInstancesOneGroup(t *testing.T) {
-	for _, g := range []string{"exactly_once_v2", "at_least_once"} {
-		t.Run(g, func(t *testing.T) {
-			seed := uint64(time.Now().UnixNano())
-			t.Logf("seed %d", seed)
-			rng := rand.New(rand.NewPCG(seed, 0x7363616c))
-			appID, input, notif := testNames("scale-" + slug(g))
-			createTopic(t, input, harness.ScalePartitions, nil)
-			events := harness.GenEvents(rng, "sc", 60, 6000)
-			harness.Scatter(rng, events, harness.ScalePartitions)
-			harness.SeveralInstancesOneGroup(t, harness.ScaleSetup{
-				// Default group config: no group.instance.id, no session.timeout.ms.
-				Start: func(dir string) *harness.Service {
-					return startService(t, harness.ServiceConfig{AppID: appID, StateDir: dir, Input: input, Notif: notif, CommitMs: 200,
-						Flags: []string{"--processing.guarantee", g}})
-				},
-				Bootstrap: bootstrap,
-				Changelog: harness.ChangelogTopic(appID),
-				Client:    newClient(t, kgo.RecordPartitioner(harness.HeaderPartitioner{})),
-				Input:     input,
-				Events:    events,
-				Batch:     30, Every: 200 * time.Millisecond,
-				ReadyTimeout: 90 * time.Second,
-				Drain:        2 * time.Minute,
-			})
+	harness.EachGuarantee(t, func(t *testing.T, g string) {
+		rng, appID, input, notif := begin(t, "scale-"+slug(g), 0x7363616c)
+		events := harness.GenEvents(rng, "sc", 60, 6000)
+		harness.Scatter(rng, events, harness.ScalePartitions)
+		harness.SeveralInstancesOneGroup(t, harness.ScaleSetup{
+			// Default group config: no group.instance.id, no session.timeout.ms.
+			Start: func(dir string) *harness.Service {
+				return startService(t, harness.ServiceConfig{AppID: appID, StateDir: dir, Input: input, Notif: notif, CommitMs: 200,
+					Flags: []string{"--processing.guarantee", g}})
+			},
+			Bootstrap: bootstrap,
+			Changelog: harness.ChangelogTopic(appID),
+			Client:    newClient(t, kgo.RecordPartitioner(harness.HeaderPartitioner{})),
+			Input:     input,
+			Events:    events,
+			Batch:     30, Every: 200 * time.Millisecond,
+			ReadyTimeout: 90 * time.Second,
+			Drain:        2 * time.Minute,
 		})
-	}
+	})
 }

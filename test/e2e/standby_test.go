@@ -4,7 +4,6 @@ package e2e
 
 import (
 	"fmt"
-	"math/rand/v2"
 	"path/filepath"
 	"regexp"
 	"sort"
@@ -61,11 +60,7 @@ func copies(m *harness.Member) (map[string]int64, error) {
 // to every survivor is answered 200 with its exact total, as is the changelog. The killed
 // instance restarts on its state dir and the three answer every product again.
 func TestStandbyFailoverAfterKillNine(t *testing.T) {
-	seed := uint64(time.Now().UnixNano())
-	t.Logf("seed %d", seed)
-	rng := rand.New(rand.NewPCG(seed, 0x73746e64))
-	appID, input, notif := testNames("standby")
-	createTopic(t, input, harness.ScalePartitions, nil)
+	rng, appID, input, notif := begin(t, "standby", 0x73746e64)
 	events := harness.GenEvents(rng, "sb", 300, 9000)
 	want := harness.TotalsOf(events)
 

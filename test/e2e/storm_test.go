@@ -4,7 +4,6 @@ package e2e
 
 import (
 	"fmt"
-	"math/rand/v2"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -21,11 +20,7 @@ import (
 // transactions (franz-go's transact session passes on only the first). No two instances ever
 // run one task, every total is exact, and the changelog holds the same totals.
 func TestJoinStormInsideOneTransaction(t *testing.T) {
-	seed := uint64(time.Now().UnixNano())
-	t.Logf("seed %d", seed)
-	rng := rand.New(rand.NewPCG(seed, 0x73746f72))
-	appID, input, notif := testNames("storm")
-	createTopic(t, input, harness.ScalePartitions, nil)
+	rng, appID, input, notif := begin(t, "storm", 0x73746f72)
 	events := harness.GenEvents(rng, "st", 30, 4000)
 	want := harness.TotalsOf(events)
 

@@ -366,3 +366,12 @@ func Build(root, out string, flags ...string) ([]byte, error) {
 	}
 	return b, nil
 }
+
+// EachGuarantee runs f as a subtest under each processing guarantee,
+// exactly-once first, named after it.
+func EachGuarantee(t *testing.T, f func(t *testing.T, guarantee string)) {
+	t.Helper()
+	for _, g := range []string{"exactly_once_v2", "at_least_once"} {
+		t.Run(g, func(t *testing.T) { f(t, g) })
+	}
+}
