@@ -18,8 +18,8 @@ import (
 // binary is the salesagg binary built once for these tests.
 var binary string
 
-// changelog is the changelog of the default application id.
-var changelog = harness.ChangelogTopic("sales-aggregator")
+// changelogTopic is the changelog of the default application id.
+var changelogTopic = harness.ChangelogTopic("sales-aggregator")
 
 func TestMain(m *testing.M) {
 	dir, err := os.MkdirTemp("", "salesagg-bin-")
@@ -97,7 +97,7 @@ func kfakeCluster(t *testing.T, partitions int32) string {
 // changelog, and the number of records.
 func changelogTotals(t *testing.T, broker string) (map[string]int64, int) {
 	t.Helper()
-	got, n, err := harness.ReadTotals(broker, changelog)
+	got, n, err := harness.ReadTotals(broker, changelogTopic)
 	if err != nil {
 		t.Fatal(err)
 	}

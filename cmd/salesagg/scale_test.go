@@ -40,7 +40,7 @@ func TestSeveralInstancesOneGroup(t *testing.T) {
 				return startService(t, broker, dir, nil, "--processing.guarantee", g)
 			},
 			Bootstrap: broker,
-			Changelog: changelog,
+			Changelog: changelogTopic,
 			Client:    harness.NewClient(t, broker, kgo.RecordPartitioner(harness.HeaderPartitioner{})),
 			Input:     "sales-events-v1",
 			// 10 every 100 ms: the producer is stopped once the group is
@@ -94,7 +94,7 @@ func TestRestartAfterKillNineRejoinsAtOnce(t *testing.T) {
 	want := prod.Totals()
 	t.Logf("producer done: %d events", prod.Sent())
 	p.WaitTotals(t, want, 60*time.Second)
-	if err := harness.CheckChangelog(broker, changelog, want); err != nil {
+	if err := harness.CheckChangelog(broker, changelogTopic, want); err != nil {
 		t.Error(err)
 	}
 	p.Terminate(t)
