@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"encoding/binary"
-	"errors"
 	"fmt"
 	"math/rand/v2"
 	"slices"
@@ -14,6 +13,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/salesagg/salesagg/bench/kit"
+	"github.com/salesagg/salesagg/internal/changelog"
 	"github.com/salesagg/salesagg/internal/sales"
 )
 
@@ -204,60 +204,25 @@ func verifyChangelog(ctx context.Context, addr, topic string, expected []int64, 
 	if err != nil {
 		return fail(fmt.Errorf("listing start offsets of %s: %w", topic, err))
 	}
-	ends, err := adm.ListEndOffsets(ctx, topic)
-	if err == nil {
-		err = ends.Error()
-	}
+	ends, err := changelog.Ends(ctx, adm, topic)
 	if err != nil {
-		return fail(fmt.Errorf("listing end offsets of %s: %w", topic, err))
+		return fail(err)
 	}
-	from := map[int32]kgo.Offset{}
-	want := map[int32]int64{} // last offset to read, per partition
-	ends.Each(func(lo kadm.ListedOffset) {
-		s, _ := starts.Lookup(topic, lo.Partition)
-		if lo.Offset > s.Offset {
-			from[lo.Partition] = kgo.NewOffset().At(s.Offset)
-			want[lo.Partition] = lo.Offset - 1
-		}
-	})
-	if len(ends[topic]) != partitions {
-		return fail(fmt.Errorf("changelog %s has %d partitions, want %d", topic, len(ends[topic]), partitions))
+	if len(ends) != partitions {
+		return fail(fmt.Errorf("changelog %s has %d partitions, want %d", topic, len(ends), partitions))
 	}
-
+	// Every partition read from its log start to its last stable offset
+	// through the service's own changelog reader.
 	st := newChangelogState(len(expected))
-	if len(from) > 0 {
-		rc, err := kgo.NewClient(
-			kgo.SeedBrokers(addr),
-			kgo.ConsumePartitions(map[string]map[int32]kgo.Offset{topic: from}),
-			kgo.FetchIsolationLevel(kgo.ReadCommitted()),
-			kgo.KeepControlRecords(), // offsets of transaction markers count towards the end
-			kgo.FetchMaxBytes(64<<20),
-		)
+	rctx, cancel := context.WithTimeout(ctx, 5*time.Minute)
+	defer cancel()
+	for p, end := range ends {
+		s, _ := starts.Lookup(topic, p)
+		err := changelog.Scan(rctx, []kgo.Opt{kgo.SeedBrokers(addr)}, topic, p, s.Offset, end, func(r *kgo.Record) {
+			st.add(&vr, r.Key, r.Value, r.Partition)
+		})
 		if err != nil {
 			return fail(err)
-		}
-		defer rc.Close()
-		rctx, cancel := context.WithTimeout(ctx, 5*time.Minute)
-		defer cancel()
-		for len(want) > 0 {
-			fetches := rc.PollFetches(rctx)
-			if rctx.Err() != nil {
-				return fail(fmt.Errorf("reading %s: %w (partitions not read to the end: %v)", topic, rctx.Err(), want))
-			}
-			var ferr error
-			fetches.EachError(func(_ string, _ int32, err error) { ferr = errors.Join(ferr, err) })
-			if ferr != nil {
-				return fail(fmt.Errorf("reading %s: %w", topic, ferr))
-			}
-			fetches.EachRecord(func(r *kgo.Record) {
-				if last, ok := want[r.Partition]; ok && r.Offset >= last {
-					delete(want, r.Partition)
-				}
-				if r.Attrs.IsControl() {
-					return
-				}
-				st.add(&vr, r.Key, r.Value, r.Partition)
-			})
 		}
 	}
 	st.compare(&vr, expected, partitions)
