@@ -37,18 +37,8 @@ import (
 	"github.com/salesagg/salesagg/internal/sales"
 	"github.com/salesagg/salesagg/internal/state"
 	"github.com/salesagg/salesagg/internal/stream"
+	"github.com/salesagg/salesagg/test/harness"
 )
-
-func waitFor(t *testing.T, timeout time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %s waiting for %s", timeout, what)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-}
 
 func productOn(prefix string, p, n int32) string {
 	for i := 0; ; i++ {
@@ -146,10 +136,10 @@ func eval[T any](t *testing.T, ctx context.Context, js string) T {
 // waitJS polls a JavaScript condition in the page.
 func waitJS(t *testing.T, ctx context.Context, timeout time.Duration, what, js string) {
 	t.Helper()
-	waitFor(t, timeout, what, func() bool {
+	harness.WaitFor(t, timeout, what, harness.Holds(func() bool {
 		ok, err := chromedp.Run(ctx, chromedp.Evaluate[bool](js))
 		return err == nil && ok
-	})
+	}))
 }
 
 type restoreBar struct {
@@ -304,14 +294,14 @@ func produceBrowserEvents(t *testing.T, cl *kgo.Client, cfg config.Config, srv *
 	if err := cl.ProduceSync(ctx, recs...).FirstErr(); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 30*time.Second, "the hostile product's total", func() bool {
+	harness.WaitFor(t, 30*time.Second, "the hostile product's total", harness.Holds(func() bool {
 		resp, err := http.Get(srv.URL + "/v1/products/" + url.PathEscape(hostile))
 		if err != nil {
 			return false
 		}
 		resp.Body.Close()
 		return resp.StatusCode == http.StatusOK
-	})
+	}))
 	return hostile
 }
 
@@ -441,17 +431,17 @@ func TestBrowserStatusPage(t *testing.T) {
 		}
 	}
 	var first restoreBar
-	waitFor(t, 60*time.Second, "a determinate bar for 0_2", func() bool {
+	harness.WaitFor(t, 60*time.Second, "a determinate bar for 0_2", harness.Holds(func() bool {
 		releasePerRender()
 		first = bar(t, bctx, "0_2")
 		return first.Present && first.Determ && first.Max > 0 && first.Value > 0
-	})
+	}))
 	var moved restoreBar
-	waitFor(t, 60*time.Second, "0_2's bar to move, with a rate and an ETA", func() bool {
+	harness.WaitFor(t, 60*time.Second, "0_2's bar to move, with a rate and an ETA", harness.Holds(func() bool {
 		releasePerRender()
 		moved = bar(t, bctx, "0_2")
 		return moved.Present && moved.Value > first.Value && strings.Contains(moved.Text, "ETA") && !strings.Contains(moved.Text, "measuring")
-	})
+	}))
 	if moved.Value >= moved.Max {
 		t.Fatalf("0_2's restore ended while the test held it: %+v", moved)
 	}

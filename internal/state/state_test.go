@@ -15,6 +15,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/salesagg/salesagg/internal/sales"
+	"github.com/salesagg/salesagg/test/harness"
 )
 
 var inputID = [16]byte{0xee, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15}
@@ -214,7 +215,7 @@ func TestReadsRacingClose(t *testing.T) {
 			}
 		}()
 	}
-	waitFor(t, 10*time.Second, "the readers to be busy", func() bool { return calls.Load() >= readers*20 })
+	harness.WaitFor(t, 10*time.Second, "the readers to be busy", harness.Holds(func() bool { return calls.Load() >= readers*20 }))
 	if err := s.Close(); err != nil {
 		t.Fatal(err)
 	}
@@ -246,17 +247,6 @@ func TestReadsRacingClose(t *testing.T) {
 	}
 }
 
-// waitFor polls cond until it holds or timeout passes.
-func waitFor(t testing.TB, timeout time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %s waiting for %s", timeout, what)
-		}
-		time.Sleep(time.Millisecond)
-	}
-}
 func TestLookupSeesEveryWrite(t *testing.T) {
 	// Scenario: the owner's Lookup agrees with Get for products the store holds and does not
 	// hold, sees each write as soon as Apply returns (its iterator is dropped by writes), works

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	th "github.com/salesagg/salesagg/test/harness"
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 )
@@ -34,7 +35,7 @@ func BenchmarkProcess(b *testing.B) {
 		start := time.Now()
 		in := h.start(h.cfg)
 		in.waitReady()
-		waitFor(b, 5*time.Minute, "the group to commit every input offset", func() bool {
+		th.WaitFor(b, 5*time.Minute, "the group to commit every input offset", th.Holds(func() bool {
 			offs, err := adm.FetchOffsets(context.Background(), h.cfg.ApplicationID)
 			if err != nil {
 				return false
@@ -46,7 +47,7 @@ func BenchmarkProcess(b *testing.B) {
 				}
 			})
 			return done == events
-		})
+		}))
 		process := time.Since(start)
 		_ = in.stop()
 

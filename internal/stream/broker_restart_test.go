@@ -11,6 +11,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/salesagg/salesagg/internal/config"
+	th "github.com/salesagg/salesagg/test/harness"
 	"github.com/salesagg/salesagg/test/port"
 )
 
@@ -65,9 +66,9 @@ func TestBrokerDownAtStart(t *testing.T) {
 	port := freePort(t)
 	h := harnessOn(t, nil, "127.0.0.1:"+strconv.Itoa(port))
 	in := h.start(h.cfg)
-	waitFor(t, 20*time.Second, "a 'Waiting for Kafka' line", func() bool {
+	th.WaitFor(t, 20*time.Second, "a 'Waiting for Kafka' line", th.Holds(func() bool {
 		return in.logs.FilterMessage("Waiting for Kafka").Len() >= 2
-	})
+	}))
 	if code, body := get(t, in.http.URL+"/readyz"); code != 503 || !strings.Contains(body, "no partitions assigned yet") {
 		t.Fatalf("/readyz without Kafka = %d %s", code, body)
 	}

@@ -19,6 +19,7 @@ import (
 	"github.com/salesagg/salesagg/internal/sales"
 	"github.com/salesagg/salesagg/internal/state"
 	"github.com/salesagg/salesagg/internal/stream"
+	th "github.com/salesagg/salesagg/test/harness"
 )
 
 func TestUnwritableStoreStallsAndRecovers(t *testing.T) {
@@ -71,11 +72,11 @@ func TestUnwritableStoreStallsAndRecovers(t *testing.T) {
 			})
 			return n
 		}
-		waitFor(t, 10*time.Second, "the first events' offsets to be committed", func() bool { return committed() == 50 })
+		th.WaitFor(t, 10*time.Second, "the first events' offsets to be committed", th.Holds(func() bool { return committed() == 50 }))
 
 		full.Store(true)
 		send(50)
-		waitFor(t, 20*time.Second, "every task to stall", func() bool {
+		th.WaitFor(t, 20*time.Second, "every task to stall", th.Holds(func() bool {
 			n := 0
 			for _, ts := range in.rt.Tasks() {
 				if ts.State == "stalled" {
@@ -83,7 +84,7 @@ func TestUnwritableStoreStallsAndRecovers(t *testing.T) {
 				}
 			}
 			return n == 3
-		})
+		}))
 		if code, body := get(t, in.http.URL+"/readyz"); code != 503 || !strings.Contains(body, "stalled") {
 			t.Fatalf("/readyz while stalled = %d %s", code, body)
 		}
@@ -109,8 +110,8 @@ func TestUnwritableStoreStallsAndRecovers(t *testing.T) {
 		if in.logs.FilterMessageSnippet("Store writable again; processing resumes").Len() != 3 {
 			t.Fatal("not every task logged its recovery")
 		}
-		waitFor(t, 10*time.Second, "every input offset committed", func() bool { return committed() == 120 })
-		waitFor(t, 10*time.Second, "the changelog to agree", func() bool {
+		th.WaitFor(t, 10*time.Second, "every input offset committed", th.Holds(func() bool { return committed() == 120 }))
+		th.WaitFor(t, 10*time.Second, "the changelog to agree", th.Holds(func() bool {
 			got, _, _ := h.changelog(h.cfg)
 			for p, w := range want {
 				if got[p] != w {
@@ -118,7 +119,7 @@ func TestUnwritableStoreStallsAndRecovers(t *testing.T) {
 				}
 			}
 			return true
-		})
+		}))
 	})
 }
 
@@ -166,10 +167,10 @@ func TestFullDiskStallsAndRecovers(t *testing.T) {
 		want[p] += 3
 		h.produce(event(p, p, 3))
 	}
-	waitFor(t, 20*time.Second, "a task to stall", func() bool {
+	th.WaitFor(t, 20*time.Second, "a task to stall", th.Holds(func() bool {
 		code, body := get(t, in.http.URL+"/readyz")
 		return code == 503 && strings.Contains(body, "stalled")
-	})
+	}))
 	if err := os.Remove(filler); err != nil {
 		t.Fatal(err)
 	}
@@ -207,14 +208,14 @@ func TestStalledTaskDoesNotHoldBackOthers(t *testing.T) {
 
 		full.Store(true)
 		send(1, 5)
-		waitFor(t, 20*time.Second, "task 0_1 to stall", func() bool {
+		th.WaitFor(t, 20*time.Second, "task 0_1 to stall", th.Holds(func() bool {
 			for _, ts := range in.rt.Tasks() {
 				if ts.Task == "0_1" {
 					return ts.State == "stalled"
 				}
 			}
 			return false
-		})
+		}))
 		// Many small batches for every partition, the stalled one included.
 		for i := 0; i < 40; i++ {
 			for p := int32(0); p < 3; p++ {

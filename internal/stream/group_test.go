@@ -16,6 +16,7 @@ import (
 
 	"github.com/salesagg/salesagg/internal/sales"
 	"github.com/salesagg/salesagg/internal/stream"
+	th "github.com/salesagg/salesagg/test/harness"
 )
 
 // productOn returns a product name owned by partition p of n.
@@ -63,15 +64,15 @@ func TestRevokeDuringLongRestore(t *testing.T) {
 		}
 	}})
 	p0, p1, p2 := productOn("r", 0, 3), productOn("r", 1, 3), productOn("r", 2, 3)
-	waitFor(t, 30*time.Second, "A to run 0_0 and 0_1", func() bool { return len(a.runningTasks()) == 2 })
+	th.WaitFor(t, 30*time.Second, "A to run 0_0 and 0_1", th.Holds(func() bool { return len(a.runningTasks()) == 2 }))
 	h.produce(event(p0, p0, 5), event(p1, p1, 7))
 	a.waitTotals(map[string]int64{p0: 5, p1: 7})
 
 	b := h.start(cfgB)
-	waitFor(t, 30*time.Second, "B to run 0_2", func() bool {
+	th.WaitFor(t, 30*time.Second, "B to run 0_2", th.Holds(func() bool {
 		r := b.runningTasks()
 		return len(r) == 1 && r[0] == "0_2"
-	})
+	}))
 	// The instance that takes a task says where it came from and what it restored.
 	if got := b.logs.FilterMessageSnippet("task [0_2] Took over from " + a.rt.InstanceID() + ": restored 0 records").Len(); got != 1 {
 		t.Fatalf("B logged %d 'Took over from A' lines for 0_2, want 1", got)
@@ -103,7 +104,7 @@ func TestRevokeDuringLongRestore(t *testing.T) {
 		t.Fatal(err)
 	}
 	// B left the group on close: A takes 0_2 back without waiting out B's session.
-	waitFor(t, 15*time.Second, "A to run all three tasks after B left", func() bool { return len(a.runningTasks()) == 3 })
+	th.WaitFor(t, 15*time.Second, "A to run all three tasks after B left", th.Holds(func() bool { return len(a.runningTasks()) == 3 }))
 	a.waitTotals(map[string]int64{p0: 6, p1: 8, p2: 3})
 }
 
@@ -129,13 +130,13 @@ func TestInputTopicRecreatedWhileRunning(t *testing.T) {
 		if _, err := adm.DeleteTopic(ctx, h.cfg.InputTopic); err != nil {
 			t.Fatal(err)
 		}
-		waitFor(t, 20*time.Second, "the service to see the input topic missing", func() bool {
+		th.WaitFor(t, 20*time.Second, "the service to see the input topic missing", th.Holds(func() bool {
 			return in.logs.FilterMessageSnippet("Input topic is missing").Len() > 0
-		})
-		waitFor(t, 20*time.Second, "the input topic to be recreated", func() bool {
+		}))
+		th.WaitFor(t, 20*time.Second, "the input topic to be recreated", th.Holds(func() bool {
 			resp, err := adm.CreateTopic(ctx, 3, 1, nil, h.cfg.InputTopic)
 			return err == nil && resp.Err == nil
-		})
+		}))
 		// Fewer events than before, so every new offset is below the reflected ones.
 		recs = recs[:0]
 		for i := 0; i < 12; i++ {
@@ -144,9 +145,9 @@ func TestInputTopicRecreatedWhileRunning(t *testing.T) {
 			want[p]++
 		}
 		h.produce(recs...)
-		waitFor(t, 30*time.Second, "the service to rejoin on the new topic", func() bool {
+		th.WaitFor(t, 30*time.Second, "the service to rejoin on the new topic", th.Holds(func() bool {
 			return in.logs.FilterMessageSnippet("Input topic changed while running").Len() > 0
-		})
+		}))
 		in.waitTotals(want)
 	})
 }
@@ -229,9 +230,9 @@ func TestQueriesFromAnyInstance(t *testing.T) {
 	a := h.start(cfgA)
 	a.waitReady()
 	b := h.start(cfgB)
-	waitFor(t, 30*time.Second, "the tasks to spread over A and B", func() bool {
+	th.WaitFor(t, 30*time.Second, "the tasks to spread over A and B", th.Holds(func() bool {
 		return len(a.runningTasks()) == 2 && len(b.runningTasks()) == 1
-	})
+	}))
 	want := map[string]int64{}
 	var recs []*kgo.Record
 	for i := 0; i < 30; i++ {
@@ -249,7 +250,7 @@ func TestQueriesFromAnyInstance(t *testing.T) {
 		}
 		return a
 	}
-	waitFor(t, 30*time.Second, "every product answered by both instances", func() bool {
+	th.WaitFor(t, 30*time.Second, "every product answered by both instances", th.Holds(func() bool {
 		for p, w := range want {
 			for _, in := range []*instance{a, b} {
 				code, total, served := in.query(t, p)
@@ -260,7 +261,7 @@ func TestQueriesFromAnyInstance(t *testing.T) {
 			}
 		}
 		return true
-	})
+	}))
 	for _, in := range []*instance{a, b} {
 		code, body := get(t, in.http.URL+"/v1/instances")
 		if code != http.StatusOK || !strings.Contains(body, a.rt.InstanceID()) || !strings.Contains(body, b.rt.InstanceID()) ||

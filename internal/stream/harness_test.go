@@ -29,19 +29,8 @@ import (
 	"github.com/salesagg/salesagg/internal/sales"
 	"github.com/salesagg/salesagg/internal/state"
 	"github.com/salesagg/salesagg/internal/stream"
+	th "github.com/salesagg/salesagg/test/harness"
 )
-
-// waitFor polls cond until it holds or timeout passes.
-func waitFor(t testing.TB, timeout time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %s waiting for %s", timeout, what)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
 
 // harness is an in-process kfake broker and a state dir for runtimes.
 type harness struct {
@@ -271,14 +260,14 @@ func (in *instance) stop() error {
 
 func (in *instance) waitReady() {
 	in.h.t.Helper()
-	waitFor(in.h.t, 30*time.Second, "readiness", func() bool {
+	th.WaitFor(in.h.t, 30*time.Second, "readiness", th.Holds(func() bool {
 		resp, err := http.Get(in.http.URL + "/readyz")
 		if err != nil {
 			return false
 		}
 		resp.Body.Close()
 		return resp.StatusCode == http.StatusOK
-	})
+	}))
 }
 
 // total reads GET /v1/products/{product}; -1 when unknown.
@@ -331,10 +320,10 @@ func (in *instance) restored() (records int64, lines int) {
 
 func (in *instance) waitRestored(tasks int) int64 {
 	in.h.t.Helper()
-	waitFor(in.h.t, 30*time.Second, "restores to finish", func() bool {
+	th.WaitFor(in.h.t, 30*time.Second, "restores to finish", th.Holds(func() bool {
 		_, n := in.restored()
 		return n >= tasks
-	})
+	}))
 	n, _ := in.restored()
 	return n
 }
@@ -461,8 +450,8 @@ func (h *harness) startPairWithStandbys() (cfgA, cfgB config.Config, a, b *insta
 // waitSpread waits until the three tasks run on A and B, each at least one.
 func waitSpread(t testing.TB, a, b *instance) {
 	t.Helper()
-	waitFor(t, 30*time.Second, "the tasks to spread over A and B", func() bool {
+	th.WaitFor(t, 30*time.Second, "the tasks to spread over A and B", th.Holds(func() bool {
 		na, nb := len(a.runningTasks()), len(b.runningTasks())
 		return na >= 1 && nb >= 1 && na+nb == 3
-	})
+	}))
 }

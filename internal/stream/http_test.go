@@ -11,6 +11,7 @@ import (
 
 	"github.com/salesagg/salesagg/internal/sales"
 	"github.com/salesagg/salesagg/internal/stream"
+	th "github.com/salesagg/salesagg/test/harness"
 )
 
 func get(t *testing.T, url string) (int, string) {
@@ -53,15 +54,15 @@ func TestRestoringTaskIsNotReadyAndOthersServe(t *testing.T) {
 	}})
 	t.Cleanup(release) // runs before the instance stops, even if an assertion fails
 	h.produce(event(held, held, 5), event(free, free, 7))
-	waitFor(t, 30*time.Second, "the free task to serve", func() bool {
+	th.WaitFor(t, 30*time.Second, "the free task to serve", th.Holds(func() bool {
 		total, _ := in.total(free)
 		return total == 7
-	})
+	}))
 	// Once the other tasks run, the restoring one is what keeps the process not ready.
-	waitFor(t, 30*time.Second, "/readyz to name the restoring task", func() bool {
+	th.WaitFor(t, 30*time.Second, "/readyz to name the restoring task", th.Holds(func() bool {
 		code, body := get(t, in.http.URL+"/readyz")
 		return code == http.StatusServiceUnavailable && strings.Contains(body, "task 0_1 is restoring")
-	})
+	}))
 	if code, body := get(t, in.http.URL+"/v1/products/"+held); code != http.StatusServiceUnavailable {
 		t.Fatalf("product of the restoring task = %d %s", code, body)
 	}

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/prometheus/common/expfmt"
+	th "github.com/salesagg/salesagg/test/harness"
 )
 
 // dashboardExprs returns every PromQL expression of the Grafana dashboard.
@@ -54,13 +55,13 @@ func TestDashboardUsesOnlyScrapedMetrics(t *testing.T) {
 	bad := event("bad", "bad", 1)
 	bad.Value = []byte("not json")
 	h.produce(bad)
-	waitFor(t, 30*time.Second, "both instances to run tasks and keep standby copies", func() bool {
+	th.WaitFor(t, 30*time.Second, "both instances to run tasks and keep standby copies", th.Holds(func() bool {
 		return len(a.runningTasks()) > 0 && len(b.runningTasks()) > 0 && len(a.caughtUpCopies()) > 0
-	})
+	}))
 	a.waitTotals(want)
 
 	var families map[string]bool
-	waitFor(t, 30*time.Second, "a scrape with the bad event counted", func() bool {
+	th.WaitFor(t, 30*time.Second, "a scrape with the bad event counted", th.Holds(func() bool {
 		resp, err := http.Get(a.http.URL + "/metrics")
 		if err != nil {
 			return false
@@ -85,7 +86,7 @@ func TestDashboardUsesOnlyScrapedMetrics(t *testing.T) {
 			}
 		}
 		return families["salesagg_events_skipped_total"]
-	})
+	}))
 	var missing []string
 	seen := map[string]bool{}
 	for _, expr := range dashboardExprs(t) {

@@ -17,6 +17,7 @@ import (
 
 	"github.com/salesagg/salesagg/internal/config"
 	"github.com/salesagg/salesagg/internal/sales"
+	th "github.com/salesagg/salesagg/test/harness"
 )
 
 // readAll reads every committed record of topic until want arrived or
@@ -145,14 +146,14 @@ func TestFailedProduceCommitsNothingPastIt(t *testing.T) {
 		h.produce(recs...)
 		badOffset := bad.Offset
 
-		waitFor(t, 30*time.Second, "task 0_1 to show the failed produce", func() bool {
+		th.WaitFor(t, 30*time.Second, "task 0_1 to show the failed produce", th.Holds(func() bool {
 			ts, ok := in.taskStatus("0_1")
 			return ok && ts.Failing != nil && strings.Contains(ts.Failing.Error, "MESSAGE_TOO_LARGE")
-		})
-		waitFor(t, 30*time.Second, "/healthz to report task 0_1", func() bool {
+		}))
+		th.WaitFor(t, 30*time.Second, "/healthz to report task 0_1", th.Holds(func() bool {
 			code, reason := in.health()
 			return code == http.StatusServiceUnavailable && strings.Contains(reason, "0_1")
-		})
+		}))
 		offs, err := adm.FetchOffsets(context.Background(), cfg.ApplicationID)
 		if err != nil {
 			t.Fatal(err)
@@ -173,10 +174,10 @@ func TestFailedProduceCommitsNothingPastIt(t *testing.T) {
 		if guarantee == config.ExactlyOnceV2 && len(got) != 1 {
 			t.Fatalf("dead-letter topic holds %d copies under exactly-once, want 1", len(got))
 		}
-		waitFor(t, 30*time.Second, "/healthz 200 again", func() bool {
+		th.WaitFor(t, 30*time.Second, "/healthz 200 again", th.Holds(func() bool {
 			code, _ := in.health()
 			return code == http.StatusOK
-		})
+		}))
 		cl, _, _ := h.changelog(cfg)
 		equalTotals(t, "changelog", map[string]int64{product: cl[product]}, want)
 	})
@@ -221,10 +222,10 @@ func TestLostMemberWritesNothingAtLeastOnce(t *testing.T) {
 	bad.Value = []byte("not json")
 	h.produce(event(product, product, 10), forwarded, bad)
 	// Its flush's check or franz-go's own heartbeat learns it first.
-	waitFor(t, 30*time.Second, "A to drop its tasks", func() bool {
+	th.WaitFor(t, 30*time.Second, "A to drop its tasks", th.Holds(func() bool {
 		return in.logs.FilterMessageSnippet("the group coordinator says this member is not in its generation").Len() > 0 ||
 			in.logs.FilterMessageSnippet("Lost tasks").Len() > 0
-	})
+	}))
 	for _, topic := range []string{cfg.ChangelogTopic(), cfg.RepartitionTopic(), cfg.DLQTopic} {
 		if got := h.readAll(topic, 1, 2*time.Second); len(got) != 0 {
 			t.Fatalf("%s got %d records from a member the coordinator did not know", topic, len(got))

@@ -12,6 +12,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/salesagg/salesagg/internal/config"
+	th "github.com/salesagg/salesagg/test/harness"
 	"github.com/salesagg/salesagg/test/ownership"
 )
 
@@ -168,13 +169,13 @@ func TestJoinStormInsideOneTransaction(t *testing.T) {
 	runsOne := func(in *instance) func() bool { return func() bool { return len(in.activeRunning()) > 0 } }
 	for round := range 3 {
 		b := f.start("b")
-		waitFor(t, 60*time.Second, fmt.Sprintf("round %d: b running a task", round), runsOne(b))
+		th.WaitFor(t, 60*time.Second, fmt.Sprintf("round %d: b running a task", round), th.Holds(runsOne(b)))
 		c := f.start("c")
-		waitFor(t, 60*time.Second, fmt.Sprintf("round %d: c running a task", round), runsOne(c))
+		th.WaitFor(t, 60*time.Second, fmt.Sprintf("round %d: c running a task", round), th.Holds(runsOne(c)))
 		f.stop("c")
 		f.stop("b")
 	}
-	waitFor(t, 60*time.Second, "a running every task again", func() bool { return len(a.activeRunning()) == 3 })
+	th.WaitFor(t, 60*time.Second, "a running every task again", th.Holds(func() bool { return len(a.activeRunning()) == 3 }))
 	before := sp.count()
 	want := sp.halt()
 	if before == 0 {
@@ -215,14 +216,14 @@ func TestWarmupUnderSteadyWritesDoesNotStorm(t *testing.T) {
 	sp := startSteadyProducer(h, products)
 
 	b := h.start(h.instanceCfg("b"))
-	waitFor(t, 30*time.Second, "B to build a warm-up copy or run a task", func() bool {
+	th.WaitFor(t, 30*time.Second, "B to build a warm-up copy or run a task", th.Holds(func() bool {
 		for _, ts := range b.copies() {
 			if ts.Role == "warmup" {
 				return true
 			}
 		}
 		return len(b.activeRunning()) > 0
-	})
+	}))
 	// Long enough for several of the old 5 s re-probes.
 	deadline := time.Now().Add(20 * time.Second)
 	for time.Now().Before(deadline) && len(b.activeRunning()) == 0 {
@@ -242,7 +243,7 @@ func TestWarmupUnderSteadyWritesDoesNotStorm(t *testing.T) {
 	for p, v := range sent {
 		want[p] += v
 	}
-	waitFor(t, 30*time.Second, "every total on A or B", func() bool {
+	th.WaitFor(t, 30*time.Second, "every total on A or B", th.Holds(func() bool {
 		for p, w := range want {
 			ga, _ := a.total(p)
 			gb, _ := b.total(p)
@@ -251,5 +252,5 @@ func TestWarmupUnderSteadyWritesDoesNotStorm(t *testing.T) {
 			}
 		}
 		return true
-	})
+	}))
 }

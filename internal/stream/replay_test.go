@@ -10,6 +10,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/salesagg/salesagg/internal/sales"
+	th "github.com/salesagg/salesagg/test/harness"
 )
 
 func TestRestoreEndsWhenTheLastRecordsVanish(t *testing.T) {
@@ -89,7 +90,7 @@ func TestRestoreEndsWhenTheLastRecordsVanish(t *testing.T) {
 			return nil, nil, false
 		})
 		in := h.start(h.instanceCfg("restorer"))
-		waitFor(t, 30*time.Second, "the restore of 0_1 to fetch", held.Load)
+		th.WaitFor(t, 30*time.Second, "the restore of 0_1 to fetch", th.Holds(held.Load))
 		// Every key of partition 1 is written again past the restore's end,
 		// and the old records compacted away.
 		totals, _, partitionOf := h.changelog(h.cfg)

@@ -16,6 +16,7 @@ import (
 
 	"github.com/salesagg/salesagg/internal/config"
 	"github.com/salesagg/salesagg/internal/stream"
+	th "github.com/salesagg/salesagg/test/harness"
 )
 
 // failStableOffsets makes every OffsetFetch answer UNSTABLE_OFFSET_COMMIT
@@ -194,7 +195,7 @@ func TestRestoreErrorsAreRetriedAndReported(t *testing.T) {
 			tc.block(h, cfg, &on)
 			in := h.start(cfg)
 
-			waitFor(t, 60*time.Second, "the held task to show why", func() bool {
+			th.WaitFor(t, 60*time.Second, "the held task to show why", th.Holds(func() bool {
 				ts, ok := in.taskStatus(tc.task)
 				if !ok || ts.State == "running" {
 					return false
@@ -203,19 +204,19 @@ func TestRestoreErrorsAreRetriedAndReported(t *testing.T) {
 					return strings.Contains(ts.Waiting, tc.waiting)
 				}
 				return ts.Failing != nil && strings.Contains(ts.Failing.Error, tc.failing)
-			})
+			}))
 			why := tc.waiting + tc.failing
-			waitFor(t, 30*time.Second, "/readyz to say why", func() bool {
+			th.WaitFor(t, 30*time.Second, "/readyz to say why", th.Holds(func() bool {
 				ready, reason := in.rt.Ready()
 				if ready {
 					t.Fatalf("ready while task %s cannot restore", tc.task)
 				}
 				return strings.Contains(reason, why)
-			})
-			waitFor(t, 60*time.Second, "/healthz to report the task", func() bool {
+			}))
+			th.WaitFor(t, 60*time.Second, "/healthz to report the task", th.Holds(func() bool {
 				code, reason := in.health()
 				return code == http.StatusServiceUnavailable && strings.Contains(reason, why)
-			})
+			}))
 			code, reason := in.health()
 			t.Logf("/healthz %d: %s", code, reason)
 			page := func() string {
@@ -244,10 +245,10 @@ func TestRestoreErrorsAreRetriedAndReported(t *testing.T) {
 			}
 			in.waitReady()
 			in.waitTotals(sampleTotals)
-			waitFor(t, 10*time.Second, "/healthz 200", func() bool {
+			th.WaitFor(t, 10*time.Second, "/healthz 200", th.Holds(func() bool {
 				code, _ := in.health()
 				return code == http.StatusOK
-			})
+			}))
 			if ts, _ := in.taskStatus(tc.task); ts.Failing != nil || ts.Waiting != "" {
 				t.Fatalf("task %s still shows trouble once running: %+v", tc.task, ts)
 			}

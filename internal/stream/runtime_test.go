@@ -18,6 +18,7 @@ import (
 	"github.com/salesagg/salesagg/internal/sales"
 	"github.com/salesagg/salesagg/internal/state"
 	"github.com/salesagg/salesagg/internal/stream"
+	th "github.com/salesagg/salesagg/test/harness"
 )
 
 func TestSeedWalkthrough(t *testing.T) {
@@ -33,15 +34,15 @@ func TestSeedWalkthrough(t *testing.T) {
 		t.Fatalf("%d 'did not find checkpoint offset' lines, want 3", got)
 	}
 	// Logged just after the last task's "Finished restoring" line.
-	waitFor(t, 10*time.Second, "one 'Restoration took ... for all tasks' line", func() bool {
+	th.WaitFor(t, 10*time.Second, "one 'Restoration took ... for all tasks' line", th.Holds(func() bool {
 		return in.logs.FilterMessageSnippet("Restoration took").Len() == 1
-	})
+	}))
 	h.produce(sampleEvents(t)...)
 	in.waitTotals(sampleTotals)
 
 	// What a client reads from the topics.
 	var clRecords int
-	waitFor(t, 10*time.Second, "changelog to hold the totals", func() bool {
+	th.WaitFor(t, 10*time.Second, "changelog to hold the totals", th.Holds(func() bool {
 		got, n, _ := h.changelog(h.cfg)
 		clRecords = n
 		for p, w := range sampleTotals {
@@ -50,7 +51,7 @@ func TestSeedWalkthrough(t *testing.T) {
 			}
 		}
 		return len(got) == len(sampleTotals)
-	})
+	}))
 	notes, _ := h.notifications(h.cfg)
 	for p, w := range sampleTotals {
 		if w >= h.cfg.NotificationThreshold && notes[p] != w {
@@ -159,10 +160,10 @@ func TestProductHasOneTotalWhateverItsPartition(t *testing.T) {
 	if forwarded == 0 {
 		t.Fatal("no event was forwarded to its owner")
 	}
-	waitFor(t, 10*time.Second, "changelog totals", func() bool {
+	th.WaitFor(t, 10*time.Second, "changelog totals", th.Holds(func() bool {
 		got, _, _ := h.changelog(h.cfg)
 		return got["widget"] == 2000 && got["gadget"] == 140
-	})
+	}))
 	_, _, parts := h.changelog(h.cfg)
 	for p := range want {
 		if len(parts[p]) != 1 {
@@ -352,10 +353,10 @@ func TestChangelogRecreatedWipesTheStores(t *testing.T) {
 	if _, err := adm.DeleteTopics(context.Background(), h.cfg.ChangelogTopic()); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 10*time.Second, "the changelog to be gone", func() bool {
+	th.WaitFor(t, 10*time.Second, "the changelog to be gone", th.Holds(func() bool {
 		td, err := adm.ListTopics(context.Background(), h.cfg.ChangelogTopic())
 		return err == nil && !td.Has(h.cfg.ChangelogTopic())
-	})
+	}))
 
 	in := h.start(h.cfg) // creates the changelog again, with a new topic id
 	in.waitReady()
@@ -367,10 +368,10 @@ func TestChangelogRecreatedWipesTheStores(t *testing.T) {
 	}
 	h.produce(event("product1", "product1", 11))
 	in.waitTotals(map[string]int64{"product1": 11})
-	waitFor(t, 10*time.Second, "the new changelog to hold the new total", func() bool {
+	th.WaitFor(t, 10*time.Second, "the new changelog to hold the new total", th.Holds(func() bool {
 		got, _, _ := h.changelog(h.cfg)
 		return got["product1"] == 11 && len(got) == 1
-	})
+	}))
 }
 
 func TestFullRestoreOfManyProductsIsExact(t *testing.T) {

@@ -14,6 +14,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/salesagg/salesagg/internal/stream"
+	th "github.com/salesagg/salesagg/test/harness"
 )
 
 // copies returns the instance's standby copies by task: role and
@@ -79,7 +80,7 @@ func TestStandbyTailsServesAndIsPromoted(t *testing.T) {
 	_, _, a, b := h.startPairWithStandbys()
 	waitSpread(t, a, b)
 	want := spread(h, "s", 40, 5) // 600 events, 120 products
-	waitFor(t, 30*time.Second, "a standby copy of every task, caught up, on the instance not running it", func() bool {
+	th.WaitFor(t, 30*time.Second, "a standby copy of every task, caught up, on the instance not running it", th.Holds(func() bool {
 		got := map[string]bool{}
 		for _, in := range []*instance{a, b} {
 			running := strings.Join(in.runningTasks(), ",")
@@ -91,7 +92,7 @@ func TestStandbyTailsServesAndIsPromoted(t *testing.T) {
 			}
 		}
 		return len(got) == 3
-	})
+	}))
 	a.waitTotals(want)
 	// "Caught up" above was against the end each copy last saw; wait for
 	// the end the owners committed since.
@@ -132,20 +133,20 @@ func TestStandbyTailsServesAndIsPromoted(t *testing.T) {
 	}
 	b.waitTotals(onlyOn(b, want))
 	// A's HTTP server is closed: ask its runtime.
-	waitFor(t, 30*time.Second, "A's totals of its tasks", func() bool {
+	th.WaitFor(t, 30*time.Second, "A's totals of its tasks", th.Holds(func() bool {
 		for p, w := range onlyOn(a, want) {
 			if got, ok, err := a.rt.Total(p); err != nil || !ok || got != w {
 				return false
 			}
 		}
 		return true
-	})
+	}))
 	h.waitCopiesAtEnd(a, b)
 	_, changelogRecords, _ := h.changelog(h.cfg)
 	if err := a.stop(); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 30*time.Second, "B to run all three tasks", func() bool { return len(b.runningTasks()) == 3 })
+	th.WaitFor(t, 30*time.Second, "B to run all three tasks", th.Holds(func() bool { return len(b.runningTasks()) == 3 }))
 	b.waitTotals(want)
 	promoted := b.promotions()
 	var restored int64
@@ -172,7 +173,7 @@ func (h *harness) waitCopiesAtEnd(ins ...*instance) {
 	h.t.Helper()
 	adm := kadm.NewClient(h.client())
 	cl := h.cfg.ChangelogTopic()
-	waitFor(h.t, 30*time.Second, "the standby copies at the changelog's committed end", func() bool {
+	th.WaitFor(h.t, 30*time.Second, "the standby copies at the changelog's committed end", th.Holds(func() bool {
 		ends, err := adm.ListCommittedOffsets(context.Background(), cl)
 		if err != nil || ends.Error() != nil {
 			return false
@@ -186,7 +187,7 @@ func (h *harness) waitCopiesAtEnd(ins ...*instance) {
 			}
 		}
 		return true
-	})
+	}))
 }
 
 // onlyOn returns the products of want whose task runs on in.
@@ -218,18 +219,18 @@ func TestWarmupTakesOverOnceCaughtUp(t *testing.T) {
 	a.waitTotals(want)
 
 	b := h.start(cfgB)
-	waitFor(t, 30*time.Second, "B to build a warm-up copy", func() bool {
+	th.WaitFor(t, 30*time.Second, "B to build a warm-up copy", th.Holds(func() bool {
 		for _, ts := range b.copies() {
 			if ts.Role == "warmup" {
 				return true
 			}
 		}
 		return len(b.promotions()) > 0
-	})
+	}))
 	if r := b.runningTasks(); len(r) != 0 && len(b.promotions()) == 0 {
 		t.Fatalf("B runs %v before any warm-up caught up", r)
 	}
-	waitFor(t, 30*time.Second, "a task to move to B", func() bool { return len(b.runningTasks()) == 1 && len(a.runningTasks()) == 2 })
+	th.WaitFor(t, 30*time.Second, "a task to move to B", th.Holds(func() bool { return len(b.runningTasks()) == 1 && len(a.runningTasks()) == 2 }))
 	if _, ok := logTime(b.logs, "Rejoining the group so that the balancer can move tasks"); !ok {
 		t.Fatal("B did not ask for the rebalance that moved the task")
 	}
@@ -269,7 +270,7 @@ func TestStandbyAnswersWhileTheOwnerRestores(t *testing.T) {
 	if err := a.stop(); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 30*time.Second, "B to run all three tasks", func() bool { return len(b.runningTasks()) == 3 })
+	th.WaitFor(t, 30*time.Second, "B to run all three tasks", th.Holds(func() bool { return len(b.runningTasks()) == 3 }))
 
 	hold := make(chan struct{})
 	a2 := h.startWith(cfgA, stream.Knobs{BeforeRestore: func(ctx context.Context, _ int32) {
@@ -279,7 +280,7 @@ func TestStandbyAnswersWhileTheOwnerRestores(t *testing.T) {
 		}
 	}})
 	var aTask, product string
-	waitFor(t, 30*time.Second, "A to get a task back and hold its restore, B to keep a copy of it", func() bool {
+	th.WaitFor(t, 30*time.Second, "A to get a task back and hold its restore, B to keep a copy of it", th.Holds(func() bool {
 		for _, ts := range a2.rt.Tasks() {
 			if ts.Role == "active" && ts.State == "restoring" {
 				if c, ok := b.copies()[ts.Task]; ok && c.State == "running" && c.ChangelogLag != nil && *c.ChangelogLag == 0 {
@@ -289,7 +290,7 @@ func TestStandbyAnswersWhileTheOwnerRestores(t *testing.T) {
 			}
 		}
 		return false
-	})
+	}))
 	for p := range want {
 		if a2.rt.TaskOf(p) == aTask {
 			product = p
@@ -306,10 +307,10 @@ func TestStandbyAnswersWhileTheOwnerRestores(t *testing.T) {
 	}
 	close(hold)
 	a2.waitReady()
-	waitFor(t, 30*time.Second, "A to answer from its own task", func() bool {
+	th.WaitFor(t, 30*time.Second, "A to answer from its own task", th.Holds(func() bool {
 		code, total, served := a2.query(t, product)
 		return code == http.StatusOK && total == want[product] && served == a2.rt.InstanceID()+"; task="+aTask
-	})
+	}))
 }
 
 func TestExactlyOnceBoundsItsChangedProducts(t *testing.T) {
@@ -340,10 +341,10 @@ func TestExactlyOnceBoundsItsChangedProducts(t *testing.T) {
 	}
 	began := time.Now()
 	h.produce(recs...)
-	waitFor(t, 3*time.Minute, "the first products committed before the commit interval", func() bool {
+	th.WaitFor(t, 3*time.Minute, "the first products committed before the commit interval", th.Holds(func() bool {
 		got, _ := in.total(first)
 		return got == 1
-	})
+	}))
 	if d := time.Since(began); d >= h.cfg.CommitInterval {
 		t.Fatalf("committed after %s: the commit interval, not the bound", d)
 	}
@@ -392,7 +393,7 @@ func TestFencedByTransactionTimeoutStartsANewSession(t *testing.T) {
 	for p, v := range more {
 		want[p] += v
 	}
-	waitFor(t, 30*time.Second, "the hung cycle", hung.Load)
+	th.WaitFor(t, 30*time.Second, "the hung cycle", th.Holds(hung.Load))
 	in.waitTotals(want)
 	if _, ok := logTime(in.logs, "The transactional producer was fenced"); !ok {
 		t.Fatal("the runtime did not report the fencing it recovered from")
@@ -434,9 +435,9 @@ func TestAbortedTransactionKeepsCachedEntries(t *testing.T) {
 		}
 	}()
 	b := h.start(cfgB)
-	waitFor(t, 30*time.Second, "B to run a task", func() bool { return len(b.runningTasks()) > 0 })
+	th.WaitFor(t, 30*time.Second, "B to run a task", th.Holds(func() bool { return len(b.runningTasks()) > 0 }))
 	c := h.start(cfgC)
-	waitFor(t, 30*time.Second, "C to run a task", func() bool { return len(c.runningTasks()) > 0 })
+	th.WaitFor(t, 30*time.Second, "C to run a task", th.Holds(func() bool { return len(c.runningTasks()) > 0 }))
 	close(stop)
 	<-done
 	if a.logs.FilterMessageSnippet("Transaction aborted").Len() == 0 {

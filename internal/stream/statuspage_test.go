@@ -13,6 +13,7 @@ import (
 	"github.com/salesagg/salesagg/internal/config"
 	"github.com/salesagg/salesagg/internal/httpapi"
 	"github.com/salesagg/salesagg/internal/stream"
+	th "github.com/salesagg/salesagg/test/harness"
 )
 
 // startWithRecentLog is startWith with the runtime's logger teed into recent
@@ -56,13 +57,13 @@ func TestStatusPageDuringHeldRestore(t *testing.T) {
 	h.produce(event(hostile, hostile, 7000), event(plain, plain, 300), event(held, held, 5), bad)
 
 	var body string
-	waitFor(t, 30*time.Second, "the status page to show the held restore and the top products", func() bool {
+	th.WaitFor(t, 30*time.Second, "the status page to show the held restore and the top products", th.Holds(func() bool {
 		code, b := get(t, in.http.URL+"/")
 		body = b
 		return code == 200 && strings.Contains(taskRow(b, "0_1"), "<progress") &&
 			strings.Contains(b, `<td data-label="total" class="n">7,000</td>`) && strings.Contains(b, "Skipping bad event") &&
 			strings.Contains(taskRow(b, "0_0"), `data-state="running"`) && strings.Contains(taskRow(b, "0_2"), `data-state="running"`)
-	})
+	}))
 	row := taskRow(body, "0_1")
 	for _, want := range []string{`data-state="restoring"`, `<progress class="restore" aria-label="restore of 0_1"`, "restoring"} {
 		if !strings.Contains(row, want) {
@@ -87,11 +88,11 @@ func TestStatusPageDuringHeldRestore(t *testing.T) {
 
 	release()
 	in.waitReady()
-	waitFor(t, 10*time.Second, "0_1 to show as running", func() bool {
+	th.WaitFor(t, 10*time.Second, "0_1 to show as running", th.Holds(func() bool {
 		_, b := get(t, in.http.URL+"/")
 		body = b
 		return strings.Contains(taskRow(b, "0_1"), `data-state="running"`)
-	})
+	}))
 	if strings.Contains(body, "<progress") || !strings.Contains(body, `<span id="readiness" class="badge ok">ready</span>`) {
 		t.Fatalf("after the restore:\n%s", body)
 	}

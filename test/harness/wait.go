@@ -77,3 +77,16 @@ func FreeAddr(t testing.TB) string {
 	}
 	return addr
 }
+
+// errNotYet is the error Holds gives while its condition does not hold.
+var errNotYet = errors.New("the condition does not hold yet")
+
+// Holds turns a yes-or-no condition into one for WaitFor, Expect and Poll.
+func Holds(cond func() bool) func() error {
+	return func() error {
+		if cond() {
+			return nil
+		}
+		return errNotYet
+	}
+}
