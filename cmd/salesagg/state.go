@@ -59,14 +59,25 @@ func stateFlags(name string) (fs *pflag.FlagSet, stateDir, appID *string) {
 	return fs, stateDir, appID
 }
 
-// parseTasks turns task names (0_N, or N) into partitions; a bad name is a
-// usage error.
-func parseTasks(names []string) ([]int32, error) {
-	parts, err := state.ParseTasks(names)
+// openTasks takes the lock of an existing state dir and selects the tasks
+// named (0_N, or N; all of the dir's when none is named). A bad name is a
+// usage error; a task the dir does not hold is an error naming those it
+// does.
+func openTasks(stateDir, appID string, names []string) (*state.Dir, []int32, error) {
+	want, err := state.ParseTasks(names)
 	if err != nil {
-		return nil, usageError{fmt.Errorf("--task %w", err)}
+		return nil, nil, usageError{fmt.Errorf("--task %w", err)}
 	}
-	return parts, nil
+	dir, err := state.OpenExistingDir(stateDir, appID)
+	if err != nil {
+		return nil, nil, err
+	}
+	parts, err := dir.Select(want)
+	if err != nil {
+		dir.Close()
+		return nil, nil, err
+	}
+	return dir, parts, nil
 }
 
 func runStateInspect(args []string) error {
@@ -116,18 +127,11 @@ func runStateReset(args []string, out io.Writer) error {
 	if len(*tasks) == 0 {
 		return usageError{errors.New("--task is required, e.g. --task 0_1 (salesagg state inspect lists the tasks)")}
 	}
-	parts, err := parseTasks(*tasks)
-	if err != nil {
-		return err
-	}
-	dir, err := state.OpenExistingDir(*stateDir, *appID)
+	dir, parts, err := openTasks(*stateDir, *appID, *tasks)
 	if err != nil {
 		return err
 	}
 	defer dir.Close()
-	if parts, err = dir.Select(parts); err != nil {
-		return err
-	}
 	for _, p := range parts {
 		if err := dir.Wipe(p); err != nil {
 			return err
@@ -149,19 +153,11 @@ func runStateVerify(args []string, out io.Writer) error {
 	if err := config.ParseFlags(fs, args); err != nil {
 		return usageError{err}
 	}
-	want, err := parseTasks(*tasks)
-	if err != nil {
-		return err
-	}
-	dir, err := state.OpenExistingDir(*stateDir, *appID)
+	dir, parts, err := openTasks(*stateDir, *appID, *tasks)
 	if err != nil {
 		return err
 	}
 	defer dir.Close()
-	parts, err := dir.Select(want)
-	if err != nil {
-		return err
-	}
 	if len(parts) == 0 {
 		return fmt.Errorf("no task stores in %s", dir.Path())
 	}
