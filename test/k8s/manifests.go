@@ -134,23 +134,17 @@ func Decode(stream []byte) (*Manifests, error) {
 		}
 		switch tm.APIVersion + " " + tm.Kind {
 		case "apps/v1 StatefulSet":
-			o := &appsv1.StatefulSet{}
-			m.StatefulSets, obj = append(m.StatefulSets, o), o
+			obj = appendNew(&m.StatefulSets)
 		case "v1 Service":
-			o := &corev1.Service{}
-			m.Services, obj = append(m.Services, o), o
+			obj = appendNew(&m.Services)
 		case "v1 ConfigMap":
-			o := &corev1.ConfigMap{}
-			m.ConfigMaps, obj = append(m.ConfigMaps, o), o
+			obj = appendNew(&m.ConfigMaps)
 		case "policy/v1 PodDisruptionBudget":
-			o := &policyv1.PodDisruptionBudget{}
-			m.PDBs, obj = append(m.PDBs, o), o
+			obj = appendNew(&m.PDBs)
 		case "networking.k8s.io/v1 NetworkPolicy":
-			o := &networkingv1.NetworkPolicy{}
-			m.Policies, obj = append(m.Policies, o), o
+			obj = appendNew(&m.Policies)
 		case "cert-manager.io/v1 Certificate":
-			o := &Certificate{}
-			m.Certificates, obj = append(m.Certificates, o), o
+			obj = appendNew(&m.Certificates)
 		default:
 			return nil, fmt.Errorf("document %d: unexpected apiVersion %q kind %q", i, tm.APIVersion, tm.Kind)
 		}
@@ -333,4 +327,12 @@ func Load(root, overlay string) (*Manifests, []byte, error) {
 		return nil, out, fmt.Errorf("overlay %s: %w", overlay, err)
 	}
 	return m, out, nil
+}
+
+// appendNew appends a new, zero T to list and returns it, for the decoder to
+// fill.
+func appendNew[T any](list *[]*T) *T {
+	o := new(T)
+	*list = append(*list, o)
+	return o
 }
