@@ -129,6 +129,10 @@ type exactlyOnce struct {
 	// wakes the poll loop for it.
 	commitSoon atomic.Bool
 	commitNow  chan struct{}
+	// polled counts the records dispatched in the open transaction; owned
+	// by the poll loop. A cycle with none has nothing to write and commits
+	// nothing (Kafka Streams does the same): no End, no empty transaction.
+	polled int
 }
 
 func newExactlyOnce(s *session) *exactlyOnce {
@@ -178,13 +182,19 @@ func (e *exactlyOnce) stop(work context.Context, pollErr error) error {
 	switch {
 	case errors.Is(pollErr, errSessionFenced):
 		outcome = "dropped: the producer was fenced, the store holds the committed state"
-	case pollErr == nil:
+	case pollErr == nil && !e.idle():
 		lastErr = e.transact(work)
 	}
 	return errors.Join(lastErr, e.s.stopTasks(e.s.reg.partitions(), false, outcome))
 }
 
 func (e *exactlyOnce) close() { e.txn.Close() }
+
+// idle reports whether the open transaction has nothing to write: no record
+// was dispatched since it began and no task asked for the cycle.
+func (e *exactlyOnce) idle() bool {
+	return e.polled == 0 && !e.abortCycle.Load() && !e.commitSoon.Load()
+}
 
 // pollEOS is the poll loop under exactly-once: it dispatches records to the
 // tasks and, every commit interval, runs the transaction cycle for all of
@@ -216,10 +226,15 @@ func (e *exactlyOnce) poll(ctx, work context.Context) error {
 		if s.dispatch(work, fetches, nil) {
 			e.abortCycle.Store(true)
 		}
+		e.polled += fetches.NumRecords()
 		if ctx.Err() != nil {
 			return nil
 		}
 		if time.Now().Before(next) && !e.commitSoon.Load() {
+			continue
+		}
+		if e.idle() {
+			next = time.Now().Add(s.env.cfg.CommitInterval)
 			continue
 		}
 		// A task past maxDirty asked for the cycle early: the changed
@@ -233,6 +248,7 @@ func (e *exactlyOnce) poll(ctx, work context.Context) error {
 		if err := e.txn.Begin(); err != nil {
 			return fmt.Errorf("beginning transaction: %w", fenced(err))
 		}
+		e.polled = 0
 		next = time.Now().Add(s.env.cfg.CommitInterval)
 	}
 }
