@@ -42,6 +42,8 @@ type env struct {
 	// kafkaDown is set while a transaction cannot be ended for want of
 	// Kafka; the process is then not ready.
 	kafkaDown atomic.Bool
+	// reach is what every client's connect hook says of the brokers.
+	reach *reachability
 }
 
 // kafkaOpts are the options of every client the runtime makes: the brokers,
@@ -50,13 +52,14 @@ func (e *env) kafkaOpts() []kgo.Opt {
 	return append([]kgo.Opt{
 		kgo.SeedBrokers(e.cfg.BootstrapServers...),
 		kgo.ClientID(e.cfg.ApplicationID + "-" + e.dir.ProcessID()),
-		kgo.WithLogger(kzap.New(e.log.Named("kafka"), kzap.LevelFn(func() kgo.LogLevel {
+		kgo.WithLogger(quietDials{kzap.New(e.log.Named("kafka"), kzap.LevelFn(func() kgo.LogLevel {
 			// franz-go logs one level below ours: its info is our debug.
 			if e.log.Core().Enabled(zapcore.DebugLevel) {
 				return kgo.LogLevelInfo
 			}
 			return kgo.LogLevelWarn
-		}))),
+		}))}),
+		kgo.WithHooks(e.reach),
 	}, e.secOpts...)
 }
 

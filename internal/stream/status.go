@@ -349,6 +349,11 @@ func (rt *Runtime) Ready() (bool, string) {
 		return false, "shutting down"
 	case refused != "":
 		return false, "assignment refused: " + refused
+	}
+	if since, err, down := rt.env.reach.unreachable(); down && (!assigned || rt.env.kafkaDown.Load()) {
+		return false, fmt.Sprintf("Kafka unreachable since %s: %s", since.UTC().Format(time.RFC3339), describeDial(err))
+	}
+	switch {
 	case !assigned:
 		return false, "no partitions assigned yet"
 	case rt.env.kafkaDown.Load():
