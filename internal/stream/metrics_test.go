@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/prometheus/common/expfmt"
+
 	th "github.com/salesagg/salesagg/test/harness"
 )
 
