@@ -131,6 +131,16 @@ func TestBadEventsAreSkippedAndCounted(t *testing.T) {
 	if logged := in.logs.FilterMessage("Skipping bad event").Len(); logged > 3*6 {
 		t.Fatalf("%d bad-event lines: not rate limited", logged)
 	}
+	// Each line shows the start of the event, quoted.
+	for _, e := range in.logs.FilterMessage("Skipping bad event").All() {
+		v, ok := e.ContextMap()["value"].(string)
+		if !ok || !strings.HasPrefix(v, `"`) {
+			t.Fatalf("bad-event line without the event's value: %v", e.ContextMap())
+		}
+		if _, err := strconv.Unquote(v); err != nil && !strings.HasSuffix(v, "…") {
+			t.Fatalf("bad-event value %s is not a quoted snippet: %v", v, err)
+		}
+	}
 	for _, ts := range in.rt.Tasks() {
 		if ts.State != "running" {
 			t.Fatalf("task %s is %s", ts.Task, ts.State)

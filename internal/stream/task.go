@@ -6,6 +6,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -980,9 +981,25 @@ func (t *task) badEvent(ctx context.Context, topic string, r *kgo.Record, err er
 			zap.String("topic", topic),
 			zap.Int64("offset", r.Offset),
 			zap.String("reason", reason),
+			zap.String("key", snippet(r.Key)),
+			zap.String("value", snippet(r.Value)),
+			zap.Int("value_bytes", len(r.Value)),
 			zap.Int64("suppressed", suppressed),
 			zap.Error(err))
 	}
+}
+
+// snippetBytes is how much of a bad event's key and value its log line
+// shows.
+const snippetBytes = 80
+
+// snippet is the start of b for a log line, quoted so that control bytes
+// and invalid UTF-8 show as escapes, with "…" when cut.
+func snippet(b []byte) string {
+	if len(b) <= snippetBytes {
+		return strconv.QuoteToASCII(string(b))
+	}
+	return strconv.QuoteToASCII(string(b[:snippetBytes])) + "…"
 }
 
 // rateLimiter lets burst events through per period and counts the rest.
