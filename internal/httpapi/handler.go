@@ -95,6 +95,10 @@ func pprofRoutes(mux *http.ServeMux) {
 func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	rest, ok := strings.CutPrefix(r.URL.EscapedPath(), productsPrefix)
 	if !ok || strings.Contains(rest, "/") {
+		if _, pattern := h.mux.Handler(r); pattern == "" {
+			unrouted(w, r, h.mux)
+			return
+		}
 		h.mux.ServeHTTP(w, r)
 		return
 	}
@@ -110,6 +114,31 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	h.product(w, r, product)
 }
+
+// unrouted answers a request no route takes in JSON, as every other answer
+// of the API: 404 for a path it does not serve, 405 with Allow for a method
+// the path does not take (what the mux would answer in plain text).
+func unrouted(w http.ResponseWriter, r *http.Request, mux *http.ServeMux) {
+	rec := &statusRecorder{header: http.Header{}}
+	mux.ServeHTTP(rec, r)
+	if allow := rec.header.Get("Allow"); rec.code == http.StatusMethodNotAllowed && allow != "" {
+		w.Header().Set("Allow", allow)
+		writeJSON(w, http.StatusMethodNotAllowed, map[string]string{"error": "method " + r.Method + " not allowed; allowed: " + allow})
+		return
+	}
+	writeJSON(w, http.StatusNotFound, map[string]string{"error": "no such path: " + r.URL.Path})
+}
+
+// statusRecorder keeps the status and headers a handler writes and drops
+// its body.
+type statusRecorder struct {
+	header http.Header
+	code   int
+}
+
+func (s *statusRecorder) Header() http.Header         { return s.header }
+func (s *statusRecorder) Write(b []byte) (int, error) { return len(b), nil }
+func (s *statusRecorder) WriteHeader(code int)        { s.code = code }
 
 // tasks answers GET /v1/tasks.
 func (h *handler) tasks(w http.ResponseWriter, _ *http.Request) {

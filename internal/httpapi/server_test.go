@@ -3,10 +3,12 @@ package httpapi
 import (
 	"bufio"
 	"context"
+	"encoding/json"
 	"errors"
 	"io"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"strings"
 	"testing"
 	"time"
@@ -145,5 +147,35 @@ func TestPprofOnlyWhenEnabled(t *testing.T) {
 			}
 		}
 		_ = s.Shutdown(t.Context())
+	}
+}
+
+func TestUnroutedRequestsAreAnsweredInJSON(t *testing.T) {
+	// Scenario: a path the API does not serve is 404 and a method a path does not take is 405
+	// with Allow, both as JSON with an "error" like every other answer (not the mux's plain text).
+	srv := httptest.NewServer(Handler(idle{}))
+	defer srv.Close()
+	for _, tc := range []struct {
+		method, path string
+		code         int
+		allow, says  string
+	}{
+		{http.MethodGet, "/nope", http.StatusNotFound, "", "no such path: /nope"},
+		{http.MethodGet, "/v1/product", http.StatusNotFound, "", "no such path: /v1/product"},
+		{http.MethodPost, "/v1/tasks", http.StatusMethodNotAllowed, "GET, HEAD", "method POST not allowed"},
+	} {
+		req, _ := http.NewRequest(tc.method, srv.URL+tc.path, nil)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var body struct{ Error string }
+		err = json.NewDecoder(resp.Body).Decode(&body)
+		resp.Body.Close()
+		if resp.StatusCode != tc.code || err != nil || !strings.Contains(body.Error, tc.says) ||
+			resp.Header.Get("Content-Type") != "application/json" || resp.Header.Get("Allow") != tc.allow {
+			t.Errorf("%s %s = %d %q %q (Allow %q, decode %v), want %d %q", tc.method, tc.path, resp.StatusCode,
+				resp.Header.Get("Content-Type"), body.Error, resp.Header.Get("Allow"), err, tc.code, tc.says)
+		}
 	}
 }
