@@ -12,6 +12,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
 	"go.uber.org/zap"
@@ -542,7 +543,12 @@ func (mb *memberBalancer) BalanceOrError(topics map[string]int32) (kgo.IntoSyncA
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		ends, err := b.endOffsets(ctx)
 		cancel()
-		if err != nil {
+		switch {
+		case errors.Is(err, kerr.UnknownTopicOrPartition) || errors.Is(err, kerr.LeaderNotAvailable):
+			// A changelog created moments ago (the first start): no
+			// member holds any of it, so no placement is lost.
+			b.log.Info("The changelog's end offsets are not known yet (a new topic); assigning without caught-up-first placement this round", zap.Error(err))
+		case err != nil:
 			// Without the ends nobody can be told caught up: a plain
 			// sticky balance this round.
 			b.log.Warn("Reading the changelog end offsets failed; assigning without caught-up-first placement this round", zap.Error(err))

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kfake"
+	"go.uber.org/zap/zapcore"
 
 	th "github.com/salesagg/salesagg/test/harness"
 )
@@ -61,4 +62,20 @@ func TestUnreachableKafkaIsNamedAtOnce(t *testing.T) {
 	if in.logs.FilterMessageSnippet("Kafka broker reachable again").Len() == 0 {
 		t.Fatal("no line saying the broker is reachable again")
 	}
+}
+
+func TestFirstStartLogsNoWarning(t *testing.T) {
+	// Scenario: a first start on a fresh broker (topics created by the service, an empty state
+	// dir), under each guarantee, folds events and logs nothing at WARN or above: nothing is
+	// wrong, so an operator tailing the log sees no warning.
+	eachGuarantee(t, func(t *testing.T, h *harness) {
+		in := h.start(h.cfg)
+		in.waitReady()
+		in.waitTotals(spread(h, "f", 6, 2))
+		for _, e := range in.logs.All() {
+			if e.Level >= zapcore.WarnLevel {
+				t.Errorf("first start logged %s %q %v", e.Level, e.Message, e.ContextMap())
+			}
+		}
+	})
 }
