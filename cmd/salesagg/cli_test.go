@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"encoding/json"
+	"fmt"
 	"errors"
 	"os"
 	"os/exec"
@@ -127,7 +128,9 @@ func TestLogsWithoutTerminal(t *testing.T) {
 		if start == nil || shutdown == nil {
 			t.Fatalf("no start-up or shutdown line in:\n%s", out)
 		}
-		if start["log.format"] != "json" || start["commit.interval.ms"] != float64(100) || start["processing.guarantee"] != "exactly_once_v2" {
+		if start["log.format"] != "json" || start["commit.interval.ms"] != float64(100) || start["processing.guarantee"] != "exactly_once_v2" ||
+			!strings.HasPrefix(fmt.Sprint(start["group.instance.id"]), "sales-aggregator-") || !strings.HasPrefix(fmt.Sprint(start["application.server"]), "127.0.0.1:") ||
+			strings.HasSuffix(fmt.Sprint(start["application.server"]), ":0") {
 			t.Errorf("start-up line %v", start)
 		}
 		if start["level"] != "info" {

@@ -52,15 +52,6 @@ func runService(args []string) error {
 	// start-up line stops the service cleanly instead of killing it.
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
-	logStart(log, cfg, format)
-	for _, w := range cfg.Warnings {
-		log.Warn(w)
-	}
-	if cfg.StateDirUnderTemp() {
-		log.Warn("state.dir is under the OS temp dir: it may not survive a reboot, and a lost state dir means a full restore from the changelog",
-			zap.String("state.dir", cfg.StateDir))
-	}
-
 	if _, set := os.LookupEnv("GOMEMLIMIT"); !set && cfg.MemoryLimit() > 0 {
 		debug.SetMemoryLimit(cfg.MemoryLimit())
 	}
@@ -77,6 +68,20 @@ func runService(args []string) error {
 		return err
 	}
 	rt.Advertise(srv.Addr())
+	// The start-up line shows what the instance resolved: its static
+	// membership id (derived from the state dir's process id when not
+	// set) and the address it advertises (from the port it bound).
+	resolved := cfg
+	resolved.GroupInstanceID = rt.InstanceID()
+	resolved.ApplicationServer = cfg.AdvertisedServer(srv.Addr())
+	logStart(log, resolved, format)
+	for _, w := range cfg.Warnings {
+		log.Warn(w)
+	}
+	if cfg.StateDirUnderTemp() {
+		log.Warn("state.dir is under the OS temp dir: it may not survive a reboot, and a lost state dir means a full restore from the changelog",
+			zap.String("state.dir", cfg.StateDir))
+	}
 	httpDone := make(chan error, 1)
 	go func() { httpDone <- srv.Serve() }()
 
@@ -112,12 +117,8 @@ func logStart(log *zap.Logger, cfg config.Config, format string) {
 		log.Info("Starting salesagg", fields...)
 		return
 	}
-	instance := cfg.GroupInstanceID
-	if instance == "" {
-		instance = "derived from the state dir"
-	}
-	log.Info(fmt.Sprintf("Starting salesagg %s: %s at %s, %s, state in %s, HTTP on %s, group.instance.id %s (log.level debug lists every key)",
+	log.Info(fmt.Sprintf("Starting salesagg %s: %s at %s, %s, state in %s, HTTP on %s as %s, group.instance.id %s (log.level debug lists every key)",
 		cfg.ApplicationID, cfg.InputTopic, strings.Join(cfg.BootstrapServers, ","), cfg.ProcessingGuarantee,
-		cfg.StateDir, cfg.HTTPAddr, instance))
+		cfg.StateDir, cfg.HTTPAddr, cfg.ApplicationServer, cfg.GroupInstanceID))
 	log.Debug("Effective configuration", fields...)
 }
