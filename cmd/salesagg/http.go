@@ -22,7 +22,7 @@ func listenHTTP(cfg config.Config, rt *stream.Runtime, log *zap.Logger, recent *
 		return nil, err
 	}
 	return httpapi.Listen(cfg.HTTPAddr, streamview.New(rt), log, httpapi.WithRecentLog(recent), httpapi.WithPprof(cfg.HTTPPprof),
-		httpapi.WithSecurity(cfg.HTTP), httpapi.WithMetrics(reg))
+		httpapi.WithSecurity(cfg.HTTP), httpapi.WithMetrics(reg), httpapi.WithAbout(about(cfg)))
 }
 
 // newRegistry is the registry GET /metrics serves: the runtime's collector

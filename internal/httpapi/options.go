@@ -14,6 +14,17 @@ type options struct {
 	pprof   bool
 	sec     config.HTTPSecurity
 	metrics prometheus.Gatherer // nil: GET /metrics is not served
+	about   About
+}
+
+// About is what the status page says of the service it runs in.
+type About struct {
+	ApplicationID string
+	InputTopic    string
+	Brokers       []string
+	Guarantee     string
+	// Version is the build's version (and commit), "" when unknown.
+	Version string
 }
 
 func newOptions(opts []Option) options {
@@ -47,4 +58,10 @@ func WithRecentLog(log *RecentLog) Option {
 // collectors); without this option GET /metrics is not served.
 func WithMetrics(g prometheus.Gatherer) Option {
 	return func(o *options) { o.metrics = g }
+}
+
+// WithAbout shows a on the status page: the application, its input topic,
+// brokers, guarantee and version.
+func WithAbout(a About) Option {
+	return func(o *options) { o.about = a }
 }

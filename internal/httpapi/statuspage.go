@@ -93,10 +93,11 @@ type statusPage struct {
 	scheme  string
 	sampler rateSampler
 	top     topProducts
+	about   About
 }
 
 func newStatusPage(b PageSource, o options) *statusPage {
-	return &statusPage{b: b, recent: o.recent, now: time.Now, scheme: o.sec.Scheme()}
+	return &statusPage{b: b, recent: o.recent, now: time.Now, scheme: o.sec.Scheme(), about: o.about}
 }
 
 func (p *statusPage) ServeHTTP(w http.ResponseWriter, r *http.Request) {
@@ -124,8 +125,10 @@ type statusView struct {
 	Style      template.CSS
 	Script     template.JS
 	RefreshMs  int64
-	Generated  string // RFC 3339, UTC
+	Generated  string // RFC 3339, UTC, for scripts
+	Rendered   string // the same in timeFormat, for people
 	Instance   string
+	About      aboutView
 	Server     string
 	Ready      bool
 	Reason     string
@@ -204,6 +207,30 @@ type errorView struct {
 // maxErrorsShown bounds the errors listed on the page.
 const maxErrorsShown = 20
 
+// timeFormat is how the page shows a time: UTC, to the second, one format
+// for every time on the page (the runtime's reasons use it too).
+const timeFormat = "2006-01-02 15:04:05Z"
+
+// readableTime shows an RFC 3339 time in timeFormat (as it is when it does
+// not parse).
+func readableTime(rfc3339 string) string {
+	t, err := time.Parse(time.RFC3339, rfc3339)
+	if err != nil {
+		return rfc3339
+	}
+	return t.UTC().Format(timeFormat)
+}
+
+// aboutView is the service the page describes.
+type aboutView struct {
+	ApplicationID, InputTopic, Brokers, Guarantee, Version string
+}
+
+func aboutOf(a About) aboutView {
+	return aboutView{ApplicationID: a.ApplicationID, InputTopic: a.InputTopic,
+		Brokers: strings.Join(a.Brokers, ", "), Guarantee: a.Guarantee, Version: a.Version}
+}
+
 func (p *statusPage) view(now time.Time) statusView {
 	tasks := p.b.Tasks()
 	rates := p.sampler.observe(now, tasks)
@@ -213,7 +240,9 @@ func (p *statusPage) view(now time.Time) statusView {
 		Script:    template.JS(statusJS),
 		RefreshMs: refreshEvery.Milliseconds(),
 		Generated: now.UTC().Format(time.RFC3339),
+		Rendered:  now.UTC().Format(timeFormat),
 		Instance:  p.b.InstanceID(),
+		About:     aboutOf(p.about),
 		Ready:     ready,
 		Reason:    reason,
 	}
@@ -300,7 +329,7 @@ func activeCounters(t TaskStatus, r taskRates, known bool) counterView {
 func trouble(t TaskStatus) (text, class string) {
 	switch {
 	case t.Failing != nil:
-		text = fmt.Sprintf("failing since %s (%d attempts, retrying with backoff): %s", t.Failing.Since, t.Failing.Attempts, t.Failing.Error)
+		text = fmt.Sprintf("failing since %s (%d attempts, retrying with backoff): %s", readableTime(t.Failing.Since), t.Failing.Attempts, t.Failing.Error)
 	case t.Waiting != "":
 		text = "waiting for " + t.Waiting
 	default:
@@ -338,7 +367,7 @@ func (p *statusPage) lastErrors() ([]errorView, string) {
 	var out []errorView
 	for _, e := range entries {
 		out = append(out, errorView{
-			Time: e.Time.UTC().Format("2006-01-02 15:04:05Z"), Level: e.Level.String(),
+			Time: e.Time.UTC().Format(timeFormat), Level: e.Level.String(),
 			LevelClass: levelClass(e.Level.String()), Logger: e.Logger, Message: e.Message, Fields: e.Fields,
 		})
 	}

@@ -348,3 +348,32 @@ func TestRecentLogRing(t *testing.T) {
 		t.Fatalf("entries: %+v", got)
 	}
 }
+
+func TestStatusPageSaysWhatItRuns(t *testing.T) {
+	// Scenario: the page names the application, its input topic, brokers, guarantee and version;
+	// the instance's name appears once in its card (not again as a fact); and every time shown
+	// (rendered at, a failing task's since, the log's entries) is in one format, UTC to the second.
+	b, _ := restoringPage()
+	b.tasks[2].Failing = &FailingStatus{Error: "broker down", Attempts: 3, Since: "2026-12-01T11:59:00Z"}
+	recent := NewRecentLog(10, zapcore.WarnLevel)
+	zap.New(recent).Warn("something")
+	page := newStatusPage(b, options{recent: recent, about: About{ApplicationID: "shop-totals", InputTopic: "sales-events-v1",
+		Brokers: []string{"127.0.0.1:9092", "127.0.0.1:9093"}, Guarantee: "exactly_once_v2", Version: "v1.2.3 (0123456789ab)"}})
+	page.now = func() time.Time { return time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC) }
+	_, body := render(t, page, "/")
+	for _, want := range []string{"shop-totals", "sales-events-v1", "127.0.0.1:9092, 127.0.0.1:9093", "exactly_once_v2",
+		"v1.2.3 (0123456789ab)", "Rendered 2026-12-01 12:00:00Z.", "failing since 2026-12-01 11:59:00Z"} {
+		if !strings.Contains(body, want) {
+			t.Errorf("the page does not show %q", want)
+		}
+	}
+	card := body[strings.Index(body, `<section id="instance"`):]
+	card = card[:strings.Index(card, "</section>")]
+	if n := strings.Count(card, ">salesagg-0<"); n != 1 {
+		t.Errorf("the instance's name is shown %d times in its card, want once", n)
+	}
+	visible := regexp.MustCompile(`data-generated="[^"]*"`).ReplaceAllString(body, "")
+	if rfc := regexp.MustCompile(`\d{4}-\d\d-\d\dT\d\d:\d\d`).FindString(visible); rfc != "" {
+		t.Errorf("a time in another format: %q", rfc)
+	}
+}
