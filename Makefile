@@ -32,7 +32,7 @@ test-k8s: ## Kubernetes manifests (deploy/k8s): render both overlays, decode str
 test-k8s-rehearsal: ## the prod StatefulSet as 3 local processes on Apache Kafka, rolled while events flow (Java 17 + Maven)
 	cd test/k8s && $(GO) test -tags e2e -count=1 -timeout 25m -run TestStatefulSetRehearsal -v ./...
 
-run: ## run the service on the embedded dev broker, state under ./data
+run: ## run the service on the embedded dev broker, state under ./data (BROKER=host:port: on a broker already running)
 	./scripts/dev.sh
 
 bench: ## micro-benchmarks (go test -bench)

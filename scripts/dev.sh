@@ -5,10 +5,18 @@
 # the service first (it commits, closes its stores and leaves the group), then
 # the broker. Arguments are passed to `salesagg run`.
 #
+# The service only ever runs against the broker this script started: when
+# the dev broker cannot listen (the port is taken, by another `make run` or
+# a Kafka of your own), the script fails at once and the broker's error names
+# the address and the process holding it. To use a broker already running,
+# say so with BROKER: then no dev broker is started or stopped.
+#
 # Environment (all optional):
 #   BIN          the binary (default bin/salesagg)
 #   BUILD        1 (default): go build BIN first; 0: use BIN as it is
-#   BROKER       the broker's host:port (default 127.0.0.1:9092)
+#   BROKER       host:port of a broker already running to use instead of
+#                the dev broker (default: none, start the dev broker)
+#   BROKER_LISTEN  where the dev broker listens (default 127.0.0.1:9092)
 #   HTTP         the service's http.addr (default 127.0.0.1:8080)
 #   DATA         where the broker's data and the state go (default ./data)
 #   INSTANCE_ID  the service's group.instance.id (default: derived from the state dir)
@@ -21,7 +29,8 @@ cd "$(dirname "$0")/.."
 
 BIN=${BIN:-bin/salesagg}
 BUILD=${BUILD:-1}
-BROKER=${BROKER:-127.0.0.1:9092}
+BROKER=${BROKER:-}
+BROKER_LISTEN=${BROKER_LISTEN:-127.0.0.1:9092}
 HTTP=${HTTP:-127.0.0.1:8080}
 DATA=${DATA:-./data}
 
@@ -74,23 +83,49 @@ cleanup() {
 }
 trap cleanup EXIT
 
-# The broker's stdout (its address, for scripts) is not needed: it logs it.
-"$BIN" broker --data-dir "$DATA/broker" --listen "$BROKER" "${fmt_args[@]}" >/dev/null &
-broker_pid=$!
-
-# Wait (bounded) until the broker accepts connections.
-host=${BROKER%:*} port=${BROKER##*:}
-for _ in $(seq 1 100); do
-  if (exec 3<>"/dev/tcp/$host/$port") 2>/dev/null; then break; fi
-  if ! kill -0 "$broker_pid" 2>/dev/null; then
-    broker_pid=
-    say error "The dev broker exited" addr="$BROKER"
+if [ -n "$BROKER" ]; then
+  # On purpose: a broker of the user's own. Check that it answers, so that a
+  # typo fails here rather than in the service's retries.
+  host=${BROKER%:*} port=${BROKER##*:}
+  reachable=0
+  for _ in $(seq 1 50); do
+    if (exec 3<>"/dev/tcp/$host/$port") 2>/dev/null; then reachable=1; break; fi
+    sleep 0.1
+  done
+  if [ "$reachable" = 0 ]; then
+    say error "Nothing answers at BROKER; the service is not started" broker="$BROKER"
     exit 1
   fi
-  sleep 0.1
-done
-
-say info "Dev broker ready; starting the service" broker="$BROKER" http="http://$HTTP" state.dir="$DATA/state"
+  say info "Using the broker at BROKER (no dev broker is started); starting the service" broker="$BROKER" http="http://$HTTP" state.dir="$DATA/state"
+else
+  # The broker writes "broker listening on ADDR" to its stdout once its
+  # listener is bound, and fails at once when the address is taken. Waiting
+  # for that line, not for the port to answer (whoever holds the port would
+  # answer too), is what keeps the service off a broker this script did not
+  # start.
+  ready_file=$(mktemp "${TMPDIR:-/tmp}/salesagg-dev-broker.XXXXXX")
+  "$BIN" broker --data-dir "$DATA/broker" --listen "$BROKER_LISTEN" "${fmt_args[@]}" >"$ready_file" &
+  broker_pid=$!
+  ready=0
+  for _ in $(seq 1 300); do
+    if grep -q '^broker listening on ' "$ready_file" 2>/dev/null; then ready=1; break; fi
+    if ! kill -0 "$broker_pid" 2>/dev/null; then
+      wait "$broker_pid" 2>/dev/null || true
+      broker_pid=
+      say error "The dev broker could not start (its error is above); the service is not started" addr="$BROKER_LISTEN"
+      rm -f "$ready_file"
+      exit 1
+    fi
+    sleep 0.1
+  done
+  rm -f "$ready_file"
+  if [ "$ready" = 0 ]; then
+    say error "The dev broker did not start listening within 30 s; the service is not started" addr="$BROKER_LISTEN"
+    exit 1
+  fi
+  BROKER=$BROKER_LISTEN
+  say info "Dev broker ready; starting the service" broker="$BROKER" http="http://$HTTP" state.dir="$DATA/state"
+fi
 say info "In another shell: $BIN produce --file sample_events.txt --bootstrap.servers $BROKER"
 # Static membership is the default (group.instance.id derived from the state
 # dir): after a kill -9 the next start gets its tasks back at once instead of

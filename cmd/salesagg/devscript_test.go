@@ -31,7 +31,7 @@ func TestDevScriptStopsServiceThenBroker(t *testing.T) {
 	work := t.TempDir()
 	brokerAddr, httpAddr := harness.FreeAddr(t), harness.FreeAddr(t)
 	cmd := exec.Command(filepath.Join("..", "..", "scripts", "dev.sh"))
-	cmd.Env = harness.ChildEnv("BIN="+binary, "BUILD=0", "BROKER="+brokerAddr, "HTTP="+httpAddr, "DATA="+work)
+	cmd.Env = harness.ChildEnv("BIN="+binary, "BUILD=0", "BROKER_LISTEN="+brokerAddr, "HTTP="+httpAddr, "DATA="+work)
 	// Its own process group, as a shell started from a terminal is: SIGINT goes to the group.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	var mu sync.Mutex
