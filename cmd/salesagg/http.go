@@ -26,11 +26,11 @@ func listenHTTP(cfg config.Config, rt *stream.Runtime, log *zap.Logger, recent *
 }
 
 // newRegistry is the registry GET /metrics serves: the runtime's collector
-// (the salesagg_ families) with the Go runtime and process collectors, on a
-// registry of its own (never the global one).
+// (the salesagg_ families), salesagg_build_info, and the Go runtime and
+// process collectors, on a registry of its own (never the global one).
 func newRegistry(rt prometheus.Collector) (*prometheus.Registry, error) {
 	reg := prometheus.NewRegistry()
-	for _, c := range []prometheus.Collector{collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}), rt} {
+	for _, c := range []prometheus.Collector{collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}), newBuildInfoGauge(), rt} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("registering the metrics: %w", err)
 		}

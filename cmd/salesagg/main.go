@@ -8,6 +8,7 @@
 //	salesagg state verify --state-dir DIR          compare the stores with the changelog
 //	salesagg state reset --state-dir DIR --task T  wipe one task's store
 //	salesagg health [--url URL] [--timeout D]      probe /readyz: exit 0 on 200, else 1
+//	salesagg version                               the build: version, commit, Go version
 package main
 
 import (
@@ -43,6 +44,7 @@ Usage:
                                                      compare each stopped task's store with its changelog, key by key
   salesagg state reset --state-dir DIR --task 0_N    wipe a task's store: the next start restores it from the changelog
   salesagg health [--url URL] [--timeout D]          probe the service (default /readyz at http.addr): exit 0 on 200, else 1
+  salesagg version (or --version)                    the build: module version, commit, Go version
 `
 
 func main() {
@@ -73,6 +75,13 @@ func run(args []string) int {
 	case "health":
 		// Its own exit codes: Docker's HEALTHCHECK reserves 2.
 		return healthMain(args[1:])
+	case "version", "--version":
+		if len(args) > 1 {
+			fmt.Fprintf(os.Stderr, "salesagg %s: takes no arguments, got %q\n", args[0], args[1:])
+			return exitUsage
+		}
+		printVersion(os.Stdout)
+		return exitOK
 	case "help", "-h", "--help":
 		fmt.Fprint(os.Stdout, usage)
 		return exitOK

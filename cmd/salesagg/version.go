@@ -1,0 +1,70 @@
+package main
+
+import (
+	"fmt"
+	"io"
+	"runtime"
+	"runtime/debug"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// buildInfo is what the binary knows of its own build (from
+// runtime/debug.ReadBuildInfo): the main module's version, the VCS commit,
+// its time and whether the tree had local changes, and the Go version.
+// Unknown fields are "unknown": a binary built with -buildvcs=false (or
+// outside a checkout) carries no VCS stamp, and `go build` in a checkout
+// gives the module version "(devel)".
+type buildInfo struct {
+	Module, Version, Commit, Time, GoVersion, Platform string
+	Modified                                           string // "true", "false" or "unknown"
+}
+
+// readBuildInfo returns the binary's buildInfo.
+func readBuildInfo() buildInfo {
+	bi := buildInfo{Module: "unknown", Version: "unknown", Commit: "unknown", Time: "unknown", Modified: "unknown",
+		GoVersion: runtime.Version(), Platform: runtime.GOOS + "/" + runtime.GOARCH}
+	info, ok := debug.ReadBuildInfo()
+	if !ok {
+		return bi
+	}
+	bi.Module, bi.GoVersion = info.Main.Path, info.GoVersion
+	if info.Main.Version != "" {
+		bi.Version = info.Main.Version
+	}
+	for _, s := range info.Settings {
+		switch s.Key {
+		case "vcs.revision":
+			bi.Commit = s.Value
+		case "vcs.time":
+			bi.Time = s.Value
+		case "vcs.modified":
+			bi.Modified = s.Value
+		}
+	}
+	return bi
+}
+
+// printVersion writes `salesagg version`'s answer: the version on the first
+// line (for scripts: `salesagg version | head -1`), then one "key: value"
+// line per field.
+func printVersion(w io.Writer) {
+	bi := readBuildInfo()
+	fmt.Fprintf(w, "salesagg %s\n", bi.Version)
+	fmt.Fprintf(w, "  module:   %s\n  commit:   %s\n  time:     %s\n  modified: %s\n  go:       %s\n  platform: %s\n",
+		bi.Module, bi.Commit, bi.Time, bi.Modified, bi.GoVersion, bi.Platform)
+}
+
+// newBuildInfoGauge returns salesagg_build_info{version,commit,go_version},
+// always 1, the Prometheus convention for joining a build's identity to the
+// other series (`* on(instance) group_left(version) salesagg_build_info`).
+func newBuildInfoGauge() prometheus.Collector {
+	bi := readBuildInfo()
+	g := prometheus.NewGauge(prometheus.GaugeOpts{
+		Name:        "salesagg_build_info",
+		Help:        "1, labelled with the build's module version, VCS commit and Go version.",
+		ConstLabels: prometheus.Labels{"version": bi.Version, "commit": bi.Commit, "go_version": bi.GoVersion},
+	})
+	g.Set(1)
+	return g
+}
