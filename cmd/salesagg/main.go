@@ -9,6 +9,7 @@
 //	salesagg state reset --state-dir DIR --task T  wipe one task's store
 //	salesagg health [--url URL] [--timeout D]      probe /readyz: exit 0 on 200, else 1
 //	salesagg version                               the build: version, commit, Go version
+//	salesagg consume --topic T [--from-beginning]  print a topic's records, decoded
 package main
 
 import (
@@ -45,6 +46,9 @@ Usage:
   salesagg state reset --state-dir DIR --task 0_N    wipe a task's store: the next start restores it from the changelog
   salesagg health [--url URL] [--timeout D]          probe the service (default /readyz at http.addr): exit 0 on 200, else 1
   salesagg version (or --version)                    the build: module version, commit, Go version
+  salesagg consume --topic T [--from-beginning] [--max-messages N] [--timeout D]
+                                                     print what the service wrote: notifications, the changelog (totals
+                                                     decoded), dead letters (with their headers)
 `
 
 func main() {
@@ -69,6 +73,8 @@ func run(args []string) int {
 		err = runProduce(args[1:])
 	case "state":
 		err = runState(args[1:])
+	case "consume":
+		err = runConsume(args[1:])
 	case "log":
 		// Not in the usage: a helper for scripts/dev.sh's own lines.
 		err = runLog(args[1:])
