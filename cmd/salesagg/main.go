@@ -10,6 +10,7 @@
 //	salesagg health [--url URL] [--timeout D]      probe /readyz: exit 0 on 200, else 1
 //	salesagg version                               the build: version, commit, Go version
 //	salesagg consume --topic T [--from-beginning]  print a topic's records, decoded
+//	salesagg reset --application.id A [--yes]      reset the application, as kafka-streams-application-reset
 package main
 
 import (
@@ -49,6 +50,9 @@ Usage:
   salesagg consume --topic T [--from-beginning] [--max-messages N] [--timeout D]
                                                      print what the service wrote: notifications, the changelog (totals
                                                      decoded), dead letters (with their headers)
+  salesagg reset --application.id A [--to-earliest | --to-datetime T | --to-latest] [--state.dir D] [--yes] [--dry-run]
+                                                     with the application stopped: input offsets moved, internal topics
+                                                     deleted, local state wiped (as kafka-streams-application-reset)
 `
 
 func main() {
@@ -75,6 +79,8 @@ func run(args []string) int {
 		err = runState(args[1:])
 	case "consume":
 		err = runConsume(args[1:])
+	case "reset":
+		err = runReset(args[1:], os.Stdin, os.Stdout)
 	case "log":
 		// Not in the usage: a helper for scripts/dev.sh's own lines.
 		err = runLog(args[1:])
