@@ -69,7 +69,9 @@ set -m
 
 broker_pid=
 svc_pid=
+ready_file=
 cleanup() {
+  [ -n "$ready_file" ] && rm -f "$ready_file"
   # On any exit: the service first (normally stopped already), then the broker.
   if [ -n "$svc_pid" ] && kill -0 "$svc_pid" 2>/dev/null; then
     kill -TERM "$svc_pid" 2>/dev/null || true
@@ -113,12 +115,12 @@ else
       wait "$broker_pid" 2>/dev/null || true
       broker_pid=
       say error "The dev broker could not start (its error is above); the service is not started" addr="$BROKER_LISTEN"
-      rm -f "$ready_file"
       exit 1
     fi
     sleep 0.1
   done
   rm -f "$ready_file"
+  ready_file=
   if [ "$ready" = 0 ]; then
     say error "The dev broker did not start listening within 30 s; the service is not started" addr="$BROKER_LISTEN"
     exit 1
