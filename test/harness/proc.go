@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"os/signal"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -28,6 +29,11 @@ type Spec struct {
 	Dir string
 	// Env is added to ChildEnv().
 	Env []string
+	// Job runs the process as a shell runs a job from a terminal: the
+	// leader of a process group of its own, with SIGINT at its default
+	// action, so that SignalGroup (Ctrl-C) reaches it and the children
+	// it does not move to groups of their own, and Stop signals them all.
+	Job bool
 }
 
 // Proc is a child process of a test. Its standard output and error are kept
@@ -49,6 +55,7 @@ type Proc struct {
 
 	done  chan struct{} // closed once the process has exited and its output is read
 	state *os.ProcessState
+	job   bool // the leader of a process group of its own (Spec.Job)
 }
 
 // Start starts the process s describes; it does not wait for anything.
@@ -58,15 +65,15 @@ func Start(t testing.TB, s Spec) *Proc {
 	if err != nil {
 		t.Fatal(err)
 	}
-	p := &Proc{Name: s.Name, LogPath: path, log: f, done: make(chan struct{})}
+	p := &Proc{Name: s.Name, LogPath: path, log: f, done: make(chan struct{}), job: s.Job}
 	p.cmd = exec.Command(s.Path, s.Args...)
 	p.cmd.Dir = s.Dir
 	p.cmd.Env = ChildEnv(s.Env...)
 	p.cmd.Stdout = &LineWriter{Emit: func(l string) { p.line(&p.stdout, "out", l) }}
 	p.cmd.Stderr = &LineWriter{Emit: func(l string) { p.line(&p.stderr, "err", l) }}
 	// If the test process dies, its children die with it.
-	p.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	if err := p.cmd.Start(); err != nil {
+	p.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL, Setpgid: s.Job}
+	if err := startCmd(p.cmd, s.Job); err != nil {
 		f.Close()
 		t.Fatalf("starting %s: %v", s.Name, err)
 	}
@@ -91,6 +98,20 @@ func Start(t testing.TB, s Spec) *Proc {
 		p.mu.Unlock()
 	})
 	return p
+}
+
+// startCmd starts cmd. A job must not inherit an ignored SIGINT (this test
+// may run as a background job of a script, where SIGINT is ignored): a
+// shell could not trap it, and Ctrl-C would do nothing. While this process
+// handles SIGINT, a child starts with the default action instead.
+func startCmd(cmd *exec.Cmd, job bool) error {
+	if !job {
+		return cmd.Start()
+	}
+	sigs := make(chan os.Signal, 1)
+	signal.Notify(sigs, syscall.SIGINT)
+	defer signal.Stop(sigs)
+	return cmd.Start()
 }
 
 // createLog creates <dir>/<name>.log, or <name>-2.log and so on when a
@@ -149,6 +170,15 @@ func (p *Proc) PID() int { return p.cmd.Process.Pid }
 // Signal sends sig to the process (SIGSTOP and SIGCONT pause and resume it).
 func (p *Proc) Signal(sig os.Signal) error { return p.cmd.Process.Signal(sig) }
 
+// SignalGroup sends sig to the process group of a Job, as a terminal sends
+// Ctrl-C (SIGINT) to its foreground job.
+func (p *Proc) SignalGroup(sig syscall.Signal) error {
+	if !p.job {
+		return fmt.Errorf("signalling %s's group: it is not a job (Spec.Job)", p.Name)
+	}
+	return syscall.Kill(-p.cmd.Process.Pid, sig)
+}
+
 // Done is closed once the process has exited.
 func (p *Proc) Done() <-chan struct{} { return p.done }
 
@@ -188,7 +218,7 @@ func (p *Proc) Stop(grace time.Duration) bool {
 	if !p.Alive() {
 		return true
 	}
-	_ = p.cmd.Process.Signal(syscall.SIGTERM)
+	p.signalAll(syscall.SIGTERM)
 	if p.WaitExit(grace) {
 		return true
 	}
@@ -201,8 +231,17 @@ func (p *Proc) Kill() {
 	if !p.Alive() {
 		return
 	}
-	_ = p.cmd.Process.Kill()
+	p.signalAll(syscall.SIGKILL)
 	<-p.done
+}
+
+// signalAll sends sig to the process, and to its group if it is a job.
+func (p *Proc) signalAll(sig syscall.Signal) {
+	if p.job {
+		_ = syscall.Kill(-p.cmd.Process.Pid, sig)
+		return
+	}
+	_ = p.cmd.Process.Signal(sig)
 }
 
 // Terminate stops the process with SIGTERM and requires a clean exit (code
