@@ -1,8 +1,6 @@
 package main
 
 import (
-	"context"
-	"encoding/json"
 	"os"
 	"os/exec"
 	"os/signal"
@@ -14,17 +12,15 @@ import (
 	"testing"
 	"time"
 
-	"github.com/twmb/franz-go/pkg/kadm"
-
 	"github.com/salesagg/salesagg/test/harness"
 )
 
-func TestDevScriptStopsServiceThenBroker(t *testing.T) {
-	// Scenario: `make run` (scripts/dev.sh) is stopped with Ctrl-C: the terminal sends SIGINT to
-	// the whole foreground process group. The service stops first (commits its last cycle, leaves
-	// the group), then the broker; nothing is logged at error level, every line (the script's own
-	// included) is in the service's format (JSON, standard error not being a terminal), the script
-	// exits 0, and the input offsets are committed.
+func TestDevScriptExitsZeroOnCtrlC(t *testing.T) {
+	// Scenario: scripts/dev.sh with the README's overrides (BIN, BUILD=0, BROKER, HTTP, DATA) runs
+	// the service on them, and Ctrl-C (SIGINT to the whole foreground process group) ends the
+	// script with exit code 0. What `make run` logs and does on the way (the service stops
+	// first, then the broker; the last cycle committed) is TestReadmeWalkthrough's, which runs it
+	// as the README's walkthrough says.
 	if _, err := exec.LookPath("bash"); err != nil {
 		t.Skip("no bash")
 	}
@@ -89,8 +85,9 @@ func TestDevScriptStopsServiceThenBroker(t *testing.T) {
 
 	svc := harness.NewAPI(httpAddr)
 	harness.WaitFor(t, 60*time.Second, "the service to be ready", svc.Ready)
-	produceSample(t, brokerAddr)
-	harness.WaitFor(t, 30*time.Second, "the sample totals over HTTP", func() error { return svc.CheckTotals(harness.SampleTotals) })
+	if got := len(processesWith(work)); got < 2 {
+		t.Errorf("%d processes hold %s, want the broker and the service", got, work)
+	}
 
 	// Ctrl-C.
 	if err := syscall.Kill(-cmd.Process.Pid, syscall.SIGINT); err != nil {
@@ -104,65 +101,8 @@ func TestDevScriptStopsServiceThenBroker(t *testing.T) {
 	case <-time.After(60 * time.Second):
 		t.Fatal("dev.sh did not exit within 60 s of SIGINT")
 	}
-
-	var msgs []string
-	for _, line := range output() {
-		if strings.TrimSpace(line) == "" {
-			continue
-		}
-		var m map[string]any
-		if err := json.Unmarshal([]byte(line), &m); err != nil {
-			t.Errorf("not a JSON log line: %q", line)
-			continue
-		}
-		if m["level"] == "error" || m["level"] == "fatal" || m["level"] == "panic" {
-			t.Errorf("error line on a normal stop: %s", line)
-		}
-		msg, _ := m["msg"].(string)
-		msgs = append(msgs, msg)
-	}
-	index := func(msg string) int {
-		for i, m := range msgs {
-			if m == msg {
-				return i
-			}
-		}
-		t.Errorf("no %q line", msg)
-		return -1
-	}
-	shutdown := index("Shutdown requested: flushing, checkpointing and leaving the group")
-	left := index("Left the group")
-	stopped := index("Stopped")
-	brokerStop := index("Stopping embedded dev broker")
-	brokerStopped := index("Embedded dev broker stopped")
-	index("Dev broker ready; starting the service")
-	if !(shutdown < left && left < stopped && stopped < brokerStop && brokerStop < brokerStopped) {
-		t.Errorf("order: shutdown %d, left the group %d, stopped %d, broker stopping %d, broker stopped %d: want the service's lines before the broker's",
-			shutdown, left, stopped, brokerStop, brokerStopped)
-	}
-	for _, m := range msgs {
-		if strings.Contains(m, "unable to open connection") || strings.Contains(m, "connection refused") {
-			t.Errorf("the service lost the broker before it stopped: %q", m)
-		}
-	}
-
-	// The last cycle was committed: the group's offsets cover the 100 events.
-	startBroker(t, filepath.Join(work, "broker"), brokerAddr)
-	cl := harness.NewClient(t, brokerAddr)
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	offsets, err := kadm.NewClient(cl).FetchOffsets(ctx, "sales-aggregator")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var committed int64
-	offsets.Each(func(o kadm.OffsetResponse) {
-		if o.Topic == "sales-events-v1" {
-			committed += o.At
-		}
-	})
-	if committed != 100 {
-		t.Errorf("committed input offsets add up to %d, want 100", committed)
+	if left := processesWith(work); len(left) > 0 {
+		t.Errorf("processes %v still hold %s after dev.sh exited", left, work)
 	}
 }
 

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"encoding/json"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -11,89 +10,6 @@ import (
 
 	"github.com/salesagg/salesagg/test/harness"
 )
-
-func TestNewUserWalkthroughWithDevBroker(t *testing.T) {
-	// Scenario: as the README tells a new user: start the dev broker, run the service, produce the
-	// sample file, read totals over HTTP, restart (0 restored), restart the broker, wipe the state
-	// (full restore), with the same totals every time.
-	work := t.TempDir()
-	brokerAddr := harness.FreeAddr(t)
-	b := startBroker(t, filepath.Join(work, "broker"), brokerAddr)
-	stateDir := filepath.Join(work, "state")
-
-	svc := startService(t, brokerAddr, stateDir, nil)
-	svc.WaitReady(t, 60*time.Second)
-	if out := produceSample(t, brokerAddr); !strings.Contains(out, "sent 100 records to sales-events-v1") {
-		t.Fatalf("produce said: %s", out)
-	}
-	svc.WaitTotals(t, harness.SampleTotals, 30*time.Second)
-	code, body, _, _ := svc.Get("/v1/products?limit=4")
-	var page struct {
-		Products []struct {
-			Product string
-			Total   int64
-		}
-		Next string
-	}
-	if err := json.Unmarshal(body, &page); err != nil || code != 200 || len(page.Products) != 4 || page.Next != "product3" {
-		t.Fatalf("GET /v1/products?limit=4 = %d %s", code, body)
-	}
-	if code, body, _, _ := svc.Get("/v1/products/nope"); code != 404 {
-		t.Fatalf("unknown product: %d %s", code, body)
-	}
-	if code, body, _, _ := svc.Get("/v1/tasks"); code != 200 || strings.Count(string(body), `"state":"running"`) != 3 {
-		t.Fatalf("GET /v1/tasks = %d %s", code, body)
-	}
-	svc.Terminate(t)
-
-	// The broker restarts with its data; the service restores nothing.
-	b.Terminate(t)
-	b = startBroker(t, filepath.Join(work, "broker"), brokerAddr)
-	svc = startService(t, brokerAddr, stateDir, nil)
-	svc.WaitReady(t, 60*time.Second)
-	if sum := svc.RestoredTasks(t, 3); sum.Total != 0 || sum.Lines != 3 {
-		t.Fatalf("restart restored %d records over %d tasks, want 0 over 3", sum.Total, sum.Lines)
-	}
-	svc.WaitTotals(t, harness.SampleTotals, 30*time.Second)
-	svc.Terminate(t)
-
-	// Offline inspection sees three tasks holding the ten products.
-	out, err := exec.Command(binary, "state", "inspect", "--state-dir", stateDir, "--json").CombinedOutput()
-	if err != nil {
-		t.Fatalf("state inspect: %v: %s", err, out)
-	}
-	var view struct {
-		Tasks []struct {
-			Task        string
-			Products    int64
-			SumOfTotals int64 `json:"sum_of_totals"`
-		}
-	}
-	if err := json.Unmarshal(out, &view); err != nil {
-		t.Fatalf("state inspect output: %v: %s", err, out)
-	}
-	var products, sum int64
-	for _, tv := range view.Tasks {
-		products += tv.Products
-		sum += tv.SumOfTotals
-	}
-	if len(view.Tasks) != 3 || products != 10 || sum != 83450 {
-		t.Fatalf("state inspect: %d tasks, %d products, sum %d; want 3, 10, 83450: %s", len(view.Tasks), products, sum, out)
-	}
-
-	// Lose the volume: the full changelog is restored.
-	if err := os.RemoveAll(stateDir); err != nil {
-		t.Fatal(err)
-	}
-	svc = startService(t, brokerAddr, stateDir, nil)
-	svc.WaitReady(t, 60*time.Second)
-	if n := svc.RestoredTasks(t, 3).Total; n < 10 {
-		t.Fatalf("restore after wipe: %d records, want at least one per product (10)", n)
-	}
-	svc.WaitTotals(t, harness.SampleTotals, 30*time.Second)
-	svc.Terminate(t)
-	b.Terminate(t)
-}
 
 func TestSecondProcessOnStateDirFails(t *testing.T) {
 	// Scenario: a second service on the same state dir fails at start naming the lock file and the holder.
