@@ -175,8 +175,9 @@ type browserScene struct {
 }
 
 // newBrowserScene starts the scene and waits for the hostile product's
-// total; its cleanups stop the runtime and the broker.
-func newBrowserScene(t *testing.T) *browserScene {
+// total (with hostile; without, the scene holds realistic data only, for
+// the README's screenshot); its cleanups stop the runtime and the broker.
+func newBrowserScene(t *testing.T, hostile bool) *browserScene {
 	cluster, err := kfake.NewCluster(kfake.NumBrokers(1))
 	if err != nil {
 		t.Fatal(err)
@@ -220,7 +221,7 @@ func newBrowserScene(t *testing.T) *browserScene {
 	t.Cleanup(batches.openAll) // before the runtime's stop (cleanups run last first)
 	s := startHeldRuntime(t, cfg)
 	s.batches = batches
-	s.hostile = produceBrowserEvents(t, cl, cfg, s.srv)
+	s.hostile = produceBrowserEvents(t, cl, cfg, s.srv, hostile)
 	return s
 }
 
@@ -268,10 +269,10 @@ func startHeldRuntime(t *testing.T, cfg config.Config) *browserScene {
 	return &browserScene{srv: srv, rt: rt, release: release}
 }
 
-// produceBrowserEvents produces the sample file's events, a product whose
-// name is markup (returned) and a bad event, and waits for the product's
-// total.
-func produceBrowserEvents(t *testing.T, cl *kgo.Client, cfg config.Config, srv *httptest.Server) string {
+// produceBrowserEvents produces the sample file's events, a bad event and,
+// with withHostile, a product whose name is markup, and waits for the
+// total of the last product produced to task 0_0, which it returns.
+func produceBrowserEvents(t *testing.T, cl *kgo.Client, cfg config.Config, srv *httptest.Server, withHostile bool) string {
 	ctx := context.Background()
 	// Events: the sample file, a hostile product name, a bad event.
 	hostile := productOn(`<img src=x onerror="window.pwned=1">&`, 0, 3)
@@ -281,28 +282,35 @@ func produceBrowserEvents(t *testing.T, cl *kgo.Client, cfg config.Config, srv *
 		t.Fatal(err)
 	}
 	sc := bufio.NewScanner(f)
+	// The bad event first: its warning is on the page once the last total is.
+	recs = append(recs, &kgo.Record{Topic: cfg.InputTopic, Partition: 0, Key: []byte("bad"), Value: []byte("not json")})
+	last := ""
 	for sc.Scan() {
 		if k, v, ok := strings.Cut(sc.Text(), ":"); ok {
 			recs = append(recs, &kgo.Record{Topic: cfg.InputTopic, Partition: sales.Partition([]byte(k), 3), Key: []byte(k), Value: []byte(v)})
+			if sales.Partition([]byte(k), 3) == 0 {
+				last = k
+			}
 		}
 	}
 	f.Close()
-	hv, _ := json.Marshal(map[string]any{"product": hostile, "value": 20000})
-	recs = append(recs,
-		&kgo.Record{Topic: cfg.InputTopic, Partition: 0, Key: []byte(hostile), Value: hv},
-		&kgo.Record{Topic: cfg.InputTopic, Partition: 0, Key: []byte("bad"), Value: []byte("not json")})
+	if withHostile {
+		hv, _ := json.Marshal(map[string]any{"product": hostile, "value": 20000})
+		recs = append(recs, &kgo.Record{Topic: cfg.InputTopic, Partition: 0, Key: []byte(hostile), Value: hv})
+		last = hostile
+	}
 	if err := cl.ProduceSync(ctx, recs...).FirstErr(); err != nil {
 		t.Fatal(err)
 	}
-	harness.WaitFor(t, 30*time.Second, "the hostile product's total", harness.Holds(func() bool {
-		resp, err := http.Get(srv.URL + "/v1/products/" + url.PathEscape(hostile))
+	harness.WaitFor(t, 30*time.Second, fmt.Sprintf("the total of %q", last), harness.Holds(func() bool {
+		resp, err := http.Get(srv.URL + "/v1/products/" + url.PathEscape(last))
 		if err != nil {
 			return false
 		}
 		resp.Body.Close()
 		return resp.StatusCode == http.StatusOK
 	}))
-	return hostile
+	return last
 }
 
 // newBrowser starts headless Chromium, a fresh profile and no network but
@@ -394,21 +402,10 @@ func screenshots(t *testing.T, bctx context.Context) {
 	}
 }
 
-func TestBrowserStatusPage(t *testing.T) {
-	// Scenario: with task 0_1's restore held and 0_2 restoring a 2,000-record changelog a batch
-	// per page render (both under the test's control), the
-	// status page in headless Chromium loads with no console error or exception, lists the three
-	// tasks, shows an indeterminate bar for 0_1 and a determinate one for 0_2 that moves as the page
-	// refreshes itself (with a rate and an ETA), escapes a hostile product name, fits a phone's
-	// width, and once the restores end shows every task running and the instance ready.
-	start := time.Now()
-	s := newBrowserScene(t)
-	srv, rt, batches, release, hostile := s.srv, s.rt, s.batches, s.release, s.hostile
-	bctx, noProblems, stopListening := newBrowser(t)
-
-	if err := chromedp.Do(bctx, chromedp.Navigate(srv.URL+"/"), chromedp.WaitVisible("#tasks")); err != nil {
-		t.Fatal(err)
-	}
+// watchRestores waits for the page to list the three tasks, with an
+// indeterminate bar for 0_1 (held) and a determinate one for 0_2 that moves
+// as the page refreshes itself, with a rate and an ETA.
+func watchRestores(t *testing.T, bctx context.Context, batches *batchGate) {
 	for _, task := range []string{"0_0", "0_1", "0_2"} {
 		waitJS(t, bctx, 10*time.Second, "task "+task+" listed",
 			fmt.Sprintf(`!!document.querySelector('#tasks tr[data-task="%s"][data-role="active"]')`, task))
@@ -446,6 +443,24 @@ func TestBrowserStatusPage(t *testing.T) {
 		t.Fatalf("0_2's restore ended while the test held it: %+v", moved)
 	}
 	t.Logf("0_2 restore bar: %.0f then %.0f of %.0f: %q", first.Value, moved.Value, moved.Max, moved.Text)
+}
+
+func TestBrowserStatusPage(t *testing.T) {
+	// Scenario: with task 0_1's restore held and 0_2 restoring a 2,000-record changelog a batch
+	// per page render (both under the test's control), the
+	// status page in headless Chromium loads with no console error or exception, lists the three
+	// tasks, shows an indeterminate bar for 0_1 and a determinate one for 0_2 that moves as the page
+	// refreshes itself (with a rate and an ETA), escapes a hostile product name, fits a phone's
+	// width, and once the restores end shows every task running and the instance ready.
+	start := time.Now()
+	s := newBrowserScene(t, true)
+	srv, rt, batches, release, hostile := s.srv, s.rt, s.batches, s.release, s.hostile
+	bctx, noProblems, stopListening := newBrowser(t)
+
+	if err := chromedp.Do(bctx, chromedp.Navigate(srv.URL+"/"), chromedp.WaitVisible("#tasks")); err != nil {
+		t.Fatal(err)
+	}
+	watchRestores(t, bctx, batches)
 
 	// Content: readiness, members, the hostile product as text only, the bad event's warning.
 	text := eval[string](t, bctx, `document.body.innerText`)
@@ -472,4 +487,47 @@ func TestBrowserStatusPage(t *testing.T) {
 	noProblems("after the restores")
 	stopListening()
 	t.Logf("browser test took %s", time.Since(start).Round(time.Millisecond))
+}
+
+func TestBrowserReadmeScreenshot(t *testing.T) {
+	// Scenario: the README's screenshot of the status page (docs/status-page.png) shows what a user
+	// sees, not a test's strings: the same held and moving restores as TestBrowserStatusPage, with
+	// the sample file's products only. Every product the page lists is one of them. The screenshot
+	// goes to $SALESAGG_ARTIFACTS as status-page-readme.png; with SALESAGG_README_SCREENSHOT=1 it
+	// also replaces docs/status-page.png.
+	s := newBrowserScene(t, false)
+	bctx, noProblems, stopListening := newBrowser(t)
+	if err := chromedp.Do(bctx, chromedp.Navigate(s.srv.URL+"/"), chromedp.WaitVisible("#tasks")); err != nil {
+		t.Fatal(err)
+	}
+	watchRestores(t, bctx, s.batches)
+	waitJS(t, bctx, 10*time.Second, "the top products and the bad event's warning",
+		`!!document.querySelector("table#top td.product") && document.body.innerText.includes("Skipping bad event")`)
+	sample := map[string]bool{}
+	for k := range harness.SampleTotals {
+		sample[k] = true
+	}
+	shown := eval[[]string](t, bctx, `Array.from(document.querySelectorAll("td.product")).map(function (td) { return td.textContent; })`)
+	for _, p := range shown {
+		if !sample[p] {
+			t.Errorf("the page lists product %q, which is not one of the sample file's", p)
+		}
+	}
+	noProblems("while restoring")
+	shot, err := chromedp.Run(bctx, chromedp.FullScreenshot(100))
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := filepath.Join(artifactDir(t), "status-page-readme.png")
+	if err := os.WriteFile(out, shot, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("README screenshot (%d products shown): %s", len(shown), out)
+	if os.Getenv("SALESAGG_README_SCREENSHOT") == "1" {
+		if err := os.WriteFile(filepath.Join("..", "..", "docs", "status-page.png"), shot, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		t.Log("replaced docs/status-page.png")
+	}
+	stopListening()
 }
