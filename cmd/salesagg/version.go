@@ -68,3 +68,12 @@ func newBuildInfoGauge() prometheus.Collector {
 	g.Set(1)
 	return g
 }
+
+// short is the version with the commit's first 12 digits when known, for
+// the status page: "v1.2.0 (0123456789ab)".
+func (bi buildInfo) short() string {
+	if len(bi.Commit) >= 12 {
+		return bi.Version + " (" + bi.Commit[:12] + ")"
+	}
+	return bi.Version
+}
