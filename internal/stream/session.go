@@ -151,6 +151,10 @@ func (s *session) clientOpts() []kgo.Opt {
 		// Forwarded events on the repartition topic become visible to their
 		// owner only once the transaction that forwarded them commits.
 		kgo.FetchIsolationLevel(kgo.ReadCommitted()),
+		// Transaction markers reach the tasks, which step over them: the
+		// committed offsets then pass a transaction's last marker, as the
+		// Java consumer's position does.
+		kgo.KeepControlRecords(),
 		// A fetch long-polls for at most this long (the Java consumer's
 		// default); it also bounds how long a partition resumed after its
 		// restore waits for the fetch in flight to return.

@@ -491,6 +491,18 @@ func (t *task) processBatch(ctx context.Context, b batch) error {
 
 // process folds one record. Bad events are counted, logged and skipped.
 func (t *task) process(ctx context.Context, topic string, r *kgo.Record) error {
+	if r.Attrs.IsControl() {
+		// A transaction marker: the position passes it, so that the
+		// committed offset reaches the partition's end (a consumer group
+		// shows lag 0, not 1, after a transaction); nothing is folded.
+		if topic == t.deps.env.cfg.InputTopic {
+			t.fold.inputNext = r.Offset + 1
+			t.stats.inputPos.Store(t.fold.inputNext)
+		} else {
+			t.fold.repartNext = r.Offset + 1
+		}
+		return nil
+	}
 	srcPart, srcOff, srcTopic := r.Partition, r.Offset, t.deps.topo.inputID
 	if topic == t.deps.env.cfg.InputTopic {
 		if t.fold.first[0] < 0 {
