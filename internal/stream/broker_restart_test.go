@@ -69,7 +69,7 @@ func TestBrokerDownAtStart(t *testing.T) {
 	th.WaitFor(t, 20*time.Second, "a 'Waiting for Kafka' line", th.Holds(func() bool {
 		return in.logs.FilterMessage("Waiting for Kafka").Len() >= 2
 	}))
-	if code, body := get(t, in.http.URL+"/readyz"); code != 503 || !strings.Contains(body, "no partitions assigned yet") {
+	if code, body := get(t, in.http.URL+"/readyz"); code != 503 || !strings.Contains(body, "Kafka unreachable since ") {
 		t.Fatalf("/readyz without Kafka = %d %s", code, body)
 	}
 	if code, _ := get(t, in.http.URL+"/healthz"); code != 200 {

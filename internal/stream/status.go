@@ -351,7 +351,7 @@ func (rt *Runtime) Ready() (bool, string) {
 		return false, "assignment refused: " + refused
 	}
 	if since, err, down := rt.env.reach.unreachable(); down && (!assigned || rt.env.kafkaDown.Load()) {
-		return false, fmt.Sprintf("Kafka unreachable since %s: %s", since.UTC().Format(time.RFC3339), describeDial(err))
+		return false, fmt.Sprintf("Kafka unreachable since %s: %s", since.UTC().Format("2006-01-02 15:04:05Z"), describeDial(err))
 	}
 	switch {
 	case !assigned:
