@@ -224,8 +224,12 @@ type list struct {
 // hosts binds a list of host:port.
 func hosts(at func(*Config) *[]string) *list {
 	return &list{at: at, empty: "must list at least one host:port", each: func(v string, _ Config) string {
-		if _, port, err := net.SplitHostPort(v); err != nil || port == "" {
+		host, port, err := net.SplitHostPort(v)
+		if err != nil || host == "" {
 			return "each entry must be host:port"
+		}
+		if !portIn(port, 1) {
+			return "each entry must be host:port with a port from 1 to 65535"
 		}
 		return ""
 	}}

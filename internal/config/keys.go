@@ -6,6 +6,7 @@ import (
 	"net"
 	"os"
 	"regexp"
+	"strconv"
 	"strings"
 	"time"
 )
@@ -240,11 +241,21 @@ func replicationFactor(v int16, _ Config) string {
 	return ""
 }
 
+// listenAddr is the rule of an address to listen on: host:port or :port,
+// the port from 1 to 65535, or 0 for any free one. It is checked here so
+// that a bad port stops the start as a bad configuration (exit 2), not
+// later at bind.
 func listenAddr(v string, _ Config) string {
-	if _, _, err := net.SplitHostPort(v); err != nil {
-		return "must be host:port or :port"
+	if _, port, err := net.SplitHostPort(v); err != nil || !portIn(port, 0) {
+		return "must be host:port or :port, with a port from 1 to 65535 (0: any free port)"
 	}
 	return ""
+}
+
+// portIn reports whether port is a decimal number from lo to 65535.
+func portIn(port string, lo int) bool {
+	n, err := strconv.Atoi(port)
+	return err == nil && n >= lo && n <= 65535 && strconv.Itoa(n) == port
 }
 
 func server(v string, _ Config) string {
