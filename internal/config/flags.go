@@ -3,6 +3,7 @@ package config
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 
 	"github.com/spf13/pflag"
@@ -12,7 +13,9 @@ import (
 // at once instead of stopping at the first, so that they can be reported
 // together with the configuration's own (Load):
 //
-//   - an unknown flag, pointing to "salesagg <fs.Name()> --help";
+//   - an unknown flag, one line each, with the nearest flag of fs when one
+//     is close ("did you mean --bootstrap.servers?") and pointing to
+//     "salesagg <fs.Name()> --help";
 //   - a flag missing its value: at the end of args, or followed by another
 //     flag ("--notification.threshold --http.addr :1" is an error naming
 //     --notification.threshold, not a threshold of "--http.addr"). A value
@@ -60,7 +63,9 @@ func ParseFlags(fs *pflag.FlagSet, args []string) error {
 			f = fs.ShorthandLookup(name)
 		}
 		if f == nil {
-			unknown = append(unknown, arg)
+			if given, _, _ := strings.Cut(arg, "="); !slices.Contains(unknown, given) {
+				unknown = append(unknown, given)
+			}
 			// Skip its value too, so that it is not taken for an
 			// argument of its own.
 			if !hasValue && i+1 < len(args) && !isFlag(args[i+1]) {
@@ -87,12 +92,27 @@ func ParseFlags(fs *pflag.FlagSet, args []string) error {
 			problems = append(problems, fmt.Errorf("flag --%s = %q: %v", f.Name, value, err))
 		}
 	}
-	if len(unknown) == 1 {
-		problems = append(problems, fmt.Errorf("unknown flag %s (%s lists the flags)", unknown[0], hint))
-	} else if len(unknown) > 1 {
-		problems = append(problems, fmt.Errorf("unknown flags %s (%s lists the flags)", strings.Join(unknown, ", "), hint))
+	for _, arg := range unknown {
+		problems = append(problems, unknownFlag(fs, arg, hint))
 	}
 	return errors.Join(problems...)
+}
+
+// unknownFlag is the problem of the unknown flag arg (without its value):
+// its name, the nearest
+// flag of fs (hidden ones aside) when one is close, and the hint.
+func unknownFlag(fs *pflag.FlagSet, arg, hint string) error {
+	name, _, _ := strings.Cut(strings.TrimLeft(arg, "-"), "=")
+	var names []string
+	fs.VisitAll(func(f *pflag.Flag) {
+		if !f.Hidden {
+			names = append(names, f.Name)
+		}
+	})
+	if s := Suggest(name, names); s != "" {
+		return fmt.Errorf("unknown flag %s: did you mean --%s? (%s lists the flags)", arg, s, hint)
+	}
+	return fmt.Errorf("unknown flag %s (%s lists the flags)", arg, hint)
 }
 
 // isFlag reports whether arg is a flag rather than a value: it starts with

@@ -47,7 +47,7 @@ func TestEveryProblemReportedAtOnce(t *testing.T) {
 			name: "unknown flags point to the help, beside other problems",
 			env:  []string{"SALESAGG_LOG_LEVEL=loud"},
 			args: []string{"--bogus.key", "1", "--processing.guarantee", "nope", "--also-bogus", "--log.format=xml"},
-			want: []string{"unknown flags --bogus.key, --also-bogus (salesagg run --help lists the flags)",
+			want: []string{"unknown flag --bogus.key (salesagg run --help lists the flags)\nunknown flag --also-bogus (salesagg run --help lists the flags)",
 				`processing.guarantee = "nope"`, `log.level = "loud"`, `log.format = "xml"`},
 			never: []string{"unexpected argument"},
 		},
@@ -129,7 +129,7 @@ func TestParseFlagsOtherCommands(t *testing.T) {
 		t.Fatalf("got %v %v %q", err, *asJSON, *dir)
 	}
 	err := ParseFlags(fs, []string{"--stat-dir", "x"})
-	if err == nil || !strings.Contains(err.Error(), "unknown flag --stat-dir (salesagg state inspect --help lists the flags)") {
+	if err == nil || !strings.Contains(err.Error(), "unknown flag --stat-dir: did you mean --state-dir? (salesagg state inspect --help lists the flags)") {
 		t.Fatalf("got %v", err)
 	}
 }

@@ -53,7 +53,7 @@ func Load(fs *pflag.FlagSet, environ []string) (Config, error) {
 	if f := fs.Lookup("config"); f != nil && f.Value.String() != "" {
 		// Its problems are reported with the others: the environment's
 		// and the flags' are still worth knowing.
-		problems = append(problems, setFromFile(v, f.Value.String())...)
+		problems = append(problems, setFromFile(v.Set, f.Value.String())...)
 	}
 	env := environment(environ)
 	problems = append(problems, setFromEnv(v, env)...)
@@ -82,26 +82,6 @@ func Load(fs *pflag.FlagSet, environ []string) (Config, error) {
 	return c, nil
 }
 
-// setFromFile sets on v the keys of the YAML file name. It returns the
-// file's problems: unreadable, or a key that is none of ours.
-func setFromFile(v *viper.Viper, name string) []error {
-	var problems []error
-	file := viper.New()
-	file.SetConfigFile(name)
-	file.SetConfigType("yaml")
-	if err := file.ReadInConfig(); err != nil {
-		problems = append(problems, fmt.Errorf("config: reading %s: %w", name, err))
-	}
-	for _, key := range file.AllKeys() {
-		if !known(key) {
-			problems = append(problems, fmt.Errorf("config: unknown key %q in %s (known keys: %s)", key, name, strings.Join(Keys(), ", ")))
-			continue
-		}
-		v.Set(key, file.Get(key))
-	}
-	return problems
-}
-
 // environment maps the variables of environ (as os.Environ returns it) to
 // their values.
 func environment(environ []string) map[string]string {
@@ -115,15 +95,29 @@ func environment(environ []string) map[string]string {
 	return env
 }
 
-// setFromEnv sets on v the keys given in env: KAFKA_BOOTSTRAP_SERVERS, then
-// EnvName of each key over it. It returns a problem for each SALESAGG_
-// variable that names no key.
+// setFromEnv sets on v the keys given in env: KAFKA_BOOTSTRAP_SERVERS, then EnvName of each key over it. It returns a
+// problem for each SALESAGG_ variable that names no key, with the nearest
+// variable when one is close.
 func setFromEnv(v *viper.Viper, env map[string]string) []error {
 	var problems []error
+	var names []string
+	for _, k := range keys {
+		names = append(names, EnvName(k.name))
+	}
+	var unknown []string
 	for name := range env {
-		if rest, ok := strings.CutPrefix(name, "SALESAGG_"); ok && !knownEnv(name) {
-			problems = append(problems, fmt.Errorf("config: unknown environment variable %s (no key %q)", name, strings.ToLower(strings.ReplaceAll(rest, "_", "."))))
+		if strings.HasPrefix(name, "SALESAGG_") && !slices.Contains(names, name) {
+			unknown = append(unknown, name)
 		}
+	}
+	sort.Strings(unknown)
+	for _, name := range unknown {
+		key := strings.ToLower(strings.ReplaceAll(strings.TrimPrefix(name, "SALESAGG_"), "_", "."))
+		msg := fmt.Sprintf("config: unknown environment variable %s (no key %q)", name, key)
+		if s := Suggest(name, names); s != "" {
+			msg += ": did you mean " + s + "?"
+		}
+		problems = append(problems, errors.New(msg))
 	}
 	if val, ok := env["KAFKA_BOOTSTRAP_SERVERS"]; ok {
 		v.Set("bootstrap.servers", val)
@@ -176,10 +170,6 @@ func Peek(file string, names ...string) (map[string]string, error) {
 
 func known(name string) bool {
 	return slices.ContainsFunc(keys, func(k key) bool { return k.name == name })
-}
-
-func knownEnv(name string) bool {
-	return slices.ContainsFunc(keys, func(k key) bool { return EnvName(k.name) == name })
 }
 
 // decode reads every key of src into a Config, in the order of keys. It
