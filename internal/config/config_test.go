@@ -23,7 +23,7 @@ func load(t *testing.T, file string, env []string, args ...string) (Config, erro
 		}
 		args = append(args, "--config", name)
 	}
-	if err := fs.Parse(args); err != nil {
+	if err := ParseFlags(fs, args); err != nil {
 		t.Fatal(err)
 	}
 	return Load(fs, env)

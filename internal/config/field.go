@@ -45,7 +45,20 @@ type binding interface {
 	check(c Config, k key, report func(val any, allowed string))
 	// derived reports whether a value not given is derived from other keys.
 	derived() bool
+	// kind names the values the key takes, as --help shows it: one of
+	// the kind constants.
+	kind() string
 }
+
+// The kinds of values keys take, as --help shows them.
+const (
+	kindString = "string"
+	kindInt    = "int"
+	kindMillis = "milliseconds"
+	kindList   = "list"
+	// kindBool is not pflag's "bool", which --help would not show.
+	kindBool = "boolean"
+)
 
 // A rule checks a key's decoded value v (c is the whole configuration, for
 // rules that depend on other keys). It returns what is allowed when v
@@ -78,24 +91,26 @@ type scalar[T comparable] struct {
 	// an integer, for positive.
 	lo, hi int64
 	sign   func(T) int64
+	// kinds is the key's kind (kind).
+	kinds string
 }
 
 // text binds a string key. Its value is trimmed of spaces.
 func text(at func(*Config) *string) *scalar[string] {
 	read := func(src source, name string) (string, error) { return src.text(name), nil }
-	return &scalar[string]{at: at, read: read, display: func(v string) any { return v }}
+	return &scalar[string]{at: at, read: read, display: func(v string) any { return v }, kinds: kindString}
 }
 
 // toggle binds a boolean key: true or false (as strconv.ParseBool reads them).
 func toggle(at func(*Config) *bool) *scalar[bool] {
-	return &scalar[bool]{at: at, read: source.boolean, display: func(v bool) any { return v }}
+	return &scalar[bool]{at: at, read: source.boolean, display: func(v bool) any { return v }, kinds: kindBool}
 }
 
 // number binds an integer key accepting lo to hi. Decoding keeps a loaded
 // value in that range; a Config built otherwise is checked only by the
 // rules the key adds (e.g. positive).
 func number[T ~int | ~int16 | ~int32 | ~int64](lo, hi int64, at func(*Config) *T) *scalar[T] {
-	s := &scalar[T]{at: at, display: func(v T) any { return v }, lo: lo, hi: hi}
+	s := &scalar[T]{at: at, display: func(v T) any { return v }, lo: lo, hi: hi, kinds: kindInt}
 	s.sign = func(v T) int64 { return int64(v) }
 	s.read = func(src source, name string) (T, error) {
 		n, err := src.integer(name, lo, hi)
@@ -107,7 +122,7 @@ func number[T ~int | ~int16 | ~int32 | ~int64](lo, hi int64, at func(*Config) *T
 // millis binds a duration key given in milliseconds, lo to hi, as number
 // does.
 func millis(lo, hi int64, at func(*Config) *time.Duration) *scalar[time.Duration] {
-	s := &scalar[time.Duration]{at: at, display: func(v time.Duration) any { return v.Milliseconds() }, lo: lo, hi: hi}
+	s := &scalar[time.Duration]{at: at, display: func(v time.Duration) any { return v.Milliseconds() }, lo: lo, hi: hi, kinds: kindMillis}
 	s.sign = func(v time.Duration) int64 { return int64(v) }
 	s.read = func(src source, name string) (time.Duration, error) {
 		n, err := src.integer(name, lo, hi)
@@ -173,6 +188,8 @@ func (s *scalar[T]) shows(f func(Config) any) *scalar[T] { s.shown = f; return s
 
 func (s *scalar[T]) derived() bool { return s.derive != nil }
 
+func (s *scalar[T]) kind() string { return s.kinds }
+
 func (s *scalar[T]) decode(c *Config, src source, k key) error {
 	switch {
 	case s.derive != nil && (!src.set(k.name) || src.text(k.name) == ""):
@@ -236,6 +253,8 @@ func hosts(at func(*Config) *[]string) *list {
 }
 
 func (l *list) derived() bool { return false }
+
+func (l *list) kind() string { return kindList }
 
 func (l *list) decode(c *Config, src source, k key) error {
 	*l.at(c) = src.list(k.name)

@@ -23,6 +23,9 @@ import (
 //     ("--commit.interval.ms -5") is a value;
 //   - a positional argument (no subcommand takes one).
 //
+// A boolean flag needs no value: "--http.pprof" alone, or followed by
+// another flag, is "--http.pprof=true"; a word after it is its value.
+//
 // --help and -h print fs's usage and return pflag.ErrHelp.
 func ParseFlags(fs *pflag.FlagSet, args []string) error {
 	hint := fmt.Sprintf("salesagg %s --help", fs.Name())
@@ -75,6 +78,12 @@ func ParseFlags(fs *pflag.FlagSet, args []string) error {
 		}
 		if !hasValue {
 			switch {
+			case f.NoOptDefVal != "" && isBoolFlag(f) && i+1 < len(args) && !isFlag(args[i+1]):
+				// "--http.pprof false" as well as "--http.pprof=false",
+				// and "--http.pprof maybe" is a bad value, not a stray
+				// argument: no command takes an argument it could be.
+				i++
+				value = args[i]
 			case f.NoOptDefVal != "":
 				value = f.NoOptDefVal
 			case i+1 >= len(args):
@@ -113,6 +122,13 @@ func unknownFlag(fs *pflag.FlagSet, arg, hint string) error {
 		return fmt.Errorf("unknown flag %s: did you mean --%s? (%s lists the flags)", arg, s, hint)
 	}
 	return fmt.Errorf("unknown flag %s (%s lists the flags)", arg, hint)
+}
+
+// isBoolFlag reports whether f is a boolean: a key's toggle or a pflag
+// bool.
+func isBoolFlag(f *pflag.Flag) bool {
+	t := f.Value.Type()
+	return t == "bool" || t == kindBool
 }
 
 // isFlag reports whether arg is a flag rather than a value: it starts with

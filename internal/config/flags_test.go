@@ -133,3 +133,49 @@ func TestParseFlagsOtherCommands(t *testing.T) {
 		t.Fatalf("got %v", err)
 	}
 }
+
+func TestBooleanFlagsWithoutValue(t *testing.T) {
+	// Scenario: a boolean flag alone (at the end, or before another flag) means true; a value after
+	// it is still its value, and a bad one is reported as a bad value of that key.
+	for _, tc := range []struct {
+		args  []string
+		pprof bool
+	}{
+		{[]string{"--http.pprof"}, true},
+		{[]string{"--http.pprof", "--http.addr", ":1"}, true},
+		{[]string{"--http.pprof", "false"}, false},
+		{[]string{"--http.pprof=false"}, false},
+		{[]string{"--http.pprof", "true", "--leave.group.on.close", "false"}, true},
+	} {
+		c, err := loadArgs(nil, tc.args...)
+		if err != nil || c.HTTPPprof != tc.pprof {
+			t.Errorf("%v: pprof %v, %v", tc.args, c.HTTPPprof, err)
+		}
+	}
+	if _, err := loadArgs(nil, "--http.pprof", "maybe"); err == nil || !strings.Contains(err.Error(), `http.pprof = "maybe": must be true or false`) {
+		t.Errorf("a bad bool: %v", err)
+	}
+}
+
+func TestHelpShowsTypesAndDefaults(t *testing.T) {
+	// Scenario: --help gives each flag the kind of value it takes and its default.
+	fs := pflag.NewFlagSet("run", pflag.ContinueOnError)
+	RegisterFlags(fs)
+	help := fs.FlagUsages()
+	for _, want := range []string{
+		"--http.pprof boolean[=true]", "(default false)",
+		"--commit.interval.ms milliseconds",
+		"--session.timeout.ms milliseconds", "(default 45000)",
+		"--bootstrap.servers list", "(default localhost:9092)",
+		"--topics.partitions int", "(default 3)",
+		"--application.id string", "(default sales-aggregator)",
+		"--sasl.username string", "SASL user (default: none)",
+	} {
+		if !strings.Contains(help, want) {
+			t.Errorf("help lacks %q", want)
+		}
+	}
+	if n := strings.Count(help, " string[") + strings.Count(help, `[=""]`); n != 0 {
+		t.Errorf("optional values shown on string flags:\n%s", help)
+	}
+}

@@ -28,16 +28,44 @@ func EnvName(key string) string {
 }
 
 // RegisterFlags adds --config and one flag per key to fs.
-func RegisterFlags(fs *pflag.FlagSet) {
-	fs.String("config", "", "YAML configuration file")
-	for _, k := range keys {
-		help := k.help
-		if k.def != "" {
-			help += " (default " + k.def + ")"
+func RegisterFlags(fs *pflag.FlagSet) { RegisterKeyFlags(fs, Keys()...) }
+
+// RegisterKeyFlags adds --config and the flags of the keys named to fs, for
+// a command that uses only some keys (Load still reads every key from the
+// file and the environment, and checks them all). Each flag's type in
+// --help is its key's kind (string, int, milliseconds, list, boolean) and
+// its help ends with the default. A boolean key's flag needs no value. It
+// panics on a name that is no key: a mistake in the program, not the input.
+func RegisterKeyFlags(fs *pflag.FlagSet, names ...string) {
+	fs.String("config", "", "YAML configuration file (keys flat, bootstrap.servers: x, or nested, bootstrap: {servers: x})")
+	for _, name := range names {
+		i := slices.IndexFunc(keys, func(k key) bool { return k.name == name })
+		if i < 0 {
+			panic("config: no key " + name)
 		}
-		fs.String(k.name, "", help)
+		k := keys[i]
+		help := k.help
+		switch {
+		case k.def != "":
+			help += " (default " + k.def + ")"
+		case !strings.Contains(help, "default"):
+			help += " (default: none)"
+		}
+		f := fs.VarPF(&flagValue{kind: k.bind.kind()}, k.name, "", help)
+		if f.Value.Type() == kindBool {
+			f.NoOptDefVal = "true"
+		}
 	}
 }
+
+// flagValue is a key's flag: it keeps the text given, which Load decodes
+// as it decodes the file's and the environment's, so that a value has one
+// set of rules and messages wherever it comes from.
+type flagValue struct{ val, kind string }
+
+func (v *flagValue) String() string     { return v.val }
+func (v *flagValue) Set(s string) error { v.val = s; return nil }
+func (v *flagValue) Type() string       { return v.kind }
 
 // Load reads the configuration: defaults, then the YAML file named by
 // --config, then the environment (environ, as os.Environ returns it), then
