@@ -25,6 +25,9 @@ type key struct {
 	// bind ties the key to its place in Config, and says its kind (text,
 	// number, millis, toggle, hosts).
 	bind binding
+	// secret keys are never shown: config print and check show them
+	// redacted whatever their binding shows.
+	secret bool
 }
 
 // optional reports whether k is unset until given: no default and nothing

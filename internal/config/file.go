@@ -80,10 +80,11 @@ func walkYAML(n *yaml.Node, path []string, leaf func(path []string, n *yaml.Node
 	}
 }
 
-// setFromFile sets the keys of the YAML file name with set. It returns the file's problems: unreadable, a key given twice, or a
+// setFromFile sets on v the keys of the YAML file name and records them in
+// from. It returns the file's problems: unreadable, a key given twice, or a
 // key that is none of ours (each once, with the nearest key when one is
 // close).
-func setFromFile(set func(key string, val any), name string) []error {
+func setFromFile(set func(key string, val any), from map[string]Origin, name string) []error {
 	vals, problems := readFile(name)
 	names := make([]string, 0, len(vals))
 	for k := range vals {
@@ -101,6 +102,7 @@ func setFromFile(set func(key string, val any), name string) []error {
 			continue
 		}
 		set(key, fv.val)
+		from[key] = Origin{Source: FromFile, Name: name}
 	}
 	return problems
 }

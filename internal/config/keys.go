@@ -105,7 +105,7 @@ var keys = []key{
 	{name: "sasl.username",
 		help: "SASL user",
 		bind: text(func(c *Config) *string { return &c.Security.SASLUsername })},
-	{name: "sasl.password",
+	{name: "sasl.password", secret: true,
 		help: "SASL password (prefer sasl.password.file; never logged)",
 		bind: text(func(c *Config) *string { return &c.Security.SASLPassword }).
 			shows(func(c Config) any { return redact(c.Security.SASLPassword) })},

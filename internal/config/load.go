@@ -71,7 +71,17 @@ func (v *flagValue) Type() string       { return v.kind }
 // --config, then the environment (environ, as os.Environ returns it), then
 // flags set on fs. It returns every problem found at once.
 func Load(fs *pflag.FlagSet, environ []string) (Config, error) {
+	c, _, err := Resolve(fs, environ)
+	return c, err
+}
+
+// Resolve is Load that also returns every key's effective value and where
+// it came from, sorted by key, for salesagg config print and check. The
+// settings are returned even when the configuration has problems (a value
+// that did not decode is shown as given); the Config only without them.
+func Resolve(fs *pflag.FlagSet, environ []string) (Config, []Setting, error) {
 	v := viper.New()
+	from := map[string]Origin{}
 	for _, k := range keys {
 		if k.def != "" {
 			v.SetDefault(k.name, k.def)
@@ -81,13 +91,14 @@ func Load(fs *pflag.FlagSet, environ []string) (Config, error) {
 	if f := fs.Lookup("config"); f != nil && f.Value.String() != "" {
 		// Its problems are reported with the others: the environment's
 		// and the flags' are still worth knowing.
-		problems = append(problems, setFromFile(v.Set, f.Value.String())...)
+		problems = append(problems, setFromFile(v.Set, from, f.Value.String())...)
 	}
 	env := environment(environ)
-	problems = append(problems, setFromEnv(v, env)...)
+	problems = append(problems, setFromEnv(v, from, env)...)
 	for _, k := range keys {
 		if f := fs.Lookup(k.name); f != nil && f.Changed {
 			v.Set(k.name, f.Value.String())
+			from[k.name] = Origin{Source: FromFlag, Name: "--" + k.name}
 		}
 	}
 
@@ -96,6 +107,7 @@ func Load(fs *pflag.FlagSet, environ []string) (Config, error) {
 	// report it twice.
 	c, failed, errs := decode(source{v})
 	problems = append(problems, errs...)
+	settings := c.settings(source{v}, from, failed)
 	if f := fs.Lookup("sasl.password"); f != nil && f.Changed {
 		c.Warnings = append(c.Warnings, "sasl.password is given as a command-line flag: every user of the machine can read it (ps, /proc/<pid>/cmdline); put it in a file and give sasl.password.file instead")
 	} else if _, ok := env[EnvName("sasl.password")]; ok {
@@ -105,9 +117,9 @@ func Load(fs *pflag.FlagSet, environ []string) (Config, error) {
 		problems = append(problems, err)
 	}
 	if len(problems) > 0 {
-		return Config{}, errors.Join(problems...)
+		return Config{}, settings, errors.Join(problems...)
 	}
-	return c, nil
+	return c, settings, nil
 }
 
 // environment maps the variables of environ (as os.Environ returns it) to
@@ -123,10 +135,11 @@ func environment(environ []string) map[string]string {
 	return env
 }
 
-// setFromEnv sets on v the keys given in env: KAFKA_BOOTSTRAP_SERVERS, then EnvName of each key over it. It returns a
+// setFromEnv sets on v the keys given in env, and records them in from:
+// KAFKA_BOOTSTRAP_SERVERS, then EnvName of each key over it. It returns a
 // problem for each SALESAGG_ variable that names no key, with the nearest
 // variable when one is close.
-func setFromEnv(v *viper.Viper, env map[string]string) []error {
+func setFromEnv(v *viper.Viper, from map[string]Origin, env map[string]string) []error {
 	var problems []error
 	var names []string
 	for _, k := range keys {
@@ -149,10 +162,12 @@ func setFromEnv(v *viper.Viper, env map[string]string) []error {
 	}
 	if val, ok := env["KAFKA_BOOTSTRAP_SERVERS"]; ok {
 		v.Set("bootstrap.servers", val)
+		from["bootstrap.servers"] = Origin{Source: FromEnv, Name: "KAFKA_BOOTSTRAP_SERVERS"}
 	}
 	for _, k := range keys {
 		if val, ok := env[EnvName(k.name)]; ok {
 			v.Set(k.name, val)
+			from[k.name] = Origin{Source: FromEnv, Name: EnvName(k.name)}
 		}
 	}
 	return problems
