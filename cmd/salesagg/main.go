@@ -3,6 +3,7 @@
 //
 //	salesagg run                                   the service
 //	salesagg broker --data-dir DIR --listen ADDR   the embedded dev broker
+//	salesagg config check|print [--config FILE]    validate / show the configuration
 //	salesagg produce --file FILE [--topic T]       send key:value lines
 //	salesagg state inspect --state-dir DIR         offline view of the stores
 //	salesagg state verify --state-dir DIR          compare the stores with the changelog
@@ -40,6 +41,10 @@ const usage = `salesagg: per-product sales totals from Kafka, in local Pebble st
 Usage:
   salesagg run [--config FILE] [--KEY VALUE ...]      run the service (salesagg run --help lists the keys)
   salesagg broker [--data-dir DIR] [--listen ADDR]   run the embedded dev broker
+  salesagg config check [--config FILE] [--KEY VALUE ...]
+                                                     validate the configuration without connecting; print it resolved
+  salesagg config print [--config FILE] [--KEY VALUE ...]
+                                                     every key, its value and where it came from (default, file, env, flag)
   salesagg produce --file FILE [--topic T]           send key:value lines to Kafka
   salesagg state inspect --state-dir DIR             show the local stores (the service must be stopped)
   salesagg state verify --state-dir DIR [--bootstrap.servers B]
@@ -81,6 +86,8 @@ func run(args []string) int {
 		err = runConsume(args[1:])
 	case "reset":
 		err = runReset(args[1:], os.Stdin, os.Stdout)
+	case "config":
+		err = runConfig(args[1:], os.Stdout)
 	case "log":
 		// Not in the usage: a helper for scripts/dev.sh's own lines.
 		err = runLog(args[1:])
