@@ -58,8 +58,8 @@ func TestCommandLineErrors(t *testing.T) {
 		{name: "an unknown flag near a key", args: []string{"run", "--bootstrap-servers", "x:1"},
 			want: []string{"unknown flag --bootstrap-servers: did you mean --bootstrap.servers? (salesagg run --help lists the flags)"}},
 		{name: "state without its command", args: []string{"state"}, want: []string{"salesagg state verify", "salesagg state reset"}},
-		{name: "state reset without a task", args: []string{"state", "reset", "--state-dir", "/nonexistent"}, want: []string{"--task is required"}},
-		{name: "state reset with a bad task", args: []string{"state", "reset", "--state-dir", "/nonexistent", "--task", "one"}, want: []string{`--task "one"`}},
+		{name: "state reset without a task", args: []string{"state", "reset", "--state.dir", "/nonexistent"}, want: []string{"--task is required"}},
+		{name: "state reset with a bad task", args: []string{"state", "reset", "--state.dir", "/nonexistent", "--task", "one"}, want: []string{`--task "one"`}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			code, stdout, stderr := runBinary(t, nil, tc.args...)

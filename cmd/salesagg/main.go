@@ -5,9 +5,9 @@
 //	salesagg broker --data-dir DIR --listen ADDR   the embedded dev broker
 //	salesagg config check|print [--config FILE]    validate / show the configuration
 //	salesagg produce --file FILE [--topic T]       send key:value lines
-//	salesagg state inspect --state-dir DIR         offline view of the stores
-//	salesagg state verify --state-dir DIR          compare the stores with the changelog
-//	salesagg state reset --state-dir DIR --task T  wipe one task's store
+//	salesagg state inspect --state.dir DIR         offline view of the stores
+//	salesagg state verify --state.dir DIR          compare the stores with the changelog
+//	salesagg state reset --state.dir DIR --task T  wipe one task's store
 //	salesagg health [--url URL] [--timeout D]      probe /readyz: exit 0 on 200, else 1
 //	salesagg version                               the build: version, commit, Go version
 //	salesagg consume --topic T [--from-beginning]  print a topic's records, decoded
@@ -46,10 +46,12 @@ Usage:
   salesagg config print [--config FILE] [--KEY VALUE ...]
                                                      every key, its value and where it came from (default, file, env, flag)
   salesagg produce --file FILE [--topic T]           send key:value lines to Kafka
-  salesagg state inspect --state-dir DIR             show the local stores (the service must be stopped)
-  salesagg state verify --state-dir DIR [--bootstrap.servers B]
+  salesagg state inspect --state.dir DIR             show the local stores (the service must be stopped)
+  salesagg state verify --state.dir DIR [--bootstrap.servers B]
                                                      compare each stopped task's store with its changelog, key by key
-  salesagg state reset --state-dir DIR --task 0_N    wipe a task's store: the next start restores it from the changelog
+  salesagg state reset --state.dir DIR --task 0_N    wipe a task's store: the next start restores it from the changelog
+
+produce and state take --config FILE, SALESAGG_<KEY> and the key flags as run does (salesagg <command> --help).
   salesagg health [--url URL] [--timeout D]          probe the service (default /readyz at http.addr): exit 0 on 200, else 1
   salesagg version (or --version)                    the build: module version, commit, Go version
   salesagg consume --topic T [--from-beginning] [--max-messages N] [--timeout D]

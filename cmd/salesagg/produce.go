@@ -3,6 +3,8 @@ package main
 import (
 	"bufio"
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"io"
@@ -12,23 +14,32 @@ import (
 
 	"github.com/spf13/pflag"
 	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/sasl/plain"
+	"github.com/twmb/franz-go/pkg/sasl/scram"
 
 	"github.com/salesagg/salesagg/internal/config"
 )
 
 // runProduce sends key:value lines as kafka-console-producer does with
 // parse.key=true and key.separator=":" (the key ends at the first ':'). Keys
-// are partitioned with murmur2, as the Java producer does.
+// are partitioned with murmur2, as the Java producer does. The brokers and
+// the security keys come from the configuration, as run reads it.
 func runProduce(args []string) error {
 	fs := pflag.NewFlagSet("produce", pflag.ContinueOnError)
 	file := fs.String("file", "", "file of key:value lines ('-' for standard input)")
-	topic := fs.String("topic", "sales-events-v1", "topic to send to")
-	servers := fs.String("bootstrap.servers", defaultBootstrap(), "Kafka brokers, comma separated (env KAFKA_BOOTSTRAP_SERVERS)")
-	if err := config.ParseFlags(fs, args); err != nil {
-		return usageError{err}
+	topic := fs.String("topic", "", "topic to send to (default: input.topic, sales-events-v1)")
+	config.RegisterKeyFlags(fs, append(config.ClientKeys(), "input.topic")...)
+	commandUsage(fs, "produce --file FILE [--topic T] [--config FILE] [--KEY VALUE ...]",
+		"Sends key:value lines (the key ends at the first ':'), partitioned by murmur2 as the Java producer does.")
+	cfg, err := loadCommandConfig(fs, args)
+	if err != nil {
+		return err
 	}
 	if *file == "" {
 		return usageError{errors.New("--file is required")}
+	}
+	if *topic == "" {
+		*topic = cfg.InputTopic
 	}
 	in := io.Reader(os.Stdin)
 	if *file != "-" {
@@ -43,28 +54,19 @@ func runProduce(args []string) error {
 	if err != nil {
 		return err
 	}
-	cl, err := kgo.NewClient(kgo.SeedBrokers(strings.Split(*servers, ",")...))
+	cl, err := newKafkaClient(cfg)
 	if err != nil {
 		return err
 	}
 	defer cl.Close()
+	servers := strings.Join(cfg.BootstrapServers, ",")
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	if err := cl.ProduceSync(ctx, recs...).FirstErr(); err != nil {
-		return fmt.Errorf("producing to %s at %s: %w", *topic, *servers, err)
+		return fmt.Errorf("producing to %s at %s: %w", *topic, servers, err)
 	}
 	fmt.Fprintf(os.Stderr, "sent %d records to %s\n", len(recs), *topic)
 	return nil
-}
-
-func defaultBootstrap() string {
-	if v := os.Getenv("KAFKA_BOOTSTRAP_SERVERS"); v != "" {
-		return v
-	}
-	if v := os.Getenv("SALESAGG_BOOTSTRAP_SERVERS"); v != "" {
-		return v
-	}
-	return "localhost:9092"
 }
 
 // parseLines reads key:value lines, skipping blank ones. A line without the
@@ -93,4 +95,46 @@ func parseLines(in io.Reader, topic string) ([]*kgo.Record, error) {
 		return nil, usageError{errors.New(strings.Join(bad, "\n"))}
 	}
 	return recs, nil
+}
+
+// newKafkaClient returns a client of cfg's brokers, with its TLS and SASL
+// (the same keys, and the same meaning, as the service's), and extra
+// options. Its errors name the file at fault, never a secret.
+func newKafkaClient(cfg config.Config, extra ...kgo.Opt) (*kgo.Client, error) {
+	opts := []kgo.Opt{kgo.SeedBrokers(cfg.BootstrapServers...)}
+	sec := cfg.Security
+	if sec.TLS() {
+		tc := &tls.Config{MinVersion: tls.VersionTLS12}
+		if sec.CAFile != "" {
+			pem, err := os.ReadFile(sec.CAFile)
+			if err != nil {
+				return nil, fmt.Errorf("reading ssl.ca.file: %w", err)
+			}
+			tc.RootCAs = x509.NewCertPool()
+			if !tc.RootCAs.AppendCertsFromPEM(pem) {
+				return nil, fmt.Errorf("ssl.ca.file %s holds no PEM certificate", sec.CAFile)
+			}
+		}
+		if sec.CertFile != "" {
+			cert, err := tls.LoadX509KeyPair(sec.CertFile, sec.KeyFile)
+			if err != nil {
+				return nil, fmt.Errorf("loading ssl.cert.file %s and ssl.key.file %s: %w", sec.CertFile, sec.KeyFile, err)
+			}
+			tc.Certificates = []tls.Certificate{cert}
+		}
+		opts = append(opts, kgo.DialTLSConfig(tc))
+	}
+	if sec.SASL() {
+		switch sec.SASLMechanism {
+		case "PLAIN":
+			opts = append(opts, kgo.SASL(plain.Auth{User: sec.SASLUsername, Pass: sec.SASLPassword}.AsMechanism()))
+		case "SCRAM-SHA-256":
+			opts = append(opts, kgo.SASL(scram.Auth{User: sec.SASLUsername, Pass: sec.SASLPassword}.AsSha256Mechanism()))
+		case "SCRAM-SHA-512":
+			opts = append(opts, kgo.SASL(scram.Auth{User: sec.SASLUsername, Pass: sec.SASLPassword}.AsSha512Mechanism()))
+		default:
+			return nil, fmt.Errorf("unsupported sasl.mechanism %q", sec.SASLMechanism)
+		}
+	}
+	return kgo.NewClient(append(opts, extra...)...)
 }

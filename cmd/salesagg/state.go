@@ -14,7 +14,6 @@ import (
 
 	"github.com/spf13/pflag"
 	"github.com/twmb/franz-go/pkg/kadm"
-	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/salesagg/salesagg/internal/changelog"
 	"github.com/salesagg/salesagg/internal/config"
@@ -22,11 +21,13 @@ import (
 )
 
 const stateUsage = `usage:
-  salesagg state inspect --state-dir DIR [--application.id ID] [--json]
-  salesagg state verify  --state-dir DIR [--application.id ID] [--bootstrap.servers B] [--task 0_N ...]
-  salesagg state reset   --state-dir DIR [--application.id ID] --task 0_N [--task ...]
+  salesagg state inspect [--state.dir DIR] [--application.id ID] [--json]
+  salesagg state verify  [--state.dir DIR] [--application.id ID] [--bootstrap.servers B] [--task 0_N ...]
+  salesagg state reset   [--state.dir DIR] [--application.id ID] --task 0_N [--task ...]
 
-Each takes the state dir's lock: it refuses to run while the service runs on that state dir.`
+Each reads the configuration as salesagg run does (--config FILE, SALESAGG_<KEY>, the flags; the
+same defaults) and takes the state dir's lock: it refuses to run while the service runs on that
+state dir.`
 
 // runState implements "salesagg state inspect|verify|reset", offline tools
 // on a stopped service's state dir.
@@ -49,14 +50,14 @@ func runState(args []string) error {
 	}
 }
 
-// stateFlags registers the flags every state command has, defaulting to
-// the service's own defaults.
-func stateFlags(name string) (fs *pflag.FlagSet, stateDir, appID *string) {
-	def := config.Default()
-	fs = pflag.NewFlagSet("state "+name, pflag.ContinueOnError)
-	stateDir = fs.String("state-dir", def.StateDir, "the service's state.dir")
-	appID = fs.String("application.id", def.ApplicationID, "the service's application.id")
-	return fs, stateDir, appID
+// stateFlags returns the flag set of "salesagg state <name>" with --config
+// and the flags of the keys it uses: state.dir and application.id, and
+// keys (verify's). The old --state-dir still works, hidden.
+func stateFlags(name string, keys ...string) *pflag.FlagSet {
+	fs := pflag.NewFlagSet("state "+name, pflag.ContinueOnError)
+	config.RegisterKeyFlags(fs, append([]string{"state.dir", "application.id"}, keys...)...)
+	config.AliasFlag(fs, "state-dir", "state.dir")
+	return fs
 }
 
 // openTasks takes the lock of an existing state dir and selects the tasks
@@ -81,12 +82,14 @@ func openTasks(stateDir, appID string, names []string) (*state.Dir, []int32, err
 }
 
 func runStateInspect(args []string) error {
-	fs, stateDir, appID := stateFlags("inspect")
+	fs := stateFlags("inspect")
 	asJSON := fs.Bool("json", false, "print JSON")
-	if err := config.ParseFlags(fs, args); err != nil {
-		return usageError{err}
+	commandUsage(fs, "state inspect [--state.dir DIR] [--json]", "Shows each task's checkpoint, product count and sum of totals; the service must be stopped.")
+	cfg, err := loadCommandConfig(fs, args)
+	if err != nil {
+		return err
 	}
-	dir, err := state.OpenExistingDir(*stateDir, *appID)
+	dir, err := state.OpenExistingDir(cfg.StateDir, cfg.ApplicationID)
 	if err != nil {
 		return err
 	}
@@ -119,15 +122,17 @@ func runStateInspect(args []string) error {
 // runStateReset wipes the stores of the tasks named, so that the next start
 // restores them from the changelog.
 func runStateReset(args []string, out io.Writer) error {
-	fs, stateDir, appID := stateFlags("reset")
+	fs := stateFlags("reset")
 	tasks := fs.StringSlice("task", nil, "the task to wipe, 0_<partition> (repeat or separate with commas for several)")
-	if err := config.ParseFlags(fs, args); err != nil {
-		return usageError{err}
+	commandUsage(fs, "state reset [--state.dir DIR] --task 0_N [--task ...]", "Wipes the stores of the tasks named: the next start restores them from their changelog.")
+	cfg, err := loadCommandConfig(fs, args)
+	if err != nil {
+		return err
 	}
 	if len(*tasks) == 0 {
 		return usageError{errors.New("--task is required, e.g. --task 0_1 (salesagg state inspect lists the tasks)")}
 	}
-	dir, parts, err := openTasks(*stateDir, *appID, *tasks)
+	dir, parts, err := openTasks(cfg.StateDir, cfg.ApplicationID, *tasks)
 	if err != nil {
 		return err
 	}
@@ -145,15 +150,16 @@ func runStateReset(args []string, out io.Writer) error {
 // key by key, as of the store's checkpoint. It returns an error (exit 1)
 // when any differs.
 func runStateVerify(args []string, out io.Writer) error {
-	fs, stateDir, appID := stateFlags("verify")
-	servers := fs.String("bootstrap.servers", defaultBootstrap(), "Kafka brokers, comma separated (env KAFKA_BOOTSTRAP_SERVERS)")
-	storeName := fs.String("store.name", config.Default().StoreName, "the service's store.name (names the changelog)")
+	fs := stateFlags("verify", append(config.ClientKeys(), "store.name")...)
 	tasks := fs.StringSlice("task", nil, "verify only this task, 0_<partition> (repeatable; default: every task in the state dir)")
 	timeout := fs.Duration("timeout", 2*time.Minute, "give up reading the changelog after this long")
-	if err := config.ParseFlags(fs, args); err != nil {
-		return usageError{err}
+	commandUsage(fs, "state verify [--state.dir DIR] [--bootstrap.servers B] [--task 0_N ...]",
+		"Compares each task's store with its changelog partition, key by key, as of the store's checkpoint; exit 1 when any differs.")
+	cfg, err := loadCommandConfig(fs, args)
+	if err != nil {
+		return err
 	}
-	dir, parts, err := openTasks(*stateDir, *appID, *tasks)
+	dir, parts, err := openTasks(cfg.StateDir, cfg.ApplicationID, *tasks)
 	if err != nil {
 		return err
 	}
@@ -161,19 +167,19 @@ func runStateVerify(args []string, out io.Writer) error {
 	if len(parts) == 0 {
 		return fmt.Errorf("no task stores in %s", dir.Path())
 	}
-	client := []kgo.Opt{kgo.SeedBrokers(strings.Split(*servers, ",")...)}
-	v := changelog.Verifier{Client: client, Topic: config.Config{ApplicationID: *appID, StoreName: *storeName}.ChangelogTopic()}
-	cl, err := kgo.NewClient(client...)
+	cl, err := newKafkaClient(cfg)
 	if err != nil {
 		return err
 	}
 	defer cl.Close()
+	servers := strings.Join(cfg.BootstrapServers, ",")
+	v := changelog.Verifier{Client: cl.Opts(), Topic: cfg.ChangelogTopic()}
 	ctx, cancel := context.WithTimeout(context.Background(), *timeout)
 	defer cancel()
 	if err := v.Prepare(ctx, kadm.NewClient(cl)); err != nil {
-		return fmt.Errorf("%w (at %s)", err, *servers)
+		return fmt.Errorf("%w (at %s)", err, servers)
 	}
-	fmt.Fprintf(out, "state dir %s, changelog %s at %s\n", dir.Path(), v.Topic, *servers)
+	fmt.Fprintf(out, "state dir %s, changelog %s at %s\n", dir.Path(), v.Topic, servers)
 	failed := 0
 	for _, p := range parts {
 		rep := v.Verify(ctx, dir, p)

@@ -30,8 +30,8 @@ func TestStateVerifyAndReset(t *testing.T) {
 
 	// While the service runs, both refuse: the state dir is locked.
 	for _, args := range [][]string{
-		{"state", "verify", "--state-dir", stateDir, "--bootstrap.servers", brokerAddr},
-		{"state", "reset", "--state-dir", stateDir, "--task", "0_1"},
+		{"state", "verify", "--state.dir", stateDir, "--bootstrap.servers", brokerAddr},
+		{"state", "reset", "--state.dir", stateDir, "--task", "0_1"},
 	} {
 		code, _, stderr := runBinary(t, nil, args...)
 		if code != exitError || !strings.Contains(stderr, "refusing while the service runs") || !strings.Contains(stderr, "is held by pid=") {
@@ -41,7 +41,7 @@ func TestStateVerifyAndReset(t *testing.T) {
 	svc.Terminate(t)
 
 	verify := func() (int, string) {
-		code, stdout, stderr := runBinary(t, nil, "state", "verify", "--state-dir", stateDir, "--bootstrap.servers", brokerAddr)
+		code, stdout, stderr := runBinary(t, nil, "state", "verify", "--state.dir", stateDir, "--bootstrap.servers", brokerAddr)
 		return code, stdout + stderr
 	}
 	if code, out := verify(); code != 0 || !strings.Contains(out, "all 3 tasks match their changelog") || strings.Count(out, "  OK: ") != 3 {
@@ -94,7 +94,7 @@ func TestStateVerifyAndReset(t *testing.T) {
 	}
 
 	// Reset the tampered task: only its store goes.
-	code, stdout, stderr := runBinary(t, nil, "state", "reset", "--state-dir", stateDir, "--task", "0_0")
+	code, stdout, stderr := runBinary(t, nil, "state", "reset", "--state.dir", stateDir, "--task", "0_0")
 	if code != 0 || !strings.Contains(stdout, "task 0_0: store removed") {
 		t.Fatalf("reset: exit %d\n%s%s", code, stdout, stderr)
 	}
@@ -106,7 +106,7 @@ func TestStateVerifyAndReset(t *testing.T) {
 			t.Fatalf("task %s's store is gone: %v", task, err)
 		}
 	}
-	if code, _, stderr := runBinary(t, nil, "state", "reset", "--state-dir", stateDir, "--task", "0_7"); code != exitError || !strings.Contains(stderr, "no task 0_7") {
+	if code, _, stderr := runBinary(t, nil, "state", "reset", "--state.dir", stateDir, "--task", "0_7"); code != exitError || !strings.Contains(stderr, "no task 0_7") {
 		t.Fatalf("reset of a task that is not there: exit %d %s", code, stderr)
 	}
 

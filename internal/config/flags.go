@@ -154,3 +154,32 @@ func LoadArgs(fs *pflag.FlagSet, args, environ []string) (Config, error) {
 	}
 	return c, nil
 }
+
+// AliasFlag adds to fs the hidden flag --old, another name of the flag
+// --key (registered before): what it is given, --key is given. It keeps an
+// old spelling working without showing it in --help or in suggestions.
+func AliasFlag(fs *pflag.FlagSet, old, key string) {
+	target := fs.Lookup(key)
+	if target == nil {
+		panic("config: no flag --" + key + " to alias")
+	}
+	fs.Var(&aliasValue{fs: fs, key: key, kind: target.Value.Type()}, old, "the old name of --"+key)
+	_ = fs.MarkHidden(old)
+}
+
+// aliasValue sets the flag it is an alias of.
+type aliasValue struct {
+	fs        *pflag.FlagSet
+	key, kind string
+}
+
+func (a *aliasValue) String() string     { return "" }
+func (a *aliasValue) Set(s string) error { return a.fs.Set(a.key, s) }
+func (a *aliasValue) Type() string       { return a.kind }
+
+// ClientKeys are the keys of a Kafka connection: bootstrap.servers and the
+// security keys (TLS, SASL), which every command that talks to Kafka takes.
+func ClientKeys() []string {
+	return []string{"bootstrap.servers", "security.protocol", "sasl.mechanism", "sasl.username", "sasl.password",
+		"sasl.password.file", "ssl.ca.file", "ssl.cert.file", "ssl.key.file"}
+}
