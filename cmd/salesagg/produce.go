@@ -9,11 +9,15 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"slices"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/spf13/pflag"
+	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
 	"github.com/twmb/franz-go/pkg/sasl/plain"
 	"github.com/twmb/franz-go/pkg/sasl/scram"
 
@@ -60,6 +64,9 @@ func runProduce(args []string) error {
 	}
 	defer cl.Close()
 	servers := strings.Join(cfg.BootstrapServers, ",")
+	if err := checkKafka(context.Background(), cl, cfg, "topic", *topic); err != nil {
+		return err
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	if err := cl.ProduceSync(ctx, recs...).FirstErr(); err != nil {
@@ -97,11 +104,16 @@ func parseLines(in io.Reader, topic string) ([]*kgo.Record, error) {
 	return recs, nil
 }
 
+// cliDialTimeout bounds one connection attempt of a command's client: a
+// broker that does not answer is reported after it, not after the
+// client's retries.
+const cliDialTimeout = 5 * time.Second
+
 // newKafkaClient returns a client of cfg's brokers, with its TLS and SASL
 // (the same keys, and the same meaning, as the service's), and extra
 // options. Its errors name the file at fault, never a secret.
 func newKafkaClient(cfg config.Config, extra ...kgo.Opt) (*kgo.Client, error) {
-	opts := []kgo.Opt{kgo.SeedBrokers(cfg.BootstrapServers...)}
+	opts := []kgo.Opt{kgo.SeedBrokers(cfg.BootstrapServers...), kgo.DialTimeout(cliDialTimeout)}
 	sec := cfg.Security
 	if sec.TLS() {
 		tc := &tls.Config{MinVersion: tls.VersionTLS12}
@@ -137,4 +149,86 @@ func newKafkaClient(cfg config.Config, extra ...kgo.Opt) (*kgo.Client, error) {
 		}
 	}
 	return kgo.NewClient(append(opts, extra...)...)
+}
+
+// closedHint explains a connection the broker closed while it was being
+// set up: with SASL that is how some brokers (kfake, older Kafka) answer
+// a failed authentication, where Kafka says SASL_AUTHENTICATION_FAILED.
+func closedHint(sec config.Security, err error) string {
+	if !errors.Is(err, io.EOF) && !errors.Is(err, syscall.ECONNRESET) {
+		return ""
+	}
+	if sec.SASL() {
+		return fmt.Sprintf(" (the broker closed the connection: the SASL authentication of %q with %s failed, or the listener does not speak %s)",
+			sec.SASLUsername, sec.SASLMechanism, sec.Protocol)
+	}
+	return fmt.Sprintf(" (the broker closed the connection: does its listener speak %s? see security.protocol)", sec.Protocol)
+}
+
+// checkKafka asks the seed brokers, one after the other and each once, for
+// the metadata of topic (what says what kind of topic it is, for the
+// messages), without creating it. It returns nil at the first answer that
+// knows the topic. Unlike the client's own requests, which retry until
+// their deadline (a minute of silence, then "context deadline exceeded"),
+// it names at once each broker with its error (connection refused, no such
+// host, a failed authentication), and a topic that does not exist.
+func checkKafka(ctx context.Context, cl *kgo.Client, cfg config.Config, what, topic string) error {
+	servers := cfg.BootstrapServers
+	req := kmsg.NewPtrMetadataRequest()
+	rt := kmsg.NewMetadataRequestTopic()
+	rt.Topic = kmsg.StringPtr(topic)
+	req.Topics = []kmsg.MetadataRequestTopic{rt}
+	req.AllowAutoTopicCreation = false
+	var failed []string
+	for i, b := range cl.SeedBrokers() { // in the order of servers
+		addr := fmt.Sprintf("seed %d", i)
+		if i < len(servers) {
+			addr = servers[i]
+		}
+		rctx, cancel := context.WithTimeout(ctx, 2*cliDialTimeout)
+		defer cancel()
+		resp, err := b.Request(rctx, req)
+		if err != nil {
+			failed = append(failed, fmt.Sprintf("%s: %v%s", addr, err, closedHint(cfg.Security, err)))
+			continue
+		}
+		for _, t := range resp.(*kmsg.MetadataResponse).Topics {
+			switch err := kerr.ErrorForCode(t.ErrorCode); {
+			case errors.Is(err, kerr.UnknownTopicOrPartition):
+				return fmt.Errorf("%s %s does not exist at %s%s", what, topic, addr, otherTopics(rctx, b, topic))
+			case err != nil:
+				return fmt.Errorf("reading the metadata of %s %s at %s: %w", what, topic, addr, err)
+			}
+		}
+		return nil
+	}
+	return fmt.Errorf("connecting to Kafka: no broker of bootstrap.servers answered: %s", strings.Join(failed, "; "))
+}
+
+// otherTopics is the hint for a topic that does not exist, from the topics
+// broker b has: the nearest one's name when it is close (a typo), else
+// those there are (up to 10), or that there are none yet (the service
+// creates its topics when it starts).
+func otherTopics(ctx context.Context, b *kgo.Broker, topic string) string {
+	resp, err := b.Request(ctx, kmsg.NewPtrMetadataRequest()) // nil topics: all of them
+	if err != nil {
+		return ""
+	}
+	var names []string
+	for _, t := range resp.(*kmsg.MetadataResponse).Topics {
+		if t.Topic != nil && !t.IsInternal && !strings.HasPrefix(*t.Topic, "__") {
+			names = append(names, *t.Topic)
+		}
+	}
+	slices.Sort(names)
+	switch s := config.Suggest(topic, names); {
+	case s != "":
+		return ": did you mean " + s + "?"
+	case len(names) == 0:
+		return " (it has no topics yet: salesagg run creates its topics when it starts)"
+	case len(names) > 10:
+		return fmt.Sprintf(" (it has %d topics: %s, ...)", len(names), strings.Join(names[:10], ", "))
+	default:
+		return " (its topics: " + strings.Join(names, ", ") + ")"
+	}
 }

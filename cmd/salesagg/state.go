@@ -176,6 +176,9 @@ func runStateVerify(args []string, out io.Writer) error {
 	v := changelog.Verifier{Client: cl.Opts(), Topic: cfg.ChangelogTopic()}
 	ctx, cancel := context.WithTimeout(context.Background(), *timeout)
 	defer cancel()
+	if err := checkKafka(ctx, cl, cfg, "changelog", v.Topic); err != nil {
+		return err
+	}
 	if err := v.Prepare(ctx, kadm.NewClient(cl)); err != nil {
 		return fmt.Errorf("%w (at %s)", err, servers)
 	}
