@@ -35,6 +35,7 @@ to stop.`
 // consumeOptions are the flags of `salesagg consume`.
 type consumeOptions struct {
 	topic, servers             string
+	cfg                        config.Config // the brokers and their security
 	fromBeginning, changelog   bool
 	headers, partition, offset bool
 	maxMessages                int
@@ -49,7 +50,9 @@ func runConsume(args []string) error {
 	fs := pflag.NewFlagSet("consume", pflag.ContinueOnError)
 	fs.Usage = func() { fmt.Fprintln(fs.Output(), consumeUsage); fs.PrintDefaults() }
 	fs.StringVar(&o.topic, "topic", "", "topic to read (required)")
-	fs.StringVar(&o.servers, "bootstrap.servers", defaultBootstrap(), "Kafka brokers, comma separated (env KAFKA_BOOTSTRAP_SERVERS)")
+	// The brokers and their TLS and SASL, read as run reads them (--config,
+	// SALESAGG_*, the key flags).
+	config.RegisterKeyFlags(fs, config.ClientKeys()...)
 	fs.BoolVar(&o.fromBeginning, "from-beginning", false, "start at the earliest offset (default: the end, new records only)")
 	fs.IntVar(&o.maxMessages, "max-messages", 0, "exit after this many records (0: no limit)")
 	fs.DurationVar(&o.idle, "timeout", 0, "exit when nothing new came for this long, e.g. 5s (0: follow until Ctrl-C)")
@@ -57,9 +60,11 @@ func runConsume(args []string) error {
 	fs.BoolVar(&o.headers, "print.headers", false, "print each record's headers (key:value,...; NO_HEADERS when none)")
 	fs.BoolVar(&o.partition, "print.partition", false, "print each record's partition")
 	fs.BoolVar(&o.offset, "print.offset", false, "print each record's offset")
-	if err := config.ParseFlags(fs, args); err != nil {
-		return usageError{err}
+	cfg, err := loadCommandConfig(fs, args)
+	if err != nil {
+		return err
 	}
+	o.cfg, o.servers = cfg, strings.Join(cfg.BootstrapServers, ",")
 	var problems []error
 	if o.topic == "" {
 		problems = append(problems, errors.New("--topic is required"))
@@ -90,7 +95,7 @@ func consume(ctx context.Context, o consumeOptions, w io.Writer) (int, error) {
 	if o.fromBeginning {
 		start = kgo.NewOffset().AtStart()
 	}
-	cl, err := kgo.NewClient(kgo.SeedBrokers(strings.Split(o.servers, ",")...), kgo.ConsumeTopics(o.topic),
+	cl, err := newKafkaClient(o.cfg, kgo.ConsumeTopics(o.topic),
 		kgo.ConsumeResetOffset(start), kgo.FetchIsolationLevel(kgo.ReadCommitted()))
 	if err != nil {
 		return 0, fmt.Errorf("creating the client for %s: %w", o.servers, err)

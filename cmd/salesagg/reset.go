@@ -14,7 +14,6 @@ import (
 
 	"github.com/spf13/pflag"
 	"github.com/twmb/franz-go/pkg/kadm"
-	"github.com/twmb/franz-go/pkg/kgo"
 	"golang.org/x/term"
 
 	"github.com/salesagg/salesagg/internal/config"
@@ -35,6 +34,7 @@ otherwise) and --dry-run prints what it would do.`
 // resetOptions are the flags of `salesagg reset`.
 type resetOptions struct {
 	appID, servers, stateDir, toDatetime string
+	cfg                                  config.Config // the brokers and their security
 	inputs                               []string
 	toEarliest, toLatest, yes, dryRun    bool
 	at                                   time.Time // --to-datetime parsed
@@ -57,7 +57,7 @@ func runReset(args []string, in *os.File, out io.Writer) error {
 	if err != nil {
 		return err
 	}
-	cl, err := kgo.NewClient(kgo.SeedBrokers(strings.Split(o.servers, ",")...))
+	cl, err := newKafkaClient(o.cfg)
 	if err != nil {
 		return fmt.Errorf("creating the client for %s: %w", o.servers, err)
 	}
@@ -90,7 +90,9 @@ func parseReset(args []string) (resetOptions, error) {
 	fs.Usage = func() { fmt.Fprintln(fs.Output(), resetUsage); fs.PrintDefaults() }
 	def := config.Default()
 	fs.StringVar(&o.appID, "application.id", "", "the application (consumer group, prefix of its internal topics); required")
-	fs.StringVar(&o.servers, "bootstrap.servers", defaultBootstrap(), "Kafka brokers, comma separated (env KAFKA_BOOTSTRAP_SERVERS)")
+	// The brokers and their TLS and SASL, read as run reads them (--config,
+	// SALESAGG_*, the key flags).
+	config.RegisterKeyFlags(fs, config.ClientKeys()...)
 	fs.StringSliceVar(&o.inputs, "input-topics", []string{def.InputTopic}, "the input topics whose offsets are reset, comma separated")
 	fs.BoolVar(&o.toEarliest, "to-earliest", false, "reset the input offsets to the start of each partition (the default)")
 	fs.StringVar(&o.toDatetime, "to-datetime", "", "reset the input offsets to the first record at or after this RFC 3339 time, e.g. 2026-01-02T15:04:05Z")
@@ -98,9 +100,11 @@ func parseReset(args []string) (resetOptions, error) {
 	fs.StringVar(&o.stateDir, "state.dir", def.StateDir, "the service's state.dir: <state.dir>/<application.id> is wiped")
 	fs.BoolVar(&o.yes, "yes", false, "do not ask for confirmation (needed without a terminal)")
 	fs.BoolVar(&o.dryRun, "dry-run", false, "print what would be done, change nothing")
-	if err := config.ParseFlags(fs, args); err != nil {
-		return o, usageError{err}
+	cfg, err := loadCommandConfig(fs, args)
+	if err != nil {
+		return o, err
 	}
+	o.cfg, o.servers = cfg, strings.Join(cfg.BootstrapServers, ",")
 	var problems []error
 	if o.appID == "" {
 		problems = append(problems, errors.New("--application.id is required (the service's application.id; it names the group and the internal topics)"))
