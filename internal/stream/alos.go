@@ -4,9 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"sync"
 	"time"
 
+	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
@@ -36,7 +38,10 @@ type atLeastOnce struct {
 	rewinds struct {
 		mu   sync.Mutex
 		todo map[int32]*task
-		kick chan struct{}
+		// fromCommitted are the partitions of replaced tasks, to move
+		// back to the group's committed offsets.
+		fromCommitted map[int32]bool
+		kick          chan struct{}
 	}
 	// stopCommits ends the commit loop (set by poll, before the loop).
 	commitsDone chan struct{}
@@ -103,6 +108,26 @@ func (a *atLeastOnce) revoked(ctx context.Context, cl *kgo.Client, ps []int32) {
 	// (the committer commits only what this member holds).
 	if err := a.committer.commit(ctx, cl); err != nil {
 		a.s.env.log.Error("Committing offsets of revoked partitions", zap.Error(err))
+	}
+}
+
+// replaced asks the poll loop to move the partitions of tasks started in
+// place of dropped ones back to the group's committed offsets: the dropped
+// tasks' uncommitted work is gone, and the client would otherwise go on
+// from past it (a loss; seen when a second rebalance re-added partitions
+// this member held).
+func (a *atLeastOnce) replaced(ps []int32) {
+	a.rewinds.mu.Lock()
+	defer a.rewinds.mu.Unlock()
+	if a.rewinds.fromCommitted == nil {
+		a.rewinds.fromCommitted = map[int32]bool{}
+	}
+	for _, p := range ps {
+		a.rewinds.fromCommitted[p] = true
+	}
+	select {
+	case a.rewinds.kick <- struct{}{}:
+	default:
 	}
 }
 
@@ -185,14 +210,17 @@ func (a *atLeastOnce) requestRewind(t *task) {
 // for them is from before the rewind and is not dispatched.
 func (a *atLeastOnce) applyRewinds() map[int32]bool {
 	a.rewinds.mu.Lock()
-	todo := a.rewinds.todo
-	a.rewinds.todo = nil
+	todo, fromCommitted := a.rewinds.todo, a.rewinds.fromCommitted
+	a.rewinds.todo, a.rewinds.fromCommitted = nil, nil
 	a.rewinds.mu.Unlock()
-	if len(todo) == 0 {
+	if len(todo) == 0 && len(fromCommitted) == 0 {
 		return nil
 	}
 	skip := map[int32]bool{}
 	set := map[string]map[int32]kgo.EpochOffset{}
+	if len(fromCommitted) > 0 {
+		a.rewindToCommitted(fromCommitted, set, skip)
+	}
 	for p, t := range todo {
 		if !a.s.reg.isCurrent(t) {
 			continue // stopped meanwhile: its next owner starts from the commits
@@ -212,8 +240,10 @@ func (a *atLeastOnce) applyRewinds() map[int32]bool {
 			zap.Int64("input_offset", to[0]), zap.Int64("repartition_offset", to[1]))
 	}
 	a.s.kc().SetOffsets(set)
-	for p := range skip {
-		todo[p].retry.rewindEpoch.Add(1)
+	for p, t := range todo {
+		if skip[p] {
+			t.retry.rewindEpoch.Add(1)
+		}
 	}
 	return skip
 }
@@ -365,4 +395,68 @@ func (c *committer) commit(ctx context.Context, cl *kgo.Client) error {
 		c.onDone()
 	}
 	return nil
+}
+
+// rewindToCommitted adds to set the group's committed offsets (or, where
+// none is, the start or end as auto.offset.reset says) of the input and
+// repartition partitions of ps, and marks them in skip: what the last poll
+// returned for them is from the old position. When the offsets cannot be
+// read, ps are asked for again at the next poll and stay skipped
+// meanwhile, so that no new task folds from past the committed offsets.
+func (a *atLeastOnce) rewindToCommitted(ps map[int32]bool, set map[string]map[int32]kgo.EpochOffset, skip map[int32]bool) {
+	e := a.s.env
+	topics := []string{e.cfg.InputTopic, e.cfg.RepartitionTopic()}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	committed, err := e.admin.FetchOffsets(ctx, e.cfg.ApplicationID)
+	if err == nil {
+		err = committed.Error()
+	}
+	var fallback kadm.ListedOffsets
+	if err == nil {
+		if e.cfg.AutoOffsetReset == "latest" {
+			fallback, err = e.admin.ListEndOffsets(ctx, topics...)
+		} else {
+			fallback, err = e.admin.ListStartOffsets(ctx, topics...)
+		}
+	}
+	if err != nil {
+		e.log.Warn("Reading the committed offsets to rewind replaced tasks to; retrying at the next poll", zap.Error(err))
+		for p := range ps {
+			skip[p] = true
+		}
+		a.rewinds.mu.Lock()
+		if a.rewinds.fromCommitted == nil {
+			a.rewinds.fromCommitted = map[int32]bool{}
+		}
+		maps.Copy(a.rewinds.fromCommitted, ps)
+		a.rewinds.mu.Unlock()
+		return
+	}
+	for p := range ps {
+		t := a.s.reg.task(p)
+		if t == nil {
+			continue // gone meanwhile: its next owner starts from the commits
+		}
+		var to [2]int64
+		for i, topic := range topics {
+			to[i] = -1
+			if o, ok := committed.Lookup(topic, p); ok && o.At >= 0 {
+				to[i] = o.At
+			} else if o, ok := fallback.Lookup(topic, p); ok {
+				to[i] = o.Offset
+			}
+			if to[i] < 0 {
+				continue
+			}
+			if set[topic] == nil {
+				set[topic] = map[int32]kgo.EpochOffset{}
+			}
+			set[topic][p] = kgo.EpochOffset{Epoch: -1, Offset: to[i]}
+		}
+		skip[p] = true
+		t.retry.rewindEpoch.Add(1)
+		t.log.Info(fmt.Sprintf("task [%s] Replaced: folding again from the committed offsets", t.name),
+			zap.Int64("input_offset", to[0]), zap.Int64("repartition_offset", to[1]))
+	}
 }

@@ -62,6 +62,9 @@ func (s *session) assigned(_ context.Context, cl *kgo.Client, added map[string][
 		}
 	}
 	s.applyAssignment(cl, current, held)
+	if len(reused) > 0 {
+		s.g.replaced(reused)
+	}
 }
 
 // staleTasks returns the tasks to stop before an assignment is applied:

@@ -174,6 +174,11 @@ func (e *exactlyOnce) revoked(_ context.Context, _ *kgo.Client, ps []int32) {
 // dropped: tasks that folded into the open transaction were stopped.
 func (e *exactlyOnce) dropped([]int32) { e.abortCycle.Store(true) }
 
+// replaced needs nothing exactly-once: the dropped tasks abort the open
+// transaction, and the abort moves every position back to the committed
+// offsets.
+func (e *exactlyOnce) replaced([]int32) {}
+
 // stop ends the session's work: the last transaction commits what was
 // folded (unless polling ended in an error), then the tasks close.
 func (e *exactlyOnce) stop(work context.Context, pollErr error) error {

@@ -74,6 +74,11 @@ type guarantee interface {
 	// dropped is told of tasks stopped without their revoke (lost, or
 	// moved away): nothing of theirs may be committed.
 	dropped(ps []int32)
+	// replaced is told of tasks started in place of dropped ones while
+	// this member kept their partitions: the client's position is past
+	// what the dropped tasks folded, and must go back to what is
+	// committed before the new tasks are handed records.
+	replaced(ps []int32)
 	// stop is the guarantee's part of a shutdown, after polling ended: the
 	// last cycle, the tasks stopped, the last commit.
 	stop(work context.Context, pollErr error) error
