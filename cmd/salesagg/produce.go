@@ -3,8 +3,6 @@ package main
 import (
 	"bufio"
 	"context"
-	"crypto/tls"
-	"crypto/x509"
 	"errors"
 	"fmt"
 	"io"
@@ -18,10 +16,9 @@ import (
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
-	"github.com/twmb/franz-go/pkg/sasl/plain"
-	"github.com/twmb/franz-go/pkg/sasl/scram"
 
 	"github.com/salesagg/salesagg/internal/config"
+	"github.com/salesagg/salesagg/internal/stream"
 )
 
 // runProduce sends key:value lines as kafka-console-producer does with
@@ -113,41 +110,11 @@ const cliDialTimeout = 5 * time.Second
 // (the same keys, and the same meaning, as the service's), and extra
 // options. Its errors name the file at fault, never a secret.
 func newKafkaClient(cfg config.Config, extra ...kgo.Opt) (*kgo.Client, error) {
-	opts := []kgo.Opt{kgo.SeedBrokers(cfg.BootstrapServers...), kgo.DialTimeout(cliDialTimeout)}
-	sec := cfg.Security
-	if sec.TLS() {
-		tc := &tls.Config{MinVersion: tls.VersionTLS12}
-		if sec.CAFile != "" {
-			pem, err := os.ReadFile(sec.CAFile)
-			if err != nil {
-				return nil, fmt.Errorf("reading ssl.ca.file: %w", err)
-			}
-			tc.RootCAs = x509.NewCertPool()
-			if !tc.RootCAs.AppendCertsFromPEM(pem) {
-				return nil, fmt.Errorf("ssl.ca.file %s holds no PEM certificate", sec.CAFile)
-			}
-		}
-		if sec.CertFile != "" {
-			cert, err := tls.LoadX509KeyPair(sec.CertFile, sec.KeyFile)
-			if err != nil {
-				return nil, fmt.Errorf("loading ssl.cert.file %s and ssl.key.file %s: %w", sec.CertFile, sec.KeyFile, err)
-			}
-			tc.Certificates = []tls.Certificate{cert}
-		}
-		opts = append(opts, kgo.DialTLSConfig(tc))
+	sec, err := stream.SecurityOpts(cfg.Security)
+	if err != nil {
+		return nil, err
 	}
-	if sec.SASL() {
-		switch sec.SASLMechanism {
-		case "PLAIN":
-			opts = append(opts, kgo.SASL(plain.Auth{User: sec.SASLUsername, Pass: sec.SASLPassword}.AsMechanism()))
-		case "SCRAM-SHA-256":
-			opts = append(opts, kgo.SASL(scram.Auth{User: sec.SASLUsername, Pass: sec.SASLPassword}.AsSha256Mechanism()))
-		case "SCRAM-SHA-512":
-			opts = append(opts, kgo.SASL(scram.Auth{User: sec.SASLUsername, Pass: sec.SASLPassword}.AsSha512Mechanism()))
-		default:
-			return nil, fmt.Errorf("unsupported sasl.mechanism %q", sec.SASLMechanism)
-		}
-	}
+	opts := append([]kgo.Opt{kgo.SeedBrokers(cfg.BootstrapServers...), kgo.DialTimeout(cliDialTimeout)}, sec...)
 	return kgo.NewClient(append(opts, extra...)...)
 }
 

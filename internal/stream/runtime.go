@@ -141,7 +141,7 @@ func (rt *Runtime) Run(ctx context.Context) error {
 	e.blockCache = state.NewBlockCache(e.cfg.StoreCacheBytes)
 	defer e.blockCache.Close() // stores still open keep their hold
 	var err error
-	if e.secOpts, err = securityOpts(e.cfg.Security); err != nil {
+	if e.secOpts, err = SecurityOpts(e.cfg.Security); err != nil {
 		return err
 	}
 	adminClient, err := kgo.NewClient(e.kafkaOpts()...)

@@ -13,9 +13,10 @@ import (
 	"github.com/salesagg/salesagg/internal/config"
 )
 
-// securityOpts returns the client options for TLS and SASL. Errors name the
-// file at fault, never a secret.
-func securityOpts(sec config.Security) ([]kgo.Opt, error) {
+// SecurityOpts returns the Kafka client options for sec's TLS and SASL, as
+// the service connects; the command-line tools use them too, so that a key
+// means the same everywhere. Errors name the file at fault, never a secret.
+func SecurityOpts(sec config.Security) ([]kgo.Opt, error) {
 	var opts []kgo.Opt
 	if sec.TLS() {
 		tc := &tls.Config{MinVersion: tls.VersionTLS12}
