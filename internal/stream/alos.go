@@ -226,15 +226,7 @@ func (a *atLeastOnce) applyRewinds() map[int32]bool {
 			continue // stopped meanwhile: its next owner starts from the commits
 		}
 		to := t.rewindTo()
-		for i, topic := range []string{a.s.env.cfg.InputTopic, a.s.env.cfg.RepartitionTopic()} {
-			if to[i] < 0 {
-				continue
-			}
-			if set[topic] == nil {
-				set[topic] = map[int32]kgo.EpochOffset{}
-			}
-			set[topic][p] = kgo.EpochOffset{Epoch: -1, Offset: to[i]}
-		}
+		setPositions(set, []string{a.s.env.cfg.InputTopic, a.s.env.cfg.RepartitionTopic()}, p, to)
 		skip[p] = true
 		t.log.Info(fmt.Sprintf("task [%s] Rewinding to the last committed offsets", t.name),
 			zap.Int64("input_offset", to[0]), zap.Int64("repartition_offset", to[1]))
@@ -446,17 +438,26 @@ func (a *atLeastOnce) rewindToCommitted(ps map[int32]bool, set map[string]map[in
 			} else if o, ok := fallback.Lookup(topic, p); ok {
 				to[i] = o.Offset
 			}
-			if to[i] < 0 {
-				continue
-			}
-			if set[topic] == nil {
-				set[topic] = map[int32]kgo.EpochOffset{}
-			}
-			set[topic][p] = kgo.EpochOffset{Epoch: -1, Offset: to[i]}
 		}
+		setPositions(set, topics, p, to)
 		skip[p] = true
 		t.retry.rewindEpoch.Add(1)
 		t.log.Info(fmt.Sprintf("task [%s] Replaced: folding again from the committed offsets", t.name),
 			zap.Int64("input_offset", to[0]), zap.Int64("repartition_offset", to[1]))
+	}
+}
+
+// setPositions adds partition p's position in each of topics (the input and
+// the repartition topic) to set, for kgo's SetOffsets; a negative position
+// (nothing to move to) is left out.
+func setPositions(set map[string]map[int32]kgo.EpochOffset, topics []string, p int32, to [2]int64) {
+	for i, topic := range topics {
+		if to[i] < 0 {
+			continue
+		}
+		if set[topic] == nil {
+			set[topic] = map[int32]kgo.EpochOffset{}
+		}
+		set[topic][p] = kgo.EpochOffset{Epoch: -1, Offset: to[i]}
 	}
 }
