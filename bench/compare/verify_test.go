@@ -5,12 +5,12 @@ import (
 	"encoding/binary"
 	"strconv"
 	"testing"
-	"time"
 
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/salesagg/salesagg/internal/sales"
+	"github.com/salesagg/salesagg/test/harness"
 )
 
 // TestVerifyChangelog: the verifier reads every partition to its stable end
@@ -33,22 +33,13 @@ func TestVerifyChangelog(t *testing.T) {
 			t.Fatal(err)
 		}
 		defer cl.Close()
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		if err := cl.BeginTransaction(); err != nil {
-			t.Fatal(err)
-		}
+		var recs []*kgo.Record
 		for n, v := range totals {
 			key := []byte("p" + strconv.Itoa(n))
-			r := &kgo.Record{Topic: topic, Partition: sales.Partition(key, partitions), Key: key,
-				Value: binary.BigEndian.AppendUint64(nil, uint64(v))}
-			if err := cl.ProduceSync(ctx, r).FirstErr(); err != nil {
-				t.Fatal(err)
-			}
+			recs = append(recs, &kgo.Record{Topic: topic, Partition: sales.Partition(key, partitions), Key: key,
+				Value: binary.BigEndian.AppendUint64(nil, uint64(v))})
 		}
-		if err := cl.EndTransaction(ctx, kgo.TransactionEndTry(commit)); err != nil {
-			t.Fatal(err)
-		}
+		harness.Transaction(t, cl, commit, recs...)
 	}
 	write(true, []int64{1, 2, 3, 4, 5})
 	write(true, expected)

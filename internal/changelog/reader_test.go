@@ -14,6 +14,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/salesagg/salesagg/internal/changelog"
+	th "github.com/salesagg/salesagg/test/harness"
 )
 
 const topic = "app-STORE-changelog"
@@ -40,17 +41,7 @@ func transaction(t *testing.T, client []kgo.Opt, commit bool, recs ...*kgo.Recor
 		t.Fatal(err)
 	}
 	defer cl.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	if err := cl.BeginTransaction(); err != nil {
-		t.Fatal(err)
-	}
-	if err := cl.ProduceSync(ctx, recs...).FirstErr(); err != nil {
-		t.Fatal(err)
-	}
-	if err := cl.EndTransaction(ctx, kgo.TransactionEndTry(commit)); err != nil {
-		t.Fatal(err)
-	}
+	th.Transaction(t, cl, commit, recs...)
 }
 
 func stableEnd(t *testing.T, client []kgo.Opt) int64 {

@@ -38,19 +38,11 @@ func TestCommittedOffsetsPassTransactionMarkers(t *testing.T) {
 			recs = append(recs, r)
 		}
 		cl := h.client(kgo.TransactionalID("upstream"), kgo.RecordPartitioner(manualOrKeyPartitioner{}), kgo.DefaultProduceTopic(h.cfg.InputTopic))
+		for i := 0; i < len(recs); i += 10 {
+			th.Transaction(t, cl, true, recs[i:i+10]...)
+		}
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
-		for i := 0; i < len(recs); i += 10 {
-			if err := cl.BeginTransaction(); err != nil {
-				t.Fatal(err)
-			}
-			if err := cl.ProduceSync(ctx, recs[i:i+10]...).FirstErr(); err != nil {
-				t.Fatal(err)
-			}
-			if err := cl.EndTransaction(ctx, kgo.TryCommit); err != nil {
-				t.Fatal(err)
-			}
-		}
 		in.waitTotals(want)
 		adm := kadm.NewClient(h.client())
 		topics := []string{h.cfg.InputTopic}

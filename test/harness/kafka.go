@@ -163,6 +163,23 @@ func Produce(t testing.TB, cl *kgo.Client, recs ...*kgo.Record) {
 	}
 }
 
+// Transaction sends recs in one transaction of cl (a client with a
+// transactional id) and commits it, or aborts it when commit is false.
+func Transaction(t testing.TB, cl *kgo.Client, commit bool, recs ...*kgo.Record) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	if err := cl.BeginTransaction(); err != nil {
+		t.Fatalf("beginning a transaction: %v", err)
+	}
+	if err := cl.ProduceSync(ctx, recs...).FirstErr(); err != nil {
+		t.Fatalf("producing %d records in a transaction: %v", len(recs), err)
+	}
+	if err := cl.EndTransaction(ctx, kgo.TransactionEndTry(commit)); err != nil {
+		t.Fatalf("ending a transaction (commit %t): %v", commit, err)
+	}
+}
+
 // TopicContent is what ReadTopic found.
 type TopicContent struct {
 	Records []*kgo.Record
