@@ -5,10 +5,15 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
+
+	"github.com/twmb/franz-go/pkg/kfake"
 
 	"github.com/salesagg/salesagg/test/harness"
 )
@@ -158,5 +163,138 @@ func TestDevScriptUsesTheBrokerGivenOnPurpose(t *testing.T) {
 	}
 	if !broker.Alive() {
 		t.Errorf("the broker given in BROKER is gone: %s", broker.DescribeExit())
+	}
+}
+
+func TestDevScriptExitsZeroOnCtrlC(t *testing.T) {
+	// Scenario: scripts/dev.sh with the README's overrides (BIN, BUILD=0, BROKER_LISTEN, HTTP, DATA) runs
+	// the service on them, and Ctrl-C (SIGINT to the whole foreground process group) ends the
+	// script with exit code 0. What `make run` logs and does on the way (the service stops
+	// first, then the broker; the last cycle committed) is TestReadmeWalkthrough's, which runs it
+	// as the README's walkthrough says.
+	if _, err := exec.LookPath("bash"); err != nil {
+		t.Skip("no bash")
+	}
+	work := t.TempDir()
+	brokerAddr, httpAddr := harness.FreeAddr(t), harness.FreeAddr(t)
+	// A job, as a shell started from a terminal runs it: Ctrl-C is SIGINT to its group.
+	p := harness.Start(t, harness.Spec{Name: "dev.sh", Path: filepath.Join("..", "..", "scripts", "dev.sh"), Job: true,
+		Env: []string{"BIN=" + binary, "BUILD=0", "BROKER_LISTEN=" + brokerAddr, "HTTP=" + httpAddr, "DATA=" + work}})
+	t.Cleanup(func() {
+		// The script's children run in process groups of their own (job
+		// control): kill them too if the script did not stop them.
+		for _, pid := range processesWith(work) {
+			_ = syscall.Kill(pid, syscall.SIGKILL)
+		}
+	})
+	svc := harness.NewAPI(httpAddr)
+	harness.WaitFor(t, 60*time.Second, "the service to be ready", func() error {
+		if err := p.Exited(); err != nil {
+			return err
+		}
+		return svc.Ready()
+	})
+	if got := len(processesWith(work)); got < 2 {
+		t.Errorf("%d processes hold %s, want the broker and the service", got, work)
+	}
+
+	// Ctrl-C.
+	if err := p.SignalGroup(syscall.SIGINT); err != nil {
+		t.Fatal(err)
+	}
+	if !p.WaitExit(60 * time.Second) {
+		t.Fatal("dev.sh did not exit within 60 s of SIGINT")
+	}
+	if p.ExitCode() != 0 {
+		t.Errorf("dev.sh: %s after SIGINT, want exit code 0", p.DescribeExit())
+	}
+	if left := processesWith(work); len(left) > 0 {
+		t.Errorf("processes %v still hold %s after dev.sh exited", left, work)
+	}
+}
+
+// processesWith returns the pids of the processes whose command line
+// holds s.
+func processesWith(s string) []int {
+	var out []int
+	entries, _ := os.ReadDir("/proc")
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		if b, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline")); err == nil && strings.Contains(string(b), s) {
+			out = append(out, pid)
+		}
+	}
+	return out
+}
+
+func TestDeadBrokerReportedAtOnce(t *testing.T) {
+	// Scenario: `produce` and `state verify` against an address where nothing listens name the broker
+	// and "connection refused" and exit 1 within seconds (they used to wait 60 s, then say
+	// "context deadline exceeded"); an unknown host is named as such.
+	dead := harness.FreeAddr(t)
+	root := t.TempDir()
+	stateDirWithTask(t, root, "sales-aggregator")
+	sample := filepath.Join("..", "..", "sample_events.txt")
+	for name, args := range map[string][]string{
+		"produce":      {"produce", "--file", sample, "--bootstrap.servers", dead},
+		"state verify": {"state", "verify", "--state.dir", root, "--bootstrap.servers", dead},
+		"no such host": {"produce", "--file", sample, "--bootstrap.servers", "no-such-host.invalid:9092"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			start := time.Now()
+			code, _, stderr := runBinary(t, nil, args...)
+			took := time.Since(start)
+			want := dead + ": unable to dial: dial tcp " + dead + ": connect: connection refused"
+			if name == "no such host" {
+				want = "no-such-host.invalid:9092: unable to dial: dial tcp: lookup no-such-host.invalid"
+			}
+			if code != exitError || !strings.Contains(stderr, "no broker of bootstrap.servers answered: "+want) {
+				t.Errorf("exit %d (want 1), %s", code, stderr)
+			}
+			if name == "no such host" && !strings.Contains(stderr, "no such host") {
+				t.Errorf("no 'no such host' in %s", stderr)
+			}
+			if took > 15*time.Second {
+				t.Errorf("took %v, want well under the old 60 s", took)
+			}
+		})
+	}
+}
+
+func TestProduceNamesAMistypedTopicAndUsesSASL(t *testing.T) {
+	// Scenario: against a broker that requires SASL, `produce` with the security keys (read like run's:
+	// a password file) sends the sample; a wrong password is an authentication error at once; a
+	// mistyped topic fails at once naming it and the topic it is near.
+	cluster, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.EnableSASL(), kfake.Superuser("PLAIN", "alice", "right"),
+		kfake.SeedTopics(3, "sales-events-v1"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(cluster.Close)
+	broker := cluster.ListenAddrs()[0]
+	pw := filepath.Join(t.TempDir(), "pw")
+	produce := func(password string, extra ...string) (int, string, time.Duration) {
+		if err := os.WriteFile(pw, []byte(password+"\n"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		start := time.Now()
+		code, stdout, stderr := runBinary(t, []string{"SALESAGG_SECURITY_PROTOCOL=SASL_PLAINTEXT", "SALESAGG_SASL_USERNAME=alice"},
+			append([]string{"produce", "--file", filepath.Join("..", "..", "sample_events.txt"), "--bootstrap.servers", broker,
+				"--sasl.password.file", pw}, extra...)...)
+		return code, stdout + stderr, time.Since(start)
+	}
+	if code, out, _ := produce("right"); code != 0 || !strings.Contains(out, "sent 100 records to sales-events-v1") {
+		t.Fatalf("with the right password: exit %d, %s", code, out)
+	}
+	code, out, took := produce("wrong")
+	if code != exitError || !strings.Contains(out, broker+": ") || !strings.Contains(out, `the SASL authentication of "alice" with PLAIN failed`) || took > 15*time.Second {
+		t.Errorf("with a wrong password: exit %d after %v, %s", code, took, out)
+	}
+	code, out, took = produce("right", "--topic", "sales-event-v1")
+	if code != exitError || !strings.Contains(out, "topic sales-event-v1 does not exist at "+broker+": did you mean sales-events-v1?") || took > 15*time.Second {
+		t.Errorf("a mistyped topic: exit %d after %v, %s", code, took, out)
 	}
 }

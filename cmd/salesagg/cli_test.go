@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bufio"
 	"bytes"
 	"encoding/json"
 	"errors"
@@ -8,11 +9,17 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
 
+	"go.uber.org/zap"
+
+	"github.com/salesagg/salesagg/internal/config"
+	"github.com/salesagg/salesagg/internal/state"
+	"github.com/salesagg/salesagg/internal/stream"
 	"github.com/salesagg/salesagg/test/harness"
 )
 
@@ -206,4 +213,269 @@ func TestReleaseBuildHasNoCrashPoint(t *testing.T) {
 		t.Fatalf("the release build armed a crash point:\n%s", p.Stderr())
 	}
 	p.Terminate(t)
+}
+
+func TestSecondProcessOnStateDirFails(t *testing.T) {
+	// Scenario: a second service on the same state dir fails at start naming the lock file and the holder.
+	work := t.TempDir()
+	brokerAddr := harness.FreeAddr(t)
+	startBroker(t, "", brokerAddr)
+	first := startService(t, brokerAddr, work, nil)
+	first.WaitReady(t, 60*time.Second)
+	second := startService(t, brokerAddr, work, nil)
+	if !second.WaitExit(30 * time.Second) {
+		t.Fatal("second process did not fail")
+	}
+	if second.ExitCode() != exitError {
+		t.Fatalf("second process: %s", second.DescribeExit())
+	}
+	msg := second.Stderr()
+	for _, want := range []string{filepath.Join(work, "sales-aggregator", ".lock"), "pid=", "host="} {
+		if !strings.Contains(msg, want) {
+			t.Fatalf("error lacks %q: %s", want, msg)
+		}
+	}
+	first.Terminate(t)
+}
+
+func TestBadConfigFailsAtStart(t *testing.T) {
+	// Scenario: a bad value fails the start with exit code 2, naming key, value and what is allowed.
+	p := startProc(t, []string{"SALESAGG_NOTIFICATION_THRESHOLD=high"}, "run", "--processing.guarantee", "sometimes", "--http.addr", harness.FreeAddr(t))
+	<-p.Done()
+	if p.ExitCode() != exitUsage {
+		t.Fatalf("exit: %s", p.DescribeExit())
+	}
+	if !strings.Contains(p.Stderr(), `notification.threshold = "high"`) {
+		t.Fatalf("output: %s", p.Stderr())
+	}
+	p = startProc(t, nil, "run", "--processing.guarantee", "sometimes", "--http.addr", harness.FreeAddr(t))
+	<-p.Done()
+	if !strings.Contains(p.Stderr(), `processing.guarantee = "sometimes": allowed: exactly_once_v2, at_least_once`) {
+		t.Fatalf("output: %s", p.Stderr())
+	}
+}
+
+func TestProduceRejectsLinesWithoutSeparator(t *testing.T) {
+	// Scenario: a produce file with a line lacking "key:" sends nothing and names the line.
+	f := filepath.Join(t.TempDir(), "events.txt")
+	if err := os.WriteFile(f, []byte("p1:{\"value\":1}\n\nno separator here\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	out, err := exec.Command(binary, "produce", "--file", f, "--bootstrap.servers", "127.0.0.1:1").CombinedOutput()
+	if err == nil || !strings.Contains(string(out), "line 3: no ':' between key and value") {
+		t.Fatalf("produce: %v: %s", err, out)
+	}
+}
+
+// configFile writes text as a YAML file under a temporary dir and returns
+// its path.
+func configFile(t *testing.T, text string) string {
+	t.Helper()
+	name := filepath.Join(t.TempDir(), "salesagg.yaml")
+	if err := os.WriteFile(name, []byte(text), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return name
+}
+
+// wantAll fails the test for each of want that out lacks.
+func wantAll(t *testing.T, what, out string, want ...string) {
+	t.Helper()
+	for _, w := range want {
+		if !strings.Contains(out, w) {
+			t.Errorf("%s lacks %q:\n%s", what, w, out)
+		}
+	}
+}
+
+func TestConfigCheck(t *testing.T) {
+	// Scenario: `config check` of a nested file, the environment and flags (a boolean without a
+	// value) exits 0 and prints the resolved config with the password redacted; with a typo in the
+	// file, the environment and a flag it exits 2 with one line per typo and its suggestion, and
+	// prints no config; a port out of range exits 2 naming the key and the value.
+	file := configFile(t, "bootstrap:\n  servers: b1:9092\nsasl:\n  password: hunter2\nstate: {dir: /srv/state}\n")
+	code, stdout, stderr := runBinary(t, []string{"SALESAGG_NOTIFICATION_THRESHOLD=5"}, "config", "check", "--config", file, "--http.pprof")
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, stderr)
+	}
+	wantAll(t, "config check", stdout, `bootstrap.servers: "b1:9092"`, `state.dir: "/srv/state"`, "notification.threshold: 5\n",
+		"http.pprof: true\n", `sasl.password: "[redacted]"`, "commit.interval.ms: 100\n")
+	if strings.Contains(stdout+stderr, "hunter2") {
+		t.Errorf("the password is shown:\n%s%s", stdout, stderr)
+	}
+
+	bad := configFile(t, "notification:\n  treshold: 10\n")
+	code, stdout, stderr = runBinary(t, []string{"SALESAGG_STATE_DIRR=/x"}, "config", "check", "--config", bad, "--bootstrap-servers", "x:1")
+	if code != exitUsage || stdout != "" {
+		t.Fatalf("exit %d (want 2), stdout %q", code, stdout)
+	}
+	wantAll(t, "config check of typos", stderr,
+		`unknown key "notification.treshold" in `+bad+` (line 2): did you mean notification.threshold?`,
+		`unknown environment variable SALESAGG_STATE_DIRR (no key "state.dirr"): did you mean SALESAGG_STATE_DIR?`,
+		"unknown flag --bootstrap-servers: did you mean --bootstrap.servers? (salesagg config check --help lists the flags)")
+	if n := strings.Count(strings.TrimSpace(stderr), "\n") + 1; n != 3 {
+		t.Errorf("want 3 lines, one per typo, got %d:\n%s", n, stderr)
+	}
+
+	for _, cmd := range [][]string{{"config", "check"}, {"run"}} {
+		code, _, stderr = runBinary(t, nil, append(cmd, "--http.addr", "127.0.0.1:99999", "--state.dir", t.TempDir())...)
+		if code != exitUsage || !strings.Contains(stderr, `http.addr = "127.0.0.1:99999": must be host:port or :port, with a port from 1 to 65535`) {
+			t.Errorf("%v with port 99999: exit %d (want 2), %s", cmd, code, stderr)
+		}
+	}
+}
+
+func TestConfigPrintSources(t *testing.T) {
+	// Scenario: `config print` lists every key with its value and where it came from: the default,
+	// the file, an environment variable, a flag; a secret is redacted.
+	file := configFile(t, "application.id: from-file\nhttp:\n  addr: 127.0.0.1:7000\nsasl.password: hunter2\n")
+	code, stdout, stderr := runBinary(t, []string{"SALESAGG_HTTP_ADDR=127.0.0.1:7001", "SALESAGG_STORE_NAME=FROM_ENV"},
+		"config", "print", "--config", file, "--http.addr", "127.0.0.1:7002", "--leave.group.on.close", "false")
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, stderr)
+	}
+	lines := map[string][]string{}
+	for _, l := range strings.Split(stdout, "\n") {
+		if f := strings.Fields(l); len(f) >= 3 {
+			lines[f[0]] = f[1:]
+		}
+	}
+	for key, want := range map[string]string{
+		"application.id":       "from-file file " + file,
+		"http.addr":            "127.0.0.1:7002 flag --http.addr",
+		"store.name":           "FROM_ENV env SALESAGG_STORE_NAME",
+		"leave.group.on.close": "false flag --leave.group.on.close",
+		"input.topic":          "sales-events-v1 default",
+		"sasl.password":        "[redacted] file " + file,
+	} {
+		if got := strings.Join(lines[key], " "); got != want {
+			t.Errorf("%s: %q, want %q", key, got, want)
+		}
+	}
+	if strings.Contains(stdout, "hunter2") {
+		t.Errorf("the password is shown:\n%s", stdout)
+	}
+	if n := len(lines) - 1; n < 50 { // the header aside
+		t.Errorf("%d keys printed:\n%s", n, stdout)
+	}
+}
+
+func TestRunHelpShowsTypesAndDefaults(t *testing.T) {
+	// Scenario: `run --help` gives every flag the kind of value it takes and its default.
+	code, stdout, _ := runBinary(t, nil, "run", "--help")
+	if code != 0 {
+		t.Fatalf("exit %d", code)
+	}
+	wantAll(t, "run --help", stdout, "--http.pprof boolean[=true]", "--session.timeout.ms milliseconds", "(default 45000)",
+		"--bootstrap.servers list", "(default localhost:9092)", "--topics.partitions int", "(default 3)", "--state.dir string")
+}
+
+// goVersionM reads what `go version -m` says of bin: its Go version, the
+// main module's version and the VCS settings (vcs.revision, ...).
+func goVersionM(t *testing.T, bin string) map[string]string {
+	t.Helper()
+	out, err := exec.Command("go", "version", "-m", bin).Output()
+	if err != nil {
+		t.Fatalf("go version -m: %v", err)
+	}
+	m := map[string]string{}
+	sc := bufio.NewScanner(strings.NewReader(string(out)))
+	for first := true; sc.Scan(); first = false {
+		f := strings.Fields(sc.Text())
+		switch {
+		case first && len(f) == 2:
+			m["go"] = f[1]
+		case len(f) >= 3 && f[0] == "mod":
+			m["module"], m["version"] = f[1], f[2]
+		case len(f) == 2 && f[0] == "build" && strings.HasPrefix(f[1], "vcs."):
+			k, v, _ := strings.Cut(f[1], "=")
+			m[k] = v
+		}
+	}
+	return m
+}
+
+// orUnknown is v, or "unknown" when empty.
+func orUnknown(v string) string {
+	if v == "" {
+		return "unknown"
+	}
+	return v
+}
+
+func TestVersionPrintsTheBuild(t *testing.T) {
+	// Scenario: `salesagg version` and `salesagg --version` print the same lines, exit 0: the
+	// module version first, then the module, the VCS commit, time and modified flag (unknown
+	// when the build carries no VCS stamp) and the Go version, as `go version -m` reads them
+	// from the binary. An argument after it is a usage error (exit 2).
+	want := goVersionM(t, binary)
+	wantText := fmt.Sprintf("salesagg %s\n  module:   %s\n  commit:   %s\n  time:     %s\n  modified: %s\n  go:       %s\n",
+		want["version"], want["module"], orUnknown(want["vcs.revision"]), orUnknown(want["vcs.time"]), orUnknown(want["vcs.modified"]), want["go"])
+	for _, arg := range []string{"version", "--version"} {
+		out, err := exec.Command(binary, arg).Output()
+		if err != nil {
+			t.Errorf("salesagg %s: %v", arg, err)
+		}
+		if !strings.HasPrefix(string(out), wantText) || !strings.Contains(string(out), "  platform: linux/") {
+			t.Errorf("salesagg %s printed\n%s\nwant it to start with\n%s", arg, out, wantText)
+		}
+	}
+	cmd := exec.Command(binary, "version", "--short")
+	_ = cmd.Run()
+	if code := cmd.ProcessState.ExitCode(); code != exitUsage {
+		t.Errorf("salesagg version --short exited %d, want %d", code, exitUsage)
+	}
+}
+
+func TestMetricsServeBuildInfo(t *testing.T) {
+	// Scenario: a running service's /metrics has salesagg_build_info 1, labelled with the
+	// version, commit and Go version `salesagg version` prints.
+	broker := kfakeCluster(t, 3)
+	svc := startService(t, broker, t.TempDir(), nil)
+	svc.WaitReady(t, 60*time.Second)
+	code, body, _, err := svc.Get("/metrics")
+	if err != nil || code != 200 {
+		t.Fatalf("GET /metrics: %d %v", code, err)
+	}
+	line := regexp.MustCompile(`(?m)^salesagg_build_info\{.*\} 1$`).FindString(string(body))
+	if line == "" {
+		t.Fatalf("no salesagg_build_info ... 1 line in /metrics:\n%s", body)
+	}
+	want := goVersionM(t, binary)
+	for _, l := range []string{
+		fmt.Sprintf("commit=%q", orUnknown(want["vcs.revision"])), fmt.Sprintf("go_version=%q", want["go"]), fmt.Sprintf("version=%q", want["version"]),
+	} {
+		if !strings.Contains(line, l) {
+			t.Errorf("%s lacks %s", line, l)
+		}
+	}
+}
+
+func TestRegistryHoldsTheRuntimeGoAndProcessMetrics(t *testing.T) {
+	// Scenario: the registry the service serves at /metrics gathers the runtime's families
+	// with the Go runtime's and the process's, as the Grafana dashboard expects.
+	cfg := config.Default()
+	cfg.StateDir = t.TempDir()
+	dir, err := state.OpenDir(cfg.StateDir, cfg.ApplicationID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dir.Close()
+	reg, err := newRegistry(stream.New(cfg, zap.NewNop(), dir, stream.Knobs{}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	have := map[string]bool{}
+	for _, mf := range mfs {
+		have[mf.GetName()] = true
+	}
+	for _, want := range []string{"salesagg_ready", "go_goroutines", "go_memstats_heap_inuse_bytes", "process_resident_memory_bytes", "process_cpu_seconds_total"} {
+		if !have[want] {
+			t.Errorf("no %s among %v", want, have)
+		}
+	}
 }
