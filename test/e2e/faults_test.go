@@ -3,14 +3,19 @@
 package e2e
 
 import (
+	"encoding/json"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/salesagg/salesagg/test/harness"
 )
@@ -165,4 +170,217 @@ func killNine(t *testing.T, guarantee string) {
 		t.Logf("last instance: %d events processed, %d redelivered events skipped as already counted", c.Processed, c.Duplicates)
 	}
 	svc.Terminate(t)
+}
+
+// rejoinBound is how soon a restart after SIGKILL must be ready: under the
+// 45 s default session timeout a dynamic member would wait out, with room
+// for a loaded 2-core machine (a JVM broker beside it).
+const rejoinBound = 30 * time.Second
+
+// TestRestartAfterKillNineIsReadyAtOnce: with the default configuration
+// (static membership derived from the state dir, 45 s session timeout), a
+// service SIGKILLed after it folded events and restarted on the same state
+// dir is ready again well before the dead member's session would expire,
+// and its totals are exact. The start-to-ready time is logged (README).
+func TestRestartAfterKillNineIsReadyAtOnce(t *testing.T) {
+	rng, appID, input, notif := begin(t, "rejoin", 0x72656a6e)
+	events := harness.GenEvents(rng, "rj", 20, 600)
+	cfg := harness.ServiceConfig{AppID: appID, StateDir: filepath.Join(t.TempDir(), "state"), Input: input, Notif: notif}
+
+	svc := startService(t, cfg)
+	svc.WaitRestored(t, 90*time.Second)
+	var recs []*kgo.Record
+	for _, e := range events {
+		recs = append(recs, e.Record(input))
+	}
+	harness.Produce(t, newClient(t), recs...)
+	harness.WaitFor(t, 60*time.Second, "the service to fold events", func() error {
+		c, err := svc.Counters()
+		if err == nil && c.Processed == 0 {
+			err = errors.New("nothing processed yet")
+		}
+		return err
+	})
+	svc.Kill()
+
+	for round := 1; round <= 3; round++ {
+		began := time.Now()
+		svc = startService(t, cfg)
+		harness.WaitFor(t, 60*time.Second, "the restarted service to be ready", svc.Ready)
+		took := time.Since(began)
+		t.Logf("restart after SIGKILL #%d: ready in %s", round, took.Round(time.Millisecond))
+		if took > rejoinBound {
+			t.Errorf("restart #%d was ready after %s, want within %s (static membership replaces the dead member at once)", round, took, rejoinBound)
+		}
+		if err := harness.Poll(30*time.Second, func() error { return svc.CheckTotals(harness.TotalsOf(events)) }); err != nil {
+			t.Fatal(err)
+		}
+		if round < 3 {
+			svc.Kill()
+		}
+	}
+	svc.Terminate(t)
+}
+
+// TestBrokerRestartWhileEventsFlow: events keep flowing while the broker is stopped for 5 s and started again; the service rides it out without exiting, /readyz returns to 200 and the totals are exact.
+func TestBrokerRestartWhileEventsFlow(t *testing.T) {
+	requireOwnBroker(t)
+	rng, appID, input, notif := begin(t, "brk", 3)
+	events := harness.GenEvents(rng, "bp", 30, 6000)
+	want := harness.TotalsOf(events)
+
+	svc := startService(t, harness.ServiceConfig{AppID: appID, StateDir: filepath.Join(t.TempDir(), "state"), Input: input, Notif: notif, CommitMs: 500})
+	svc.WaitRestored(t, 90*time.Second)
+	// Whatever happens here, the next tests need the broker.
+	t.Cleanup(func() {
+		if out, err := kafka.Run(3*time.Minute, "start"); err != nil {
+			t.Errorf("kafka.sh start (cleanup): %v\n%s", err, out)
+		}
+	})
+
+	// The producer's client retries through the outage; each batch waits
+	// for its acknowledgement (idempotent: no duplicates after retries).
+	pp := harness.NewProducer(newClient(t), input, events).Start(t, 30, 100*time.Millisecond)
+	harness.WaitFor(t, 60*time.Second, "1,500 events sent before the broker stops", func() error {
+		if n := pp.Sent(); n < 1500 {
+			return fmt.Errorf("%d events sent", n)
+		}
+		return nil
+	})
+
+	t0 := time.Now()
+	if out, err := kafka.Run(2*time.Minute, "stop"); err != nil {
+		t.Fatalf("kafka.sh stop: %v\n%s", err, out)
+	}
+	t.Logf("broker stopped in %s; producer at %d/%d", time.Since(t0).Round(time.Millisecond), pp.Sent(), len(events))
+	// The outage itself: the broker stays down this long.
+	select {
+	case <-time.After(5 * time.Second):
+	case <-svc.Done():
+		t.Fatalf("%s exited while the broker was down (%s)", svc.Name, svc.DescribeExit())
+	}
+	_, err := svc.GetJSON("/readyz", nil)
+	t.Logf("5 s into the outage: %s alive; /readyz: %v", svc.Name, errString(err))
+	t0 = time.Now()
+	if out, err := kafka.Run(3*time.Minute, "start"); err != nil {
+		t.Fatalf("kafka.sh start: %v\n%s", err, out)
+	}
+	t.Logf("broker started again in %s; producer at %d/%d", time.Since(t0).Round(time.Millisecond), pp.Sent(), len(events))
+
+	pp.Wait(t, 5*time.Minute)
+	harness.WaitFor(t, 2*time.Minute, "/readyz to return to 200", svc.Ready)
+	harness.WaitFor(t, 2*time.Minute, "exact totals over HTTP", func() error { return svc.CheckTotals(want) })
+	if err := checkChangelog(harness.ChangelogTopic(appID), want); err != nil {
+		t.Error(err)
+	}
+	if !svc.Alive() {
+		t.Fatalf("%s exited (%s)", svc.Name, svc.DescribeExit())
+	}
+	if c, err := svc.Counters(); err == nil {
+		t.Logf("%s: %d events processed, %d redelivered events skipped", svc.Name, c.Processed, c.Duplicates)
+	}
+	svc.Terminate(t)
+}
+
+func errString(err error) string {
+	if err == nil {
+		return "200 OK"
+	}
+	return err.Error()
+}
+
+// TestPausedInstanceIsFenced: exactly-once on Apache Kafka: instance A is paused (SIGSTOP) past its session timeout while B takes its partitions; when A resumes it is fenced and writes nothing that commits: the committed changelog and notifications stay exact.
+func TestPausedInstanceIsFenced(t *testing.T) {
+	rng, appID, input, notif := begin(t, "fence", 5)
+	cl := newClient(t)
+	var all []harness.Event
+	send := func(n int) {
+		t.Helper()
+		// Positive values only: a product's committed notifications must then rise strictly.
+		evs := harness.GenEvents(rng, "fp", 12, n)
+		recs := make([]*kgo.Record, len(evs))
+		for i, e := range evs {
+			if e.Value <= 0 {
+				evs[i].Value = 1 - e.Value
+			}
+			recs[i] = evs[i].Record(input)
+		}
+		harness.Produce(t, cl, recs...)
+		all = append(all, evs...)
+	}
+	extra := []string{"--processing.guarantee", "exactly_once_v2", "--session.timeout.ms", "6000"}
+	base := harness.ServiceConfig{AppID: appID, Input: input, Notif: notif, CommitMs: 200, Flags: extra}
+	cfgA, cfgB := base, base
+	// A commits every 10 s: what it folds sits in its open transaction long
+	// enough to pause it there.
+	cfgA.CommitMs = 10000
+	cfgA.Flags = append(append([]string(nil), extra...), "--transaction.timeout.ms", "60000")
+	cfgA.StateDir = filepath.Join(t.TempDir(), "a")
+	cfgB.StateDir = filepath.Join(t.TempDir(), "b")
+
+	a := startService(t, cfgA)
+	a.WaitRestored(t, 90*time.Second)
+	send(600)
+	harness.WaitFor(t, 60*time.Second, "A's totals", func() error { return a.CheckTotals(harness.TotalsOf(all)) })
+
+	// A folds these into its open transaction, then stops.
+	folded, err := a.Counters()
+	if err != nil {
+		t.Fatal(err)
+	}
+	send(300)
+	harness.WaitFor(t, 30*time.Second, "A to fold the events into its open transaction", func() error {
+		c, err := a.Counters()
+		if err != nil {
+			return err
+		}
+		if c.Processed < folded.Processed+300 {
+			return fmt.Errorf("A folded %d of 300", c.Processed-folded.Processed)
+		}
+		return nil
+	})
+	if err := a.Signal(syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = a.Signal(syscall.SIGCONT) })
+	b := startService(t, cfgB)
+	b.WaitRestored(t, 120*time.Second) // after A's session expired
+	send(300)
+	harness.WaitFor(t, 90*time.Second, "B's totals", func() error { return b.CheckTotals(harness.TotalsOf(all)) })
+
+	resumedAt := len(a.Logs())
+	if err := a.Signal(syscall.SIGCONT); err != nil {
+		t.Fatal(err)
+	}
+	// A learns it lost its tasks and drops them with its open transaction.
+	harness.WaitFor(t, 60*time.Second, "the resumed A to drop its lost tasks", func() error {
+		for _, e := range a.Logs()[resumedAt:] {
+			if strings.Contains(e.Msg(), "Closed: dropped") || strings.Contains(e.Msg(), "Closed: revoked; the open transaction is aborted") {
+				return nil
+			}
+		}
+		return errors.New("A has not dropped its tasks yet")
+	})
+	send(300)
+	want := harness.TotalsOf(all)
+	harness.WaitFor(t, 90*time.Second, "exact committed changelog", func() error { return checkChangelog(harness.ChangelogTopic(appID), want) })
+	c, err := readTopic(notif, 30*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	last := map[string]int64{}
+	for _, r := range c.Records {
+		var n struct {
+			SKU   string `json:"sku"`
+			Value int64  `json:"value"`
+		}
+		if err := json.Unmarshal(r.Value, &n); err != nil {
+			t.Fatalf("notification %q: %v", r.Value, err)
+		}
+		if n.Value <= last[n.SKU] {
+			t.Fatalf("committed notifications of %s do not rise (%d after %d): a fenced cycle was committed", n.SKU, n.Value, last[n.SKU])
+		}
+		last[n.SKU] = n.Value
+	}
+	t.Logf("%d committed notifications, each product's rising; A alive after resuming: %v", len(c.Records), a.Alive())
 }

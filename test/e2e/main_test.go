@@ -3,14 +3,18 @@
 package e2e
 
 import (
+	"bufio"
 	"flag"
 	"fmt"
+	"math/rand/v2"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/salesagg/salesagg/test/harness"
 )
@@ -104,4 +108,95 @@ func requireOwnBroker(t *testing.T) {
 	if kafka.Dir == "" {
 		t.Skipf("the broker at %s comes from KAFKA_BOOTSTRAP_SERVERS: this test restarts the broker, which it can only do for one it started itself with test/kafka/kafka.sh", bootstrap)
 	}
+}
+
+// The test/harness helpers, on this run's binary and broker.
+
+// startService starts `salesagg run` (this run's binary, in the repository
+// root) against the broker, with JSON logs, on a free loopback port. It
+// does not wait for anything.
+func startService(t *testing.T, cfg harness.ServiceConfig) *harness.Service {
+	t.Helper()
+	cfg.Bin, cfg.Broker, cfg.Dir = binPath, bootstrap, repoRoot
+	return harness.StartService(t, cfg)
+}
+
+// newClient returns a franz-go client for the broker, closed when the test
+// ends.
+func newClient(t *testing.T, opts ...kgo.Opt) *kgo.Client {
+	t.Helper()
+	return harness.NewClient(t, bootstrap, opts...)
+}
+
+// createTopic creates topic with partitions and configs (replication 1).
+func createTopic(t *testing.T, topic string, partitions int32, configs map[string]*string) {
+	t.Helper()
+	harness.CreateTopic(t, bootstrap, topic, partitions, configs)
+}
+
+// readTopic reads the committed records of topic (harness.ReadTopic).
+func readTopic(topic string, timeout time.Duration) (harness.TopicContent, error) {
+	return harness.ReadTopic(bootstrap, topic, timeout)
+}
+
+// checkChangelog returns nil when the changelog's latest committed totals
+// equal want exactly.
+func checkChangelog(topic string, want map[string]int64) error {
+	return harness.CheckChangelog(bootstrap, topic, want)
+}
+
+// testNames returns an application id and input and notification topics
+// unique to this test and this run, so that tests (and reruns against a
+// long-lived broker) never share a topic or a consumer group.
+func testNames(short string) (appID, input, notif string) {
+	appID = fmt.Sprintf("e2e-%s-%s-%04d", short, time.Now().Format("150405"), rand.IntN(10000))
+	return appID, appID + "-sales", appID + "-notifications"
+}
+
+// slug is a guarantee's short name in application ids.
+func slug(guarantee string) string {
+	return map[string]string{"exactly_once_v2": "eos", "at_least_once": "alos"}[guarantee]
+}
+
+// sampleRecords returns the records of sample_events.txt for topic, read
+// as kafka-console-producer with parse.key=true does: the key ends at the
+// first ':'.
+func sampleRecords(t *testing.T, topic string) []*kgo.Record {
+	t.Helper()
+	path := filepath.Join(repoRoot, "sample_events.txt")
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	var out []*kgo.Record
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		line := strings.TrimRight(sc.Text(), "\r")
+		if strings.TrimSpace(line) == "" {
+			continue
+		}
+		k, v, ok := strings.Cut(line, ":")
+		if !ok {
+			t.Fatalf("%s: line without ':': %q", path, line)
+		}
+		out = append(out, &kgo.Record{Topic: topic, Key: []byte(k), Value: []byte(v)})
+	}
+	if err := sc.Err(); err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+// begin opens a scenario: names unique to this test (testNames(short)), its
+// input topic created with harness.ScalePartitions partitions (tasks
+// 0_0..0_2), and a random source on stream seeded from the clock, the seed
+// logged.
+func begin(t *testing.T, short string, stream uint64) (rng *rand.Rand, appID, input, notif string) {
+	t.Helper()
+	seed := uint64(time.Now().UnixNano())
+	t.Logf("seed %d", seed)
+	appID, input, notif = testNames(short)
+	createTopic(t, input, harness.ScalePartitions, nil)
+	return rand.New(rand.NewPCG(seed, stream)), appID, input, notif
 }
