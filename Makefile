@@ -4,7 +4,7 @@ GO        ?= go
 BIN       ?= bin/salesagg
 export KAFKA_DIR ?= $(CURDIR)/.kafka
 
-.PHONY: help build test test-browser test-e2e test-docker test-k8s test-k8s-rehearsal run bench bench-compare bench-growth bench-failover lint kafka-up kafka-down clean
+.PHONY: help build test test-browser test-e2e test-docker test-k8s test-k8s-rehearsal test-k8s-cluster k8s-binaries run bench bench-compare bench-growth bench-failover lint kafka-up kafka-down clean
 
 help: ## list the targets
 	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-19s %s\n", $$1, $$2}'
@@ -31,6 +31,13 @@ test-k8s: ## Kubernetes manifests (deploy/k8s): render both overlays, decode str
 
 test-k8s-rehearsal: ## the prod StatefulSet as 3 local processes on Apache Kafka, rolled while events flow (Java 17 + Maven)
 	cd test/k8s && $(GO) test -tags e2e -count=1 -timeout 25m -run TestStatefulSetRehearsal -v ./...
+
+test-k8s-cluster: ## the manifests on a real one-node cluster built from source: etcd, API server, controllers, kubelet on containerd (root; module test/cluster)
+	cd test/cluster && $(GO) vet ./... && $(GO) vet -tags cluster ./...
+	cd test/cluster && $(GO) test -tags cluster -count=1 -timeout 45m -v -run TestCluster ./...
+
+k8s-binaries: ## build (or find cached) the cluster test's Kubernetes binaries and etcd (~/.cache/salesagg/k8s)
+	cd test/cluster && $(GO) run ./cmd/binaries
 
 run: ## run the service on the embedded dev broker, state under ./data (BROKER=host:port: on a broker already running)
 	./scripts/dev.sh
