@@ -61,6 +61,7 @@ lint: ## gofmt and go vet
 	$(GO) vet -tags browser ./internal/httpapi/
 	$(GO) vet -tags docker ./test/docker/
 	cd test/k8s && $(GO) vet ./... && $(GO) vet -tags e2e ./...
+	cd test/cluster && $(GO) vet ./... && $(GO) vet -tags cluster ./...
 
 kafka-up: ## start a real Apache Kafka broker from Maven Central on loopback
 	./test/kafka/kafka.sh up
