@@ -256,6 +256,8 @@ func hasLine(out, prefix, s string) bool {
 // image has the file tree and configuration of the Dockerfile's last stage:
 // the static binary, CA certificates, passwd/group naming uid 65532, and
 // /shared-volume/state_store owned by 65532 (mode 0750), user 65532.
+// SALESAGG_K8S_IMAGE names a `docker save` tarball of salesagg:latest to
+// use instead.
 func buildImages(t *testing.T, root, dir string) []string {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		t.Fatal(err)
@@ -280,6 +282,12 @@ func buildImages(t *testing.T, root, dir string) []string {
 	if err := WriteImageFile(pauseTar, pauseRef, ImageConfig{Entrypoint: []string{"/pause"}},
 		[]File{{Name: "pause", Mode: 0o755, Data: pause}}); err != nil {
 		t.Fatal(err)
+	}
+	if prebuilt := os.Getenv("SALESAGG_K8S_IMAGE"); prebuilt != "" {
+		// An image built elsewhere, e.g. by `docker build -t salesagg .`
+		// then `docker save -o salesagg.tar salesagg:latest`.
+		t.Logf("the project's image from %s (SALESAGG_K8S_IMAGE)", prebuilt)
+		return []string{pauseTar, prebuilt}
 	}
 	bin := gobuild(root, "./cmd/salesagg", filepath.Join(dir, "salesagg"))
 	ca, err := os.ReadFile("/etc/ssl/certs/ca-certificates.crt")
@@ -636,12 +644,31 @@ func (c *cluster) waitPodReady(t *testing.T, notUID string, timeout time.Duratio
 			return fmt.Errorf("the old pod %s is still there", p.Metadata.UID)
 		}
 		if p.condition("Ready") != "True" {
-			return fmt.Errorf("pod %s: phase %s, conditions %+v", p.Metadata.UID, p.Status.Phase, p.Status.Conditions)
+			return fmt.Errorf("pod %s: phase %s, conditions %+v; last warning: %s", p.Metadata.UID, p.Status.Phase, p.Status.Conditions, c.lastWarning())
 		}
 		return nil
 	})
 	t.Logf("pod salesagg-0 (%s) Ready after %s", p.Metadata.UID, time.Since(start).Round(10*time.Millisecond))
 	return p
+}
+
+// lastWarning is the message of the latest Warning event about salesagg-0
+// (a sandbox or container the kubelet could not start, a failing probe).
+func (c *cluster) lastWarning() string {
+	var events struct {
+		Items []struct {
+			Type, Reason, Message string
+			Count                 int
+		}
+	}
+	if err := c.get("/api/v1/namespaces/"+runNS+"/events?fieldSelector=involvedObject.name%3Dsalesagg-0%2Ctype%3DWarning", &events); err != nil {
+		return err.Error()
+	}
+	if len(events.Items) == 0 {
+		return "none"
+	}
+	e := events.Items[len(events.Items)-1]
+	return fmt.Sprintf("%s (x%d): %s", e.Reason, e.Count, e.Message)
 }
 
 func (c *cluster) claim(t *testing.T) pvc {
