@@ -202,10 +202,10 @@ func collectTask(emit func(d desc, v float64, labels ...string), t *task) {
 	if s := t.store.Load(); s != nil {
 		emit(descStoreBytes, float64(s.DiskUsage()), t.name, "active")
 	}
-	emit(descCacheHits, float64(t.fold.cache.hits.Load()), t.name)
-	emit(descCacheMiss, float64(t.fold.cache.misses.Load()), t.name)
-	emit(descCacheEvict, float64(t.fold.cache.evictions.Load()), t.name)
-	emit(descCacheBytes, float64(t.fold.cache.bytes.Load()), t.name)
+	emit(descCacheHits, float64(t.fold.cache.stats.hits.Load()), t.name)
+	emit(descCacheMiss, float64(t.fold.cache.stats.misses.Load()), t.name)
+	emit(descCacheEvict, float64(t.fold.cache.stats.evictions.Load()), t.name)
+	emit(descCacheBytes, float64(t.fold.cache.stats.bytes.Load()), t.name)
 }
 
 func b2f(b bool) float64 {

@@ -312,8 +312,8 @@ func (rt *Runtime) Tasks() []TaskStatus {
 				BadEvents:  t.stats.bad.Load(),
 				Forwarded:  t.stats.forwarded.Load(),
 			},
-			Cache: &CacheStatus{Hits: t.fold.cache.hits.Load(), Misses: t.fold.cache.misses.Load(),
-				Evictions: t.fold.cache.evictions.Load(), Bytes: t.fold.cache.bytes.Load()},
+			Cache: &CacheStatus{Hits: t.fold.cache.stats.hits.Load(), Misses: t.fold.cache.stats.misses.Load(),
+				Evictions: t.fold.cache.stats.evictions.Load(), Bytes: t.fold.cache.stats.bytes.Load()},
 		})
 		ts := &out[len(out)-1]
 		waiting, ferr, attempts, since, overdue := t.trouble.snapshot(rt.env.cfg.TaskTimeout)

@@ -534,7 +534,7 @@ func (t *task) process(ctx context.Context, topic string, r *kgo.Record) error {
 	}
 	// An entry in the dirty map is the task's own: it is changed in place.
 	// The first event of a product in a cycle copies the committed entry
-	// (its offsets are shared with the cache) into one.
+	// into one.
 	e, owned := t.fold.dirty[string(key)]
 	if !owned {
 		committed, ok := t.fold.cache.get(string(key))
@@ -547,8 +547,9 @@ func (t *task) process(ctx context.Context, topic string, r *kgo.Record) error {
 			t.stats.duplicates.Add(1)
 			return nil
 		}
+		// The cache and the store hand out offsets of their own.
 		e = t.fold.arena.alloc()
-		*e = state.Entry{Total: committed.Total, Offsets: committed.Offsets.Clone()}
+		*e = committed
 	} else if e.Offsets.Reflects(srcTopic, srcPart, srcOff) {
 		t.stats.duplicates.Add(1)
 		return nil
@@ -724,6 +725,7 @@ func (t *task) dropDirty() {
 // store can take the write (see state.Dir.CheckWritable): Pebble treats a
 // failed log write as fatal to the process.
 func (t *task) apply(updates []state.Update, maxOffset, inputNext int64) error {
+	defer t.fold.cache.publish()
 	if len(updates) == 0 && (inputNext < 0 || inputNext == t.fold.cp.InputOffset) {
 		// Nothing to write (duplicates only, or an idle cycle): let go of
 		// the lookups' view of the store.
