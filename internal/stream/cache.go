@@ -361,3 +361,114 @@ func (a *entryArena) reset() {
 	}
 	a.chunk, a.used = 0, 0
 }
+
+// storeFilter tells, for a task whose store started empty, the products the
+// store cannot hold: a blocked Bloom filter of every product written since,
+// so that the first event of a new product (every event, while the state
+// grows) skips the store lookup, which reads the filter, index and data
+// blocks of every level. It never says no for a product the store holds
+// (no false negatives); a yes may be wrong (about 1 %), and costs the lookup
+// it would have cost anyway. A task whose store started with data does not
+// use it (known is false): it does not know those products.
+//
+// The filter grows in levels, each four times the capacity of the one
+// before, so that neither its size nor the number of levels a query reads
+// (a cache line each) depends on a guess of the state's size. Its words hold
+// no pointers: the collector does not scan them. Used by the task goroutine
+// only.
+type storeFilter struct {
+	known  bool
+	seed   maphash.Seed
+	levels []filterLevel
+	bytes  int64
+}
+
+type filterLevel struct {
+	blocks []filterBlock
+	cap, n int
+}
+
+// filterBlock is one cache line: the bits of the keys that hash to it.
+type filterBlock [8]uint64
+
+// Filter geometry: 12 bits per product, 7 bits set per product within one
+// 512-bit block; the first level holds 65,536 products (96 KiB).
+const (
+	filterBitsPerKey = 12
+	filterFirstCap   = 1 << 16
+	filterGrowth     = 4
+)
+
+// reset makes the filter know the store is empty (known) or not use it.
+func (f *storeFilter) reset(known bool) {
+	f.known, f.levels, f.bytes = known, nil, 0
+	f.seed = maphash.MakeSeed()
+}
+
+// mayHold reports whether the store may hold product key: false only when
+// it surely does not.
+func (f *storeFilter) mayHold(key []byte) bool {
+	if !f.known {
+		return true
+	}
+	return f.has(maphash.Bytes(f.seed, key))
+}
+
+func (f *storeFilter) has(h uint64) bool {
+	for i := range f.levels {
+		if f.levels[i].has(h) {
+			return true
+		}
+	}
+	return false
+}
+
+// add records that the store holds product key.
+func (f *storeFilter) add(key string) {
+	if !f.known {
+		return
+	}
+	h := maphash.String(f.seed, key)
+	if f.has(h) {
+		return
+	}
+	if len(f.levels) == 0 || f.levels[len(f.levels)-1].n >= f.levels[len(f.levels)-1].cap {
+		c := filterFirstCap
+		if len(f.levels) > 0 {
+			c = f.levels[len(f.levels)-1].cap * filterGrowth
+		}
+		nb := c * filterBitsPerKey / 512
+		f.levels = append(f.levels, filterLevel{blocks: make([]filterBlock, nb), cap: c})
+		f.bytes += int64(nb) * 64
+	}
+	l := &f.levels[len(f.levels)-1]
+	l.set(h)
+	l.n++
+}
+
+// block is the block of hash h; bits are the 7 bit positions in it, 9 bits
+// each from a second mix of h.
+func (l *filterLevel) block(h uint64) *filterBlock {
+	return &l.blocks[(h>>32)*uint64(len(l.blocks))>>32]
+}
+
+func (l *filterLevel) has(h uint64) bool {
+	b := l.block(h)
+	g := h * 0x9e3779b97f4a7c15
+	for range 7 {
+		if b[(g>>6)&7]&(1<<(g&63)) == 0 {
+			return false
+		}
+		g >>= 9
+	}
+	return true
+}
+
+func (l *filterLevel) set(h uint64) {
+	b := l.block(h)
+	g := h * 0x9e3779b97f4a7c15
+	for range 7 {
+		b[(g>>6)&7] |= 1 << (g & 63)
+		g >>= 9
+	}
+}

@@ -101,6 +101,9 @@ type foldState struct {
 	arena entryArena
 	// cache holds entries the store holds, in front of it.
 	cache *entryCache
+	// filter knows the products the store cannot hold, when it started
+	// empty (see storeFilter).
+	filter storeFilter
 	// cp is the checkpoint the store holds.
 	cp state.Checkpoint
 	// inputNext and repartNext are the next input and repartition offsets
@@ -337,6 +340,7 @@ func (t *task) run(ctx context.Context) (err error) {
 		return t.close(ctx, false, nil)
 	default:
 	}
+	t.fold.filter.reset(t.storeEmpty())
 	t.setState(TaskRunning)
 	t.deps.restored(t)
 	return t.loop(ctx)
@@ -358,6 +362,18 @@ func (t *task) restoreUntilStopped(ctx context.Context) bool {
 		return false
 	}
 	return true
+}
+
+// storeEmpty reports whether the restored store holds no product: then
+// every product it will hold is one the task writes, and the filter knows
+// them all.
+func (t *task) storeEmpty() bool {
+	st := t.store.Load()
+	if st == nil {
+		return false
+	}
+	first, err := st.Scan("", 1)
+	return err == nil && len(first) == 0
 }
 
 // loop is the running task's loop: batches from the poll loop, commit
@@ -538,7 +554,7 @@ func (t *task) process(ctx context.Context, topic string, r *kgo.Record) error {
 	e, owned := t.fold.dirty[string(key)]
 	if !owned {
 		committed, ok := t.fold.cache.get(string(key))
-		if !ok {
+		if !ok && t.fold.filter.mayHold(key) {
 			if committed, _, err = t.store.Load().Lookup(key); err != nil {
 				return err
 			}
@@ -750,6 +766,11 @@ func (t *task) apply(updates []state.Update, maxOffset, inputNext int64) error {
 	}
 	if inputNext >= 0 {
 		cp.InputOffset = inputNext
+	}
+	// The filter learns the products before the write: it may know more
+	// than the store holds (a failed write), never less.
+	for _, u := range updates {
+		t.fold.filter.add(u.Product)
 	}
 	if err := t.store.Load().Apply(updates, cp); err != nil {
 		return err
