@@ -113,6 +113,8 @@ type foldState struct {
 	// offset reported for commit and the first offset read (-1: none): an
 	// at-least-once rewind folds again from them.
 	reported, first [2]int64
+	// processed counts the events folded of the batch being folded.
+	processed int64
 	// badLog rate-limits the bad-event warnings.
 	badLog rateLimiter
 }
@@ -494,6 +496,12 @@ func (t *task) processBatch(ctx context.Context, b batch) error {
 			return err
 		}
 	}
+	// The status's counters move once a batch, not once an event.
+	t.stats.processed.Add(t.fold.processed)
+	t.fold.processed = 0
+	if b.topic == t.deps.env.cfg.InputTopic {
+		t.stats.inputPos.Store(t.fold.inputNext)
+	}
 	// Folded: nothing holds the records themselves any more (forwarded and
 	// dead-lettered copies keep only their bytes), so their slice goes back
 	// to the client's pool.
@@ -519,7 +527,6 @@ func (t *task) process(ctx context.Context, topic string, r *kgo.Record) error {
 		// shows lag 0, not 1, after a transaction); nothing is folded.
 		if topic == t.deps.env.cfg.InputTopic {
 			t.fold.inputNext = r.Offset + 1
-			t.stats.inputPos.Store(t.fold.inputNext)
 		} else {
 			t.fold.repartNext = r.Offset + 1
 		}
@@ -531,7 +538,6 @@ func (t *task) process(ctx context.Context, topic string, r *kgo.Record) error {
 			t.fold.first[0] = r.Offset
 		}
 		t.fold.inputNext = r.Offset + 1
-		t.stats.inputPos.Store(t.fold.inputNext)
 	} else {
 		if t.fold.first[1] < 0 {
 			t.fold.first[1] = r.Offset
@@ -592,7 +598,7 @@ func (t *task) process(ctx context.Context, topic string, r *kgo.Record) error {
 	if !owned {
 		t.fold.dirty[string(key)] = e
 	}
-	t.stats.processed.Add(1)
+	t.fold.processed++
 	return nil
 }
 
