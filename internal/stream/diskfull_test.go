@@ -128,7 +128,9 @@ func TestFullDiskStallsAndRecovers(t *testing.T) {
 	// before Pebble runs out of space, and resume with exact totals once the file is deleted.
 	// Needs root and mount(8); skipped elsewhere.
 	dir := t.TempDir()
-	if out, err := exec.Command("mount", "-t", "tmpfs", "-o", "size=48m", "tmpfs", dir).CombinedOutput(); err != nil {
+	// Room for three stores (each preallocates its log at 1.1 times its
+	// 16 MiB memtable) and state.MinFreeBytes.
+	if out, err := exec.Command("mount", "-t", "tmpfs", "-o", "size=128m", "tmpfs", dir).CombinedOutput(); err != nil {
 		t.Skipf("cannot mount a tmpfs here (needs root): %v: %s", err, out)
 	}
 	t.Cleanup(func() {
