@@ -167,26 +167,8 @@ func (s *session) clientOpts() []kgo.Opt {
 		kgo.ProducerLinger(5*time.Millisecond),
 		kgo.ProducerBatchCompression(compression(cfg.CompressionType)),
 		kgo.MaxBufferedRecords(100_000),
-		// Fetched records are decoded into slices the tasks give back once
-		// they folded them (see task.processBatch).
-		kgo.WithPools(&recordPool{}),
 	)
 }
-
-// recordPool lends the client the slices it decodes fetched records into: a
-// batch's slice comes back once every record of it was recycled, and is
-// zeroed by then. The records' keys and values are not pooled: what a task
-// keeps of a record (a forwarded value, a dead-letter copy) stays valid.
-type recordPool struct{ p sync.Pool }
-
-func (rp *recordPool) GetRecords(n int) []kgo.Record {
-	if v, ok := rp.p.Get().(*[]kgo.Record); ok && cap(*v) >= n {
-		return (*v)[:n]
-	}
-	return make([]kgo.Record, n)
-}
-
-func (rp *recordPool) PutRecords(rs []kgo.Record) { rp.p.Put(&rs) }
 
 // run joins the group and processes until ctx is done, a task fails, the
 // input topic changes (errTopologyChanged) or the producer is fenced

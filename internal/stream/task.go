@@ -502,12 +502,6 @@ func (t *task) processBatch(ctx context.Context, b batch) error {
 	if b.topic == t.deps.env.cfg.InputTopic {
 		t.stats.inputPos.Store(t.fold.inputNext)
 	}
-	// Folded: nothing holds the records themselves any more (forwarded and
-	// dead-lettered copies keep only their bytes), so their slice goes back
-	// to the client's pool.
-	for _, r := range b.recs {
-		r.Recycle()
-	}
 	if len(t.fold.dirty)+len(t.out.outbox) >= maxDirty {
 		if t.deps.env.eos {
 			// The poll loop runs the transaction cycle at its next turn.
