@@ -31,6 +31,11 @@ final class Config {
         DEFAULTS.put("COMMIT_INTERVAL_MS", null);
         DEFAULTS.put("CACHE_MAX_BYTES", null);
         DEFAULTS.put("LEAVE_GROUP_ON_CLOSE", "false");
+        DEFAULTS.put("NUM_STANDBY_REPLICAS", null);
+        DEFAULTS.put("INSTANCE_ID", null);
+        DEFAULTS.put("HTTP_ADDR", null);
+        DEFAULTS.put("ROCKSDB", "default");
+        DEFAULTS.put("TRANSACTIONAL_STATE_STORES", null);
     }
 
     /** Short argument spellings. */
@@ -54,6 +59,12 @@ final class Config {
             "  --cache-max-bytes        CACHE_MAX_BYTES         statestore.cache.max.bytes, default Kafka Streams' (10 MiB); 0 emits every update",
             "  --leave-group-on-close   LEAVE_GROUP_ON_CLOSE    true | false (default, as KafkaStreams.close(timeout)): leave the",
             "                                                   consumer group on SIGTERM, so a restart need not wait for session.timeout.ms",
+            "  --num-standby-replicas   NUM_STANDBY_REPLICAS    num.standby.replicas, default Kafka Streams' (0)",
+            "  --instance-id            INSTANCE_ID             group.instance.id (static membership; Kafka Streams appends -<thread>); unset: dynamic",
+            "  --http-addr              HTTP_ADDR               host:port: serve interactive queries there (GET /v1/products/<p>, /v1/instances,",
+            "                                                   /readyz) and announce it as application.server; unset: no HTTP server",
+            "  --rocksdb                ROCKSDB                 default | tuned (rocksdb.config.setter = salesagg.reference.RocksDBTuning)",
+            "  --transactional-state-stores TRANSACTIONAL_STATE_STORES  true | false: enable.transactional.statestores (KIP-892); default Kafka Streams' (false)",
             "  --prop key=value         any other Kafka Streams or client property (repeatable)",
             "  --describe               print the topology and exit (no broker needed)");
 
@@ -127,6 +138,21 @@ final class Config {
             errors.add("LEAVE_GROUP_ON_CLOSE must be true or false, got " + leave);
         }
         leaveGroupOnClose = leave.equals("true");
+        String rocks = values.get("ROCKSDB");
+        if (!rocks.equals("default") && !rocks.equals("tuned")) {
+            errors.add("ROCKSDB must be default or tuned, got " + rocks);
+        }
+        String txn = values.get("TRANSACTIONAL_STATE_STORES");
+        if (txn != null && !txn.equals("true") && !txn.equals("false")) {
+            errors.add("TRANSACTIONAL_STATE_STORES must be true or false, got " + txn);
+        }
+        if (values.get("NUM_STANDBY_REPLICAS") != null) {
+            parseLong("NUM_STANDBY_REPLICAS", errors, 0);
+        }
+        String http = values.get("HTTP_ADDR");
+        if (http != null && (http.lastIndexOf(':') <= 0 || http.endsWith(":"))) {
+            errors.add("HTTP_ADDR must be host:port, got " + http);
+        }
         threshold = parseLong("NOTIFICATION_THRESHOLD", errors, Long.MIN_VALUE);
         numStreamThreads = (int) parseLong("NUM_STREAM_THREADS", errors, 1);
         if (values.get("COMMIT_INTERVAL_MS") != null) {

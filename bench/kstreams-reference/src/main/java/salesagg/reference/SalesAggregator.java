@@ -10,6 +10,7 @@ import java.util.Set;
 import java.util.concurrent.CountDownLatch;
 import java.util.concurrent.atomic.AtomicBoolean;
 import java.util.concurrent.atomic.AtomicLong;
+import org.apache.kafka.clients.consumer.ConsumerConfig;
 import org.apache.kafka.common.TopicPartition;
 import org.apache.kafka.common.serialization.Serdes;
 import org.apache.kafka.common.utils.Bytes;
@@ -181,6 +182,22 @@ public final class SalesAggregator {
         if (cfg.get("CACHE_MAX_BYTES") != null) {
             p.put(StreamsConfig.STATESTORE_CACHE_MAX_BYTES_CONFIG, Long.parseLong(cfg.get("CACHE_MAX_BYTES").trim()));
         }
+        if (cfg.get("NUM_STANDBY_REPLICAS") != null) {
+            p.put(StreamsConfig.NUM_STANDBY_REPLICAS_CONFIG, Integer.parseInt(cfg.get("NUM_STANDBY_REPLICAS").trim()));
+        }
+        if (cfg.get("INSTANCE_ID") != null) {
+            // Static membership: Kafka Streams gives each thread's consumer <id>-<thread index>.
+            p.put(ConsumerConfig.GROUP_INSTANCE_ID_CONFIG, cfg.get("INSTANCE_ID"));
+        }
+        if (cfg.get("HTTP_ADDR") != null) {
+            p.put(StreamsConfig.APPLICATION_SERVER_CONFIG, cfg.get("HTTP_ADDR"));
+        }
+        if (cfg.get("ROCKSDB").equals("tuned")) {
+            p.put(StreamsConfig.ROCKSDB_CONFIG_SETTER_CLASS_CONFIG, RocksDBTuning.class);
+        }
+        if (cfg.get("TRANSACTIONAL_STATE_STORES") != null) {
+            p.put(StreamsConfig.TRANSACTIONAL_STATE_STORES_CONFIG, Boolean.parseBoolean(cfg.get("TRANSACTIONAL_STATE_STORES")));
+        }
         p.putAll(cfg.extraProps);
         return p;
     }
@@ -232,9 +249,25 @@ public final class SalesAggregator {
             return StreamThreadExceptionResponse.SHUTDOWN_CLIENT;
         });
 
+        QueryServer queries = null;
+        if (cfg.get("HTTP_ADDR") != null) {
+            String name = cfg.get("INSTANCE_ID") != null ? cfg.get("INSTANCE_ID") : cfg.get("HTTP_ADDR");
+            try {
+                queries = new QueryServer(streams, STORE_NAME, cfg.get("INPUT_TOPIC"), name, cfg.get("HTTP_ADDR"));
+            } catch (IOException e) {
+                System.err.println("kstreams-reference: HTTP server on " + cfg.get("HTTP_ADDR") + ": " + e);
+                System.exit(2);
+                return;
+            }
+        }
+        final QueryServer qs = queries;
+
         AtomicBoolean shuttingDown = new AtomicBoolean();
         Thread hook = new Thread(() -> {
             shuttingDown.set(true);
+            if (qs != null) {
+                qs.stop();
+            }
             boolean clean = close(streams, cfg.leaveGroupOnClose);
             marker("STOPPED clean=" + clean + " skipped=" + skipped.get());
         }, "kstreams-reference-shutdown");
@@ -251,9 +284,18 @@ public final class SalesAggregator {
                 + " num.stream.threads=" + cfg.numStreamThreads
                 + " commit.interval.ms=" + (cfg.get("COMMIT_INTERVAL_MS") == null ? "default" : cfg.get("COMMIT_INTERVAL_MS"))
                 + " leave.group.on.close=" + cfg.leaveGroupOnClose
+                + " num.standby.replicas=" + (cfg.get("NUM_STANDBY_REPLICAS") == null ? "default" : cfg.get("NUM_STANDBY_REPLICAS"))
+                + " group.instance.id=" + (cfg.get("INSTANCE_ID") == null ? "none" : cfg.get("INSTANCE_ID"))
+                + " application.server=" + (cfg.get("HTTP_ADDR") == null ? "none" : cfg.get("HTTP_ADDR"))
+                + " rocksdb=" + cfg.get("ROCKSDB")
+                + " transactional.state.stores=" + (cfg.get("TRANSACTIONAL_STATE_STORES") == null ? "default" : cfg.get("TRANSACTIONAL_STATE_STORES"))
+                + " extra=" + cfg.extraProps
                 + " cache.max.bytes=" + (cfg.get("CACHE_MAX_BYTES") == null ? "default" : cfg.get("CACHE_MAX_BYTES")));
         marker("STARTED");
         streams.start();
+        if (qs != null) {
+            qs.start();
+        }
 
         stopped.await();
         if (shuttingDown.get()) {
