@@ -29,6 +29,7 @@ type env struct {
 	addr   string
 	adm    *kadm.Client
 	bin    string // the built salesagg
+	refSh  string // bench/kstreams-reference/run.sh
 	prefix string // of every topic and group of the benchmark
 }
 
@@ -80,6 +81,7 @@ func (in *instance) running() bool {
 // cluster is one run's group: its instances, topics and what their logs told.
 type cluster struct {
 	e     *env
+	sys   string // sysSalesagg or sysReference
 	name  string // run name, e.g. kill-s0
 	app   string // application.id (= group)
 	topic string // input topic
@@ -97,8 +99,8 @@ type cluster struct {
 	anomalies []string
 }
 
-func newCluster(e *env, name string, set settings, n int) (*cluster, error) {
-	c := &cluster{e: e, name: name, app: e.prefix + "-" + name, set: set, dir: filepath.Join(e.tmp, name),
+func newCluster(e *env, sys, name string, set settings, n int) (*cluster, error) {
+	c := &cluster{e: e, sys: sys, name: name, app: e.prefix + "-" + name, set: set, dir: filepath.Join(e.tmp, name),
 		t0: time.Now()}
 	c.topic = c.app + "-sales-events"
 	tr := &http.Transport{
@@ -144,6 +146,9 @@ func (c *cluster) start(in *instance) error {
 		return fmt.Errorf("%s is already running", in.name)
 	}
 	in.starts++
+	if c.sys == sysReference {
+		return c.startReference(in)
+	}
 	args := []string{"run",
 		"--bootstrap.servers", c.e.addr,
 		"--application.id", c.app,
@@ -178,6 +183,56 @@ func (c *cluster) start(in *instance) error {
 	return nil
 }
 
+// referenceArgs are run.sh's arguments for one instance of the reference:
+// the same application settings as salesagg's, static membership, an
+// interactive-queries HTTP server on the instance's address.
+func (c *cluster) referenceArgs(in *instance) []string {
+	o := c.e.o
+	args := []string{
+		"--bootstrap", c.e.addr,
+		"--application-id", c.app,
+		"--input-topic", c.topic,
+		"--notification-topic", c.app + "-notifications",
+		"--state-dir", in.stateDir,
+		"--http-addr", in.addr,
+		"--instance-id", in.name,
+		"--processing-guarantee", guarantee,
+		"--commit-interval-ms", strconv.FormatInt(o.commitInterval.Milliseconds(), 10),
+		"--num-standby-replicas", strconv.Itoa(c.set.Standbys),
+		"--leave-group-on-close", strconv.FormatBool(c.set.LeaveGroupOnClose),
+		"--rocksdb", o.refRocksDB,
+		"--transactional-state-stores", strconv.FormatBool(o.refTxnStores),
+		"--prop", "session.timeout.ms=" + strconv.FormatInt(o.sessionTimeout.Milliseconds(), 10),
+		"--prop", "probing.rebalance.interval.ms=" + strconv.Itoa(o.refProbingMs),
+	}
+	if c.set.MaxWarmupReplicas > 0 {
+		args = append(args, "--prop", "max.warmup.replicas="+strconv.Itoa(c.set.MaxWarmupReplicas))
+	}
+	return args
+}
+
+func (c *cluster) startReference(in *instance) error {
+	pname := fmt.Sprintf("%s-%s-%d", c.name, in.name, in.starts)
+	p, err := kit.Start(kit.Spec{Name: pname, LogDir: filepath.Join(c.dir, "logs"), Path: c.e.refSh, Args: c.referenceArgs(in), Dir: c.e.o.repo,
+		OnLine: func(stream string, at time.Time, line string) { c.onReferenceLine(in, stream, at, line) }})
+	if err != nil {
+		return err
+	}
+	c.mu.Lock()
+	c.procs = append(c.procs, p)
+	c.mu.Unlock()
+	in.mu.Lock()
+	in.proc = p
+	in.mu.Unlock()
+	logf("%s: started %s (reference, pid %d, http %s, state %s)", c.name, in.name, p.PID, in.addr, in.stateDir)
+	return nil
+}
+
+// exitOK: salesagg exits 0 after SIGTERM; the JVM 143 after its shutdown hook.
+func (c *cluster) exitOK(code int) bool {
+	return code == 0 || (c.sys == sysReference && code == 143)
+}
+
 // kill9 SIGKILLs the instance's process and returns when the signal was sent.
 func (c *cluster) kill9(in *instance) (time.Time, error) {
 	p := in.p()
@@ -206,7 +261,7 @@ func (c *cluster) stopAll() {
 			switch {
 			case killed:
 				c.anomaly("%s: no exit within %s of SIGTERM at the end of the run; killed", p.Name, c.e.o.stopTimeout)
-			case code != 0:
+			case !c.exitOK(code):
 				c.anomaly("%s: exit code %d%s after SIGTERM at the end of the run (%.2f s)", p.Name, code, sigText(sig), took.Seconds())
 			}
 		}()
@@ -368,6 +423,51 @@ func (c *cluster) onLogLine(in *instance, at time.Time, line string) {
 			return true
 		})
 	}
+}
+
+var refRestoreEndRe = regexp.MustCompile(`^REFERENCE RESTORE (?:END|SUSPENDED) store=\S+ partition=(\d+) records=(\d+)`)
+
+// onReferenceLine reads the reference's output: its restore listener's
+// "REFERENCE RESTORE END store=S partition=N records=M" lines (stdout) are
+// the restores (task 0_N; one sub-topology), its SLF4J lines (stderr) the
+// error and warning counts.
+func (c *cluster) onReferenceLine(in *instance, stream string, at time.Time, line string) {
+	if stream == "stderr" {
+		switch {
+		case strings.Contains(line, "] ERROR "):
+			in.noteError(line)
+		case strings.Contains(line, "] WARN "):
+			in.mu.Lock()
+			in.warnLines++
+			in.mu.Unlock()
+		}
+		return
+	}
+	if strings.HasPrefix(line, "REFERENCE ERROR") {
+		in.noteError(line)
+		return
+	}
+	task, n, ok := parseReferenceRestore(line)
+	if !ok {
+		return
+	}
+	c.noteRestore(in.name, task, at, func(ev *restoreEvent) bool {
+		if ev.Finished {
+			return false
+		}
+		ev.Finished, ev.FinishedRecords = true, n
+		return true
+	})
+}
+
+// parseReferenceRestore reads a "REFERENCE RESTORE END|SUSPENDED" line.
+func parseReferenceRestore(line string) (task string, records int64, ok bool) {
+	m := refRestoreEndRe.FindStringSubmatch(line)
+	if m == nil {
+		return "", 0, false
+	}
+	n, _ := strconv.ParseInt(m[2], 10, 64)
+	return "0_" + m[1], n, true
 }
 
 // openCopy returns the latest copy of (instance, task) not closed yet.
@@ -552,7 +652,25 @@ func (c *cluster) view(ctx context.Context, in *instance) ([]memberView, error) 
 	if err := json.Unmarshal(body, &v); err != nil {
 		return nil, fmt.Errorf("GET /v1/instances on %s: %w", in.name, err)
 	}
+	c.nameMembers(v.Instances)
 	return v.Instances, nil
+}
+
+// nameMembers fills in the instance names the reference's view lacks (Kafka
+// Streams' metadata has each member's application.server, not its
+// group.instance.id) from the addresses the harness gave them.
+func (c *cluster) nameMembers(v []memberView) {
+	for i := range v {
+		if v[i].Name != "" {
+			continue
+		}
+		v[i].Name = v[i].Server
+		for _, in := range c.insts {
+			if in.addr == v[i].Server {
+				v[i].Name = in.name
+			}
+		}
+	}
 }
 
 // owners maps each task to its owner in a view.

@@ -1,5 +1,6 @@
-// Command failover is the failover benchmark of salesagg: three instances of
-// one application on one real Apache Kafka broker, events flowing at a steady
+// Command failover is the failover benchmark of salesagg, side by side with
+// the Kafka Streams reference: three instances of one application on one
+// real Apache Kafka broker, events flowing at a steady
 // rate, and how long products stay unanswerable and how many changelog
 // records are restored when an instance is killed with SIGKILL, when all
 // three are restarted one after another, and when the group grows from two
@@ -33,6 +34,9 @@ const (
 	// instances of the group (kill, rolling); scale goes from 2 to 3.
 	instances = 3
 	guarantee = "exactly_once_v2"
+
+	sysSalesagg  = "salesagg"
+	sysReference = "reference"
 )
 
 type options struct {
@@ -49,13 +53,18 @@ type options struct {
 	stopTimeout    time.Duration // SIGTERM → SIGKILL
 	poll           time.Duration // probe period
 	seed           uint64
+	systems        []string
+	// The Kafka Streams reference's own settings.
+	refTxnStores bool   // enable.transactional.statestores
+	refRocksDB   string // run.sh --rocksdb
+	refProbingMs int    // probing.rebalance.interval.ms
 }
 
 func main() { os.Exit(run()) }
 
 func run() int {
 	var o options
-	var scenarios string
+	var scenarios, systems string
 	fs := flag.NewFlagSet("failover", flag.ContinueOnError)
 	fs.IntVar(&o.products, "products", 1_000_000, "distinct products preloaded (one event each), i.e. the state of each run")
 	fs.IntVar(&o.rate, "rate", 5000, "events/s produced during each measurement (keys product-<i>, i uniform over --products)")
@@ -71,12 +80,17 @@ func run() int {
 	fs.DurationVar(&o.stopTimeout, "stop-timeout", 60*time.Second, "time given to a process to exit after SIGTERM before SIGKILL")
 	fs.DurationVar(&o.poll, "poll", 50*time.Millisecond, "period of the product probes")
 	fs.Uint64Var(&o.seed, "seed", 20240601, "seed of the steady producer's product choice")
+	fs.StringVar(&systems, "systems", sysSalesagg+","+sysReference, "comma-separated systems, each run of a scenario once per system in this order: salesagg, reference (the Kafka Streams reference)")
+	fs.BoolVar(&o.refTxnStores, "reference-transactional-stores", true, "run the reference with enable.transactional.statestores (KIP-892: under exactly-once its state survives a kill -9)")
+	fs.StringVar(&o.refRocksDB, "reference-rocksdb", "default", "the reference's RocksDB settings: default, or tuned (run.sh --rocksdb tuned)")
+	fs.IntVar(&o.refProbingMs, "reference-probing-rebalance-interval-ms", 60000, "probing.rebalance.interval.ms of the reference (Kafka Streams' default 600000, its minimum 60000): how soon a warmed-up copy takes over")
 	if code, ok := kit.Parse(fs, "failover", "--products 20000 --rate 2000"); !ok {
 		return code
 	}
 	o.sessionTimeout = time.Duration(*sessionMs) * time.Millisecond
 	o.commitInterval = time.Duration(*commitMs) * time.Millisecond
 	o.scenarios = kit.SplitList(scenarios)
+	o.systems = kit.SplitList(systems)
 	if err := o.validate(); err != nil {
 		fmt.Fprintf(os.Stderr, "failover: %v\n", err)
 		return 2
@@ -104,6 +118,25 @@ func (o *options) validate() error {
 			problems = append(problems, fmt.Sprintf("--scenarios: %q listed twice", s))
 		}
 		seen[s] = true
+	}
+	if len(o.systems) == 0 {
+		problems = append(problems, "--systems is empty")
+	}
+	seenSys := map[string]bool{}
+	for _, s := range o.systems {
+		if s != sysSalesagg && s != sysReference {
+			problems = append(problems, fmt.Sprintf("--systems: unknown system %q (allowed: %s, %s)", s, sysSalesagg, sysReference))
+		}
+		if seenSys[s] {
+			problems = append(problems, fmt.Sprintf("--systems: %q listed twice", s))
+		}
+		seenSys[s] = true
+	}
+	if o.refRocksDB != "default" && o.refRocksDB != "tuned" {
+		problems = append(problems, "--reference-rocksdb must be default or tuned")
+	}
+	if o.refProbingMs < 60000 {
+		problems = append(problems, "--reference-probing-rebalance-interval-ms must be at least 60000 (Kafka Streams' minimum)")
 	}
 	if o.sessionTimeout < time.Second {
 		problems = append(problems, "--session-timeout-ms must be at least 1000")

@@ -5,8 +5,10 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -39,17 +41,31 @@ func benchmark(ctx context.Context, o options) (err error) {
 			Scenarios: o.scenarios, ProcessingGuarantee: guarantee,
 			SessionTimeoutMs: o.sessionTimeout.Milliseconds(), CommitIntervalMs: o.commitInterval.Milliseconds(),
 			SteadyMs: o.steady.Milliseconds(), PollMs: o.poll.Milliseconds(), TimeoutMs: o.timeout.Milliseconds(),
-			StopTimeoutMs: o.stopTimeout.Milliseconds(), Seed: o.seed,
+			StopTimeoutMs: o.stopTimeout.Milliseconds(), Seed: o.seed, Systems: o.systems,
+			ReferenceTransactionalStores: o.refTxnStores, ReferenceRocksDB: o.refRocksDB, ReferenceProbingMs: o.refProbingMs,
 		},
 		ExternalBroker: o.bootstrap != "",
 	}
 	rep.Machine.LoadAvgStart = kit.LoadAvg()
 	e := &env{o: o, tmp: tmp, prefix: "fo-" + startedAt.Format("20060102-150405")}
 
-	// Build, untimed.
-	e.bin = filepath.Join(tmp, "salesagg")
-	if err := kit.BuildSalesagg(ctx, o.repo, e.bin, logf); err != nil {
-		return err
+	// Builds, untimed.
+	if slices.Contains(o.systems, sysSalesagg) {
+		e.bin = filepath.Join(tmp, "salesagg")
+		if err := kit.BuildSalesagg(ctx, o.repo, e.bin, logf); err != nil {
+			return err
+		}
+	}
+	streamsVersion := ""
+	if slices.Contains(o.systems, sysReference) {
+		e.refSh = filepath.Join(o.repo, "bench", "kstreams-reference", "run.sh")
+		logf("building the reference: %s --build-only", e.refSh)
+		cmd := exec.CommandContext(ctx, e.refSh, "--build-only")
+		cmd.Dir, cmd.Stdout, cmd.Stderr = o.repo, os.Stderr, os.Stderr
+		if err := cmd.Run(); err != nil {
+			return fmt.Errorf("building the reference: %w", err)
+		}
+		streamsVersion = kit.ReferenceStreamsVersion(o.repo)
 	}
 
 	// Broker.
@@ -60,7 +76,7 @@ func benchmark(ctx context.Context, o options) (err error) {
 	}
 	e.addr, e.adm = br.Addr, br.Adm
 	rep.Bootstrap = e.addr
-	rep.Versions = kit.Versions{Go: runtime.Version(), Java: kit.JavaVersion(), Kafka: br.Version}
+	rep.Versions = kit.Versions{Go: runtime.Version(), Java: kit.JavaVersion(), Kafka: br.Version, KafkaStreams: streamsVersion}
 	rep.Versions.GitCommit, rep.Versions.GitDirty = kit.GitState(o.repo)
 
 	warm := e.prefix + "-warmup"
@@ -73,12 +89,12 @@ func benchmark(ctx context.Context, o options) (err error) {
 	}
 	kit.DeleteRun(e.adm, warmTopic, []string{warm}, logf)
 
-	for _, sp := range specs(o.scenarios) {
+	for _, sp := range specs(o.scenarios, o.systems) {
 		if ctx.Err() != nil {
 			rep.Interrupted = true
 			break
 		}
-		r := runOne(ctx, e, sp.scenario, sp.name, sp.set, sp.total, sp.initial, sp.body)
+		r := runOne(ctx, e, sp.sys, sp.scenario, sp.name, sp.set, sp.total, sp.initial, sp.body)
 		rep.Runs = append(rep.Runs, r)
 		if r.Status != "ok" {
 			failed = true
@@ -132,6 +148,11 @@ type parameters struct {
 	TimeoutMs           int64    `json:"timeout_ms"`
 	StopTimeoutMs       int64    `json:"stop_timeout_ms"`
 	Seed                uint64   `json:"seed"`
+	Systems             []string `json:"systems"`
+	// The reference's settings (when it runs).
+	ReferenceTransactionalStores bool   `json:"reference_transactional_state_stores"`
+	ReferenceRocksDB             string `json:"reference_rocksdb"`
+	ReferenceProbingMs           int    `json:"reference_probing_rebalance_interval_ms"`
 }
 
 type report struct {
@@ -145,6 +166,7 @@ type report struct {
 	Versions       kit.Versions `json:"versions"`
 	Interrupted    bool         `json:"interrupted,omitempty"`
 	Runs           []*runResult `json:"runs"`
+	Ratios         []ratioRow   `json:"salesagg_vs_reference"`
 	Table          string       `json:"table_markdown"`
 }
 
@@ -154,7 +176,7 @@ type report struct {
 func (rep *report) header() string {
 	var b strings.Builder
 	p, m, v := rep.Parameters, rep.Machine, rep.Versions
-	fmt.Fprintf(&b, "## salesagg failover benchmark\n\n")
+	fmt.Fprintf(&b, "## Failover benchmark: %s\n\n", strings.Join(rep.Parameters.Systems, " vs "))
 	fmt.Fprintf(&b, "- state: %s products preloaded per run (one event each), %d input partitions (tasks), %d instances (scale: %d → %d), %s, commit.interval.ms %d, session.timeout.ms %d\n",
 		kit.Group(int64(p.Products)), p.Partitions, p.Instances, p.Instances-1, p.Instances, p.ProcessingGuarantee, p.CommitIntervalMs, p.SessionTimeoutMs)
 	fmt.Fprintf(&b, "- load: %d events/s over all products while measuring (%s of steady state before each disruption); probes every %d ms\n",
@@ -165,7 +187,11 @@ func (rep *report) header() string {
 	if v.GitDirty {
 		dirty = " (work tree modified)"
 	}
-	fmt.Fprintf(&b, "- versions: %s, Java %s, Kafka broker %s, git %s%s; broker %s\n", v.Go, v.Java, v.Kafka, kit.Short(v.GitCommit), dirty, rep.Bootstrap)
+	fmt.Fprintf(&b, "- versions: %s, Java %s, Kafka broker %s, Kafka Streams %s, git %s%s; broker %s\n", v.Go, v.Java, v.Kafka, v.KafkaStreams, kit.Short(v.GitCommit), dirty, rep.Bootstrap)
+	if slices.Contains(p.Systems, sysReference) {
+		fmt.Fprintf(&b, "- reference: one stream thread, static membership (group.instance.id = the instance name), enable.transactional.statestores %t, RocksDB %s, probing.rebalance.interval.ms %d; products asked through its own HTTP endpoint, which forwards to the key's active owner (queryMetadataForKey + application.server) and falls back to a standby\n",
+			p.ReferenceTransactionalStores, p.ReferenceRocksDB, p.ReferenceProbingMs)
+	}
 	return b.String()
 }
 
@@ -177,15 +203,15 @@ func (rep *report) tables() string {
 	}
 	if rs := byScenario[scKill]; len(rs) > 0 {
 		b.WriteString("### kill -9 of one instance, then its restart on the same state dir\n\n")
-		b.WriteString("| num.standby.replicas | killed (its tasks) | kill → first 200 (s) | kill → 200 from an active owner (s) | kill → survivors ready (s) | records restored (take-over; from standby) | copy catch-up: records behind (copies) | restart → ready (s) | restart → serving (s) | restart → settled (s) | records restored by the restarted instance (copy catch-up) | records restored until settled (copy catch-up) |\n")
-		b.WriteString("| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n")
+		b.WriteString("| system | num.standby.replicas | killed (its tasks) | kill → first 200 (s) | kill → 200 from an active owner (s) | kill → survivors ready (s) | records restored (take-over; from standby) | copy catch-up: records behind (copies) | restart → ready (s) | restart → serving (s) | restart → settled (s) | records restored by the restarted instance (copy catch-up) | records restored until settled (copy catch-up) |\n")
+		b.WriteString("| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n")
 		for _, r := range rs {
 			k := r.Kill
 			if k == nil || k.Victim == "" {
-				fmt.Fprintf(&b, "| %d | %s |\n", r.Settings.Standbys, failedCell(r))
+				fmt.Fprintf(&b, "| %s | %d | %s |\n", r.sysName(), r.Settings.Standbys, failedCell(r))
 				continue
 			}
-			cells := []string{strconv.Itoa(r.Settings.Standbys), fmt.Sprintf("%s (%s)", k.Victim, strings.Join(k.VictimTasks, ", "))}
+			cells := []string{r.sysName(), strconv.Itoa(r.Settings.Standbys), fmt.Sprintf("%s (%s)", k.Victim, strings.Join(k.VictimTasks, ", "))}
 			var first, active []string
 			for _, tf := range k.Tasks {
 				pre := ""
@@ -227,12 +253,12 @@ func (rep *report) tables() string {
 	}
 	if rs := byScenario[scRolling]; len(rs) > 0 {
 		b.WriteString("### rolling restart of all three (SIGTERM, wait for the exit, start again on the same state dir, wait for /readyz 200, next)\n\n")
-		b.WriteString("| num.standby.replicas | leave.group.on.close | **longest a task was unanswerable at every instance (s)** | that task | unanswerable time summed over tasks (s) | gaps | 200s from a standby (max lag) | records restored | copy catch-up: records behind (copies) | SIGTERM → exit per instance (s) | start → ready per instance (s) | first SIGTERM → settled (s) |\n")
-		b.WriteString("| ---: | --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | --- | --- | ---: |\n")
+		b.WriteString("| system | num.standby.replicas | leave.group.on.close | **longest a task was unanswerable at every instance (s)** | that task | unanswerable time summed over tasks (s) | gaps | 200s from a standby (max lag) | records restored | copy catch-up: records behind (copies) | SIGTERM → exit per instance (s) | start → ready per instance (s) | first SIGTERM → settled (s) |\n")
+		b.WriteString("| --- | ---: | --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | --- | --- | ---: |\n")
 		for _, r := range rs {
 			rr := r.Rolling
 			if rr == nil || rr.Tasks == nil {
-				fmt.Fprintf(&b, "| %d | %t | %s |\n", r.Settings.Standbys, r.Settings.LeaveGroupOnClose, failedCell(r))
+				fmt.Fprintf(&b, "| %s | %d | %t | %s |\n", r.sysName(), r.Settings.Standbys, r.Settings.LeaveGroupOnClose, failedCell(r))
 				continue
 			}
 			gaps := 0
@@ -248,7 +274,7 @@ func (rep *report) tables() string {
 			if rr.MaxGapMs <= 0 {
 				task = "–"
 			}
-			fmt.Fprintf(&b, "| %d | %t | %s | %s | %s | %d | %s | %s | %s | %s | %s | %s |\n", r.Settings.Standbys, r.Settings.LeaveGroupOnClose,
+			fmt.Fprintf(&b, "| %s | %d | %t | %s | %s | %s | %d | %s | %s | %s | %s | %s | %s |\n", r.sysName(), r.Settings.Standbys, r.Settings.LeaveGroupOnClose,
 				msCell(max(rr.MaxGapMs, 0)), task, msCell(rr.TotalGapMs), gaps, standbyCell(rr.Tasks), kit.Group(rr.Restored.Records), copyCell(rr.Restored),
 				strings.Join(stops, " / "), strings.Join(readies, " / "), msCell(rr.RollToSettledMs))
 		}
@@ -259,15 +285,15 @@ func (rep *report) tables() string {
 	}
 	if rs := byScenario[scScale]; len(rs) > 0 {
 		b.WriteString("### scale 2 → 3 (a third instance with an empty state dir joins two that hold all the state)\n\n")
-		b.WriteString("| settings | new → ready (s) | new → serving (s) | its tasks | records restored before it serves (copy catch-up) | new → settled (s) | records restored until settled (copy catch-up) | longest a task was unanswerable (s) | 200s from a standby (max lag) |\n")
-		b.WriteString("| --- | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: |\n")
+		b.WriteString("| system | settings | new → ready (s) | new → serving (s) | its tasks | records restored before it serves (copy catch-up) | new → settled (s) | records restored until settled (copy catch-up) | longest a task was unanswerable (s) | 200s from a standby (max lag) |\n")
+		b.WriteString("| --- | --- | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: |\n")
 		for _, r := range rs {
 			sr := r.Scale
 			if sr == nil || sr.StartToSettledMs < 0 {
-				fmt.Fprintf(&b, "| %s | %s |\n", r.Settings.Label, failedCell(r))
+				fmt.Fprintf(&b, "| %s | %s | %s |\n", r.sysName(), r.Settings.Label, failedCell(r))
 				continue
 			}
-			fmt.Fprintf(&b, "| %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", r.Settings.Label, msCell(sr.StartToReadyMs), msCell(sr.StartToServingMs),
+			fmt.Fprintf(&b, "| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", r.sysName(), r.Settings.Label, msCell(sr.StartToReadyMs), msCell(sr.StartToServingMs),
 				strings.Join(sr.ServingTasks, ", "), withCopies(sr.RestoredBeforeServing), msCell(sr.StartToSettledMs),
 				withCopies(sr.RestoredUntilSettled), msCell(max(sr.MaxGapMs, 0)), standbyCell(sr.Tasks))
 		}
@@ -275,6 +301,7 @@ func (rep *report) tables() string {
 			"\"Finished restoring changelog\" lines from the new instance's start (until it serves / until settled, plus 0.5 s for\n" +
 			"the log lines to be read). Unanswerable: as in the rolling restart, asked on the two first instances.\n\n")
 	}
+	b.WriteString(rep.ratios())
 	if len(rep.Runs) > 0 {
 		b.WriteString("### preload of each run\n\n")
 		b.WriteString("| run | produce (s) | instances | start → all ready (s) | start → committed offsets = input end (s) | start → settled (s) | steady producer: events/s achieved (target) |\n")

@@ -21,6 +21,7 @@ const settleStable = 2 * time.Second
 
 // runResult is everything measured in one run (scenario × settings).
 type runResult struct {
+	System     string    `json:"system"` // salesagg or reference
 	Scenario   string    `json:"scenario"`
 	Name       string    `json:"name"`
 	Settings   settings  `json:"settings"`
@@ -65,11 +66,11 @@ type preloadResult struct {
 // product, `initial` instances started and settled, steady events, then body.
 // Whatever happens, the producer and every process are stopped, and the
 // run's topics, group and state dirs are deleted.
-func runOne(ctx context.Context, e *env, scenario, name string, set settings, total, initial int,
+func runOne(ctx context.Context, e *env, sys, scenario, name string, set settings, total, initial int,
 	body func(ctx context.Context, c *cluster, res *runResult, probes map[string]string) error) *runResult {
-	res := &runResult{Scenario: scenario, Name: name, Settings: set, Status: "ok", StartedAt: time.Now()}
-	logf("=== run %s (%s) ===", name, set.Label)
-	c, err := newCluster(e, name, set, total)
+	res := &runResult{System: sys, Scenario: scenario, Name: name, Settings: set, Status: "ok", StartedAt: time.Now()}
+	logf("=== run %s: %s (%s) ===", name, sys, set.Label)
+	c, err := newCluster(e, sys, name, set, total)
 	if err != nil {
 		res.Status, res.Error = "failed", err.Error()
 		return res
@@ -120,6 +121,12 @@ func runOne(ctx context.Context, e *env, scenario, name string, set settings, to
 		}
 		if err := waitTopic(ctx, e.adm, c.topic, partitions); err != nil {
 			return err
+		}
+		if sys == sysReference {
+			// The broker does not auto-create topics; salesagg makes its own.
+			if err := kit.CreateTopic(ctx, e.adm, c.app+"-notifications", partitions); err != nil {
+				return err
+			}
 		}
 		logf("%s: preloading %d products into %s", name, e.o.products, c.topic)
 		ends, took, err := preload(ctx, e.addr, c.topic, e.o.products, e.adm)
@@ -318,7 +325,7 @@ func killScenario(ctx context.Context, c *cluster, res *runResult, probes map[st
 			c.anomaly("task %s answered by the killed instance %s", tf.Task, victim.name)
 		}
 	}
-	if kr.Restored.Takeovers == 0 && c.set.Standbys == 0 {
+	if c.sys == sysSalesagg && kr.Restored.Takeovers == 0 && c.set.Standbys == 0 {
 		c.anomaly("no 'Took over from' line after the kill (tasks %v moved)", kr.VictimTasks)
 	}
 
@@ -546,7 +553,7 @@ func rollingScenario(ctx context.Context, c *cluster, res *runResult, probes map
 		st.ExitCode, st.ExitSignal, _ = p.ExitInfo()
 		if killed {
 			c.anomaly("%s: no exit within %s of SIGTERM; killed", in.name, o.stopTimeout)
-		} else if st.ExitCode != 0 {
+		} else if !c.exitOK(st.ExitCode) {
 			c.anomaly("%s: exit code %d%s after SIGTERM", in.name, st.ExitCode, sigText(st.ExitSignal))
 		}
 		if err := c.start(in); err != nil {
@@ -810,35 +817,53 @@ func scaleScenario(ctx context.Context, c *cluster, res *runResult, probes map[s
 // The runs of each scenario.
 
 type runSpec struct {
+	sys            string
 	scenario, name string
 	set            settings
 	total, initial int
 	body           func(ctx context.Context, c *cluster, res *runResult, probes map[string]string) error
 }
 
-func specs(scenarios []string) []runSpec {
+// specs lists the runs: every scenario's settings, each once per system (in
+// the order of systems), the reference's named <run>-ref.
+func specs(scenarios, systems []string) []runSpec {
+	var out []runSpec
+	for _, sp := range scenarioSpecs(scenarios) {
+		for _, sys := range systems {
+			s := sp
+			s.sys = sys
+			if sys == sysReference {
+				s.name += "-ref"
+			}
+			out = append(out, s)
+		}
+	}
+	return out
+}
+
+func scenarioSpecs(scenarios []string) []runSpec {
 	var out []runSpec
 	for _, sc := range scenarios {
 		switch sc {
 		case scKill:
 			for _, sb := range []int{0, 1} {
-				out = append(out, runSpec{scKill, fmt.Sprintf("kill-s%d", sb),
+				out = append(out, runSpec{"", scKill, fmt.Sprintf("kill-s%d", sb),
 					settings{Standbys: sb, LeaveGroupOnClose: true, Label: fmt.Sprintf("num.standby.replicas=%d", sb)},
 					instances, instances, killScenario})
 			}
 		case scRolling:
 			for _, sb := range []int{0, 1} {
 				for _, leave := range []bool{true, false} {
-					out = append(out, runSpec{scRolling, fmt.Sprintf("rolling-s%d-%s", sb, map[bool]string{true: "leave", false: "stay"}[leave]),
+					out = append(out, runSpec{"", scRolling, fmt.Sprintf("rolling-s%d-%s", sb, map[bool]string{true: "leave", false: "stay"}[leave]),
 						settings{Standbys: sb, LeaveGroupOnClose: leave, Label: fmt.Sprintf("num.standby.replicas=%d leave.group.on.close=%t", sb, leave)},
 						instances, instances, rollingScenario})
 				}
 			}
 		case scScale:
 			out = append(out,
-				runSpec{scScale, "scale-default", settings{LeaveGroupOnClose: true, Label: "defaults (max.warmup.replicas=2, acceptable.recovery.lag=10000)"},
+				runSpec{"", scScale, "scale-default", settings{LeaveGroupOnClose: true, Label: "defaults (max.warmup.replicas=2, acceptable.recovery.lag=10000)"},
 					instances, instances - 1, scaleScenario},
-				runSpec{scScale, "scale-warmup1", settings{LeaveGroupOnClose: true, MaxWarmupReplicas: 1, Label: "max.warmup.replicas=1"},
+				runSpec{"", scScale, "scale-warmup1", settings{LeaveGroupOnClose: true, MaxWarmupReplicas: 1, Label: "max.warmup.replicas=1"},
 					instances, instances - 1, scaleScenario})
 		}
 	}

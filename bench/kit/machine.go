@@ -3,6 +3,7 @@ package kit
 import (
 	"os"
 	"os/exec"
+	"path/filepath"
 	"regexp"
 	"runtime"
 	"strconv"
@@ -109,4 +110,17 @@ func GitState(repo string) (string, bool) {
 	}
 	st, err := git("status", "--porcelain", "--untracked-files=no")
 	return head, err == nil && st != ""
+}
+
+// ReferenceStreamsVersion reads the Kafka Streams version from the
+// reference's runtime jars.
+func ReferenceStreamsVersion(repo string) string {
+	ms, _ := filepath.Glob(filepath.Join(repo, "bench", "kstreams-reference", "target", "lib", "kafka-streams-*.jar"))
+	for _, m := range ms {
+		v := strings.TrimSuffix(strings.TrimPrefix(filepath.Base(m), "kafka-streams-"), ".jar")
+		if v != "" && v[0] >= '0' && v[0] <= '9' {
+			return v
+		}
+	}
+	return ""
 }
