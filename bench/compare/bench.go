@@ -52,7 +52,7 @@ func benchmark(ctx context.Context, o options) (err error) {
 		if err := cmd.Run(); err != nil {
 			return fmt.Errorf("building the reference: %w", err)
 		}
-		streamsVersion = referenceStreamsVersion(o.repo)
+		streamsVersion = kit.ReferenceStreamsVersion(o.repo)
 	}
 
 	// Broker.
@@ -70,7 +70,6 @@ func benchmark(ctx context.Context, o options) (err error) {
 	// One data set per --products value, each through every guarantee ×
 	// system.
 	several := len(o.products) > 1
-	plan := o.plan()
 	var (
 		failures []string
 		reps     []*report
@@ -120,7 +119,7 @@ func benchmark(ctx context.Context, o options) (err error) {
 			rep.Versions = kit.Versions{Go: runtime.Version(), Java: kit.JavaVersion(), Kafka: br.Version, KafkaStreams: streamsVersion}
 			rep.Versions.GitCommit, rep.Versions.GitDirty = kit.GitState(o.repo)
 			rep.Machine.LoadAvgStart = kit.LoadAvg()
-			for i, s := range plan {
+			for i, s := range o.plan(products, g) {
 				if ctx.Err() != nil {
 					return context.Cause(ctx)
 				}

@@ -54,9 +54,10 @@ func TestProductIndex(t *testing.T) {
 }
 
 func TestPlanAndVariants(t *testing.T) {
-	o := options{systems: []string{sysCeiling, sysReference, sysSalesagg}, refThreads: []int{1, 2}, refCaches: []int64{cacheDefault, 64 << 20}}
+	o := options{systems: []string{sysCeiling, sysReference, sysSalesagg}, refThreads: []int{1, 2}, refCaches: []int64{cacheDefault, 64 << 20},
+		refRocksDB: []string{rocksDefault}, refTxn: []bool{false}}
 	var names []string
-	for _, s := range o.plan() {
+	for _, s := range o.plan(100, atLeastOnce) {
 		names = append(names, s.name())
 	}
 	want := []string{"ceiling", "reference (threads 1, cache default)", "reference (threads 1, cache 64 MiB)",
@@ -137,5 +138,83 @@ func TestChangelogStateCompare(t *testing.T) {
 	st.compare(&vr, []int64{1}, 1)
 	if vr.MultiPartition != 1 {
 		t.Errorf("a key in two partitions: MultiPartition = %d", vr.MultiPartition)
+	}
+}
+
+func TestPlanTuningsAndReferenceProducts(t *testing.T) {
+	o := options{systems: []string{sysSalesagg, sysReference}, products: []int{100, 1000}, guarantees: []string{atLeastOnce, exactlyOnceV2},
+		refThreads: []int{2}, refCaches: []int64{64 << 20}, refRocksDB: []string{rocksDefault, rocksTuned}, refTxn: []bool{false, true},
+		refProducts: []int{1000}}
+	names := func(ss []system) []string {
+		var out []string
+		for _, s := range ss {
+			out = append(out, s.name())
+		}
+		return out
+	}
+	if got := names(o.plan(100, exactlyOnceV2)); !slices.Equal(got, []string{"salesagg"}) {
+		t.Errorf("plan at 100 products = %q, want salesagg only (--reference-products 1000)", got)
+	}
+	wantALO := []string{"salesagg", "reference (threads 2, cache 64 MiB)", "reference (threads 2, cache 64 MiB, RocksDB tuned)"}
+	if got := names(o.plan(1000, atLeastOnce)); !slices.Equal(got, wantALO) {
+		t.Errorf("at-least-once plan = %q, want %q (no transactional stores)", got, wantALO)
+	}
+	wantEOS := []string{"salesagg", "reference (threads 2, cache 64 MiB)", "reference (threads 2, cache 64 MiB, transactional stores)",
+		"reference (threads 2, cache 64 MiB, RocksDB tuned)", "reference (threads 2, cache 64 MiB, RocksDB tuned, transactional stores)"}
+	if got := names(o.plan(1000, exactlyOnceV2)); !slices.Equal(got, wantEOS) {
+		t.Errorf("exactly-once plan = %q, want %q", got, wantEOS)
+	}
+	// In the order first met: at-least-once's variants, then exactly-once's new ones.
+	wantAll := append(slices.Clone(wantALO), wantEOS[2], wantEOS[4])
+	if got := names(o.allSystems()); !slices.Equal(got, wantAll) {
+		t.Errorf("allSystems = %q, want %q", got, wantAll)
+	}
+	v := refVariant{threads: 2, cache: cacheDefault, rocksdb: rocksTuned, txn: true}
+	if s := v.slug(); s != "reference-t2-cdefault-rt-tx" {
+		t.Errorf("slug = %q", s)
+	}
+	if st := v.settings(); st.RocksDB != rocksTuned || !st.TransactionalSS || st.CacheMaxBytes != nil {
+		t.Errorf("settings = %+v", st)
+	}
+	if got, err := parseBools("false,true"); err != nil || !slices.Equal(got, []bool{false, true}) {
+		t.Errorf("parseBools = %v, %v", got, err)
+	}
+	for _, bad := range []string{"", "yes", "true,true", "1"} {
+		if _, err := parseBools(bad); err == nil {
+			t.Errorf("parseBools(%q) accepted", bad)
+		}
+	}
+	bad := options{events: 1, partitions: 3, commitInterval: 1, profileSeconds: 1, products: []int{100}, guarantees: []string{atLeastOnce},
+		systems: []string{sysReference}, refThreads: []int{1}, refCaches: []int64{cacheDefault}, refRocksDB: []string{"fast"},
+		refTxn: []bool{false}, refProducts: []int{200}, refTimeLimit: -1}
+	err := bad.validate(nil)
+	for _, want := range []string{"--reference-rocksdb: unknown setting", "--reference-products: 200 is not one of --products", "--reference-time-limit"} {
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("validate: %v, want a problem %q", err, want)
+		}
+	}
+}
+
+func TestGrowthSideBySide(t *testing.T) {
+	g := &growthReport{Guarantees: []string{atLeastOnce}, Series: []growthSeries{
+		{System: sysSalesagg, Guarantee: atLeastOnce, Points: []growthPoint{
+			{Products: 100, Status: "ok", EventsPerSec: 400000, FullRestoreStartToReadyMs: 500},
+			{Products: 1000, Status: "ok", EventsPerSec: 100000, FullRestoreStartToReadyMs: 2000}}},
+		{System: "reference (threads 1, cache default)", Guarantee: atLeastOnce, Points: []growthPoint{
+			{Products: 1000, Status: "ok", EventsPerSec: 20000, FullRestoreStartToReadyMs: 8000, Cut: true}}},
+		{System: "reference (threads 2, cache default)", Guarantee: atLeastOnce, Points: []growthPoint{
+			{Products: 1000, Status: "ok", EventsPerSec: 25000, FullRestoreStartToReadyMs: 10000}}},
+	}}
+	got := g.sideBySide()
+	want := "| 1,000 | 100,000 | 25,000 | 4.0 | 2.00 | 10.00 | 0.20 | reference (threads 2, cache default) |\n"
+	if !strings.Contains(got, want) {
+		t.Errorf("side by side:\n%s\nwant the row\n%s", got, want)
+	}
+	if strings.Contains(got, "| 100 |") {
+		t.Errorf("a row without a reference point:\n%s", got)
+	}
+	g.Series[2].Points[0].Status = "failed"
+	if got := g.sideBySide(); !strings.Contains(got, "20,000 (cut at the time limit") {
+		t.Errorf("the cut variant is not marked:\n%s", got)
 	}
 }

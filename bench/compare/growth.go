@@ -25,6 +25,8 @@ type growthPoint struct {
 	RestartPeakRSSBytes       int64   `json:"restart_peak_rss_bytes"`
 	CPUPerEventUs             float64 `json:"cpu_us_per_event"`
 	Results                   string  `json:"results_file"`
+	// The processing run was cut at --reference-time-limit: events/s so far.
+	Cut bool `json:"cut,omitempty"`
 }
 
 // growthSeries is one system under one guarantee over every data set.
@@ -60,7 +62,7 @@ func newGrowth(o options, startedAt time.Time, reps []*report, paths map[*report
 	if len(reps) > 0 {
 		g.Machine, g.Versions = reps[0].Machine, reps[0].Versions
 	}
-	for _, sys := range o.plan() {
+	for _, sys := range o.allSystems() {
 		for _, gu := range o.guarantees {
 			s := growthSeries{System: sys.name(), Guarantee: gu}
 			for _, rep := range reps {
@@ -81,7 +83,8 @@ func newGrowth(o options, startedAt time.Time, reps []*report, paths map[*report
 
 func pointOf(rep *report, r *systemResult, path string) growthPoint {
 	p := growthPoint{Products: rep.Products, Events: rep.Events, Status: r.Status, EventsPerSec: r.EventsPerSec,
-		RestoreRecordsPerSecWall: r.RestoreRecordsPerSecWall, CPUPerEventUs: r.CPUPerEventUs, Results: path, RestoredRecords: -1}
+		RestoreRecordsPerSecWall: r.RestoreRecordsPerSecWall, CPUPerEventUs: r.CPUPerEventUs, Results: path, RestoredRecords: -1,
+		Cut: r.Cut != nil}
 	if m := r.Processing; m != nil {
 		p.ProcessingPeakRSSBytes = m.PeakRSSBytes
 	}
@@ -116,6 +119,9 @@ func (g *growthReport) table() string {
 			if p.Status != "ok" {
 				products += " (" + p.Status + ")"
 			}
+			if p.Cut {
+				products += " (cut)"
+			}
 			fmt.Fprintf(&b, "| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n",
 				products, kit.Group(int64(p.Events)),
 				orDash(p.EventsPerSec > 0, kit.Group(int64(p.EventsPerSec+0.5))),
@@ -128,10 +134,84 @@ func (g *growthReport) table() string {
 				orDash(p.CPUPerEventUs > 0, cpu))
 		}
 	}
+	b.WriteString(g.sideBySide())
 	if b.Len() > 0 {
 		b.WriteString("\nRestored records/s = records restored ÷ the full restore's start → ready; CPU µs/event: the processing run's\n" +
 			"whole-process user+sys CPU ÷ events (the ceiling: the harness's CPU over its consume). Every row is its own data set\n" +
 			"(every product occurs at least once); per-run details in each row's results file.\n")
 	}
 	return b.String()
+}
+
+// sideBySide is, per guarantee, one row per data set on which salesagg and a
+// reference variant both ran: salesagg's processing events/s and full restore
+// time next to the best reference variant's (highest events/s) at that data
+// set, and salesagg ÷ reference.
+func (g *growthReport) sideBySide() string {
+	var b strings.Builder
+	for _, gu := range g.Guarantees {
+		var sal *growthSeries
+		var refs []*growthSeries
+		for i := range g.Series {
+			s := &g.Series[i]
+			switch {
+			case s.Guarantee != gu:
+			case s.System == sysSalesagg:
+				sal = s
+			case strings.HasPrefix(s.System, sysReference):
+				refs = append(refs, s)
+			}
+		}
+		if sal == nil || len(refs) == 0 {
+			continue
+		}
+		var rows []string
+		for _, sp := range sal.Points {
+			var best *growthPoint
+			var bestSys string
+			for _, rs := range refs {
+				for i := range rs.Points {
+					rp := &rs.Points[i]
+					if rp.Products == sp.Products && rp.Status == "ok" && (best == nil || rp.EventsPerSec > best.EventsPerSec) {
+						best, bestSys = rp, rs.System
+					}
+				}
+			}
+			if best == nil || sp.Status != "ok" {
+				continue
+			}
+			cut := ""
+			if best.Cut {
+				cut = " (cut at the time limit: events/s so far)"
+			}
+			ratio := "–"
+			if best.EventsPerSec > 0 {
+				ratio = fmt.Sprintf("%.1f", sp.EventsPerSec/best.EventsPerSec)
+			}
+			restoreRatio := "–"
+			if best.FullRestoreStartToReadyMs > 0 && sp.FullRestoreStartToReadyMs > 0 {
+				restoreRatio = fmt.Sprintf("%.2f", float64(sp.FullRestoreStartToReadyMs)/float64(best.FullRestoreStartToReadyMs))
+			}
+			rows = append(rows, fmt.Sprintf("| %s | %s | %s%s | %s | %s | %s | %s | %s |\n", kit.Group(int64(sp.Products)),
+				kit.Group(int64(sp.EventsPerSec+0.5)), kit.Group(int64(best.EventsPerSec+0.5)), cut, ratio,
+				secsOrDash(sp.FullRestoreStartToReadyMs), secsOrDash(best.FullRestoreStartToReadyMs), restoreRatio, bestSys))
+		}
+		if len(rows) == 0 {
+			continue
+		}
+		fmt.Fprintf(&b, "\n### Growth side by side: salesagg vs the best reference variant, %s\n\n", gu)
+		b.WriteString("| products | salesagg events/s ↑ | reference events/s ↑ | salesagg / reference | salesagg full restore (s) ↓ | reference full restore (s) ↓ | salesagg / reference | reference variant |\n")
+		b.WriteString("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |\n")
+		for _, r := range rows {
+			b.WriteString(r)
+		}
+	}
+	return b.String()
+}
+
+func secsOrDash(ms int64) string {
+	if ms <= 0 {
+		return "–"
+	}
+	return fmt.Sprintf("%.2f", float64(ms)/1000)
 }

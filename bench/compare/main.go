@@ -40,8 +40,12 @@ type options struct {
 	products                  []int // one data set each, in this order
 	seed                      uint64
 	guarantees, systems       []string
-	refThreads                []int   // --reference-threads
-	refCaches                 []int64 // --reference-cache; cacheDefault: Kafka Streams' own
+	refThreads                []int         // --reference-threads
+	refCaches                 []int64       // --reference-cache; cacheDefault: Kafka Streams' own
+	refRocksDB                []string      // --reference-rocksdb: default, tuned
+	refTxn                    []bool        // --reference-transactional-stores (exactly-once only)
+	refProducts               []int         // --reference-products; empty: every data set
+	refTimeLimit              time.Duration // --reference-time-limit; 0: none
 	bootstrap                 string
 	commitInterval            time.Duration
 	phaseTimeout, stopTimeout time.Duration
@@ -64,7 +68,7 @@ func main() { os.Exit(run()) }
 
 func run() int {
 	var o options
-	var guarantees, systems, products, refThreads, refCaches string
+	var guarantees, systems, products, refThreads, refCaches, refRocks, refTxn, refProducts string
 	fs := flag.NewFlagSet("compare", flag.ContinueOnError)
 	fs.IntVar(&o.events, "events", 1_000_000, "number of input events per data set (raised to the product count when lower)")
 	fs.StringVar(&products, "products", "100000", "comma-separated product counts (distinct record keys): one data set, and one full round of every guarantee and system, each")
@@ -74,6 +78,10 @@ func run() int {
 	fs.StringVar(&systems, "systems", "ceiling,salesagg,reference", "comma-separated systems to run, in this order: salesagg, reference (every reference variant), ceiling")
 	fs.StringVar(&refThreads, "reference-threads", "1,2", "comma-separated num.stream.threads of the reference; each × --reference-cache is one reference variant")
 	fs.StringVar(&refCaches, "reference-cache", "default,67108864", "comma-separated statestore.cache.max.bytes of the reference, in bytes, or default (Kafka Streams' 10 MiB)")
+	fs.StringVar(&refRocks, "reference-rocksdb", "default,tuned", "comma-separated RocksDB settings of the reference: default (Kafka Streams') and/or tuned (its RocksDBConfigSetter salesagg.reference.RocksDBTuning); one more variant dimension")
+	fs.StringVar(&refTxn, "reference-transactional-stores", "false", "comma-separated enable.transactional.statestores of the reference's exactly-once variants: false and/or true (at-least-once variants always run without)")
+	fs.StringVar(&refProducts, "reference-products", "all", "comma-separated --products values at which the reference runs, or all")
+	fs.DurationVar(&o.refTimeLimit, "reference-time-limit", 0, "bound of the reference's processing run (0: --phase-timeout): when reached, the throughput so far (committed offsets ÷ time) is reported, marked cut, the changelog is not verified, and the restore runs go on")
 	fs.StringVar(&o.bootstrap, "bootstrap", "", "use this Kafka broker (host:port) instead of starting one with test/kafka/kafka.sh")
 	commitMs := fs.Int("commit-interval-ms", 1000, "commit interval given to salesagg (--commit.interval.ms) and the reference (--commit-interval-ms)")
 	fs.DurationVar(&o.phaseTimeout, "phase-timeout", 20*time.Minute, "upper bound of each phase (processing, restore, restart)")
@@ -101,6 +109,17 @@ func run() int {
 	if o.refCaches, err = parseCaches(refCaches); err != nil {
 		problems = append(problems, "--reference-cache: "+err.Error())
 	}
+	if o.refRocksDB = kit.SplitList(refRocks); len(o.refRocksDB) == 0 {
+		problems = append(problems, "--reference-rocksdb is empty")
+	}
+	if o.refTxn, err = parseBools(refTxn); err != nil {
+		problems = append(problems, "--reference-transactional-stores: "+err.Error())
+	}
+	if refProducts != "all" {
+		if o.refProducts, err = parseInts(refProducts); err != nil {
+			problems = append(problems, "--reference-products: "+err.Error())
+		}
+	}
 	if err := o.validate(problems); err != nil {
 		fmt.Fprintf(os.Stderr, "compare: %v\n", err)
 		return 2
@@ -120,6 +139,22 @@ func (o *options) validate(problems []string) error {
 		if slices.Contains(o.refCaches[:i], c) {
 			problems = append(problems, fmt.Sprintf("--reference-cache: %s listed twice", cacheName(c)))
 		}
+	}
+	for i, r := range o.refRocksDB {
+		if r != rocksDefault && r != rocksTuned {
+			problems = append(problems, fmt.Sprintf("--reference-rocksdb: unknown setting %q (allowed: %s, %s)", r, rocksDefault, rocksTuned))
+		}
+		if slices.Contains(o.refRocksDB[:i], r) {
+			problems = append(problems, fmt.Sprintf("--reference-rocksdb: %s listed twice", r))
+		}
+	}
+	for _, p := range o.refProducts {
+		if !slices.Contains(o.products, p) {
+			problems = append(problems, fmt.Sprintf("--reference-products: %d is not one of --products", p))
+		}
+	}
+	if o.refTimeLimit < 0 {
+		problems = append(problems, "--reference-time-limit must not be negative")
 	}
 	if o.profileSeconds < 1 || o.profileSeconds > maxProfileSeconds {
 		problems = append(problems, fmt.Sprintf("--profile-seconds must be within 1..%d (salesagg's HTTP write timeout is 30 s)", maxProfileSeconds))
@@ -189,6 +224,26 @@ func parseInts(s string) ([]int, error) {
 			return nil, fmt.Errorf("%q is not an integer", p)
 		}
 		out = append(out, n)
+	}
+	if len(out) == 0 {
+		return nil, errors.New("empty")
+	}
+	return out, nil
+}
+
+// parseBools parses a non-empty comma-separated list of true/false, each
+// at most once.
+func parseBools(s string) ([]bool, error) {
+	var out []bool
+	for _, p := range kit.SplitList(s) {
+		b, err := strconv.ParseBool(p)
+		if err != nil || (p != "true" && p != "false") {
+			return nil, fmt.Errorf("%q is neither true nor false", p)
+		}
+		if slices.Contains(out, b) {
+			return nil, fmt.Errorf("%s listed twice", p)
+		}
+		out = append(out, b)
 	}
 	if len(out) == 0 {
 		return nil, errors.New("empty")

@@ -41,19 +41,6 @@ type report struct {
 	stem string // results path without ".json"
 }
 
-// referenceStreamsVersion reads the Kafka Streams version from the
-// reference's runtime jars.
-func referenceStreamsVersion(repo string) string {
-	ms, _ := filepath.Glob(filepath.Join(repo, "bench", "kstreams-reference", "target", "lib", "kafka-streams-*.jar"))
-	for _, m := range ms {
-		v := strings.TrimSuffix(strings.TrimPrefix(filepath.Base(m), "kafka-streams-"), ".jar")
-		if v != "" && v[0] >= '0' && v[0] <= '9' {
-			return v
-		}
-	}
-	return ""
-}
-
 // ---------------------------------------------------------------------------
 // Table
 

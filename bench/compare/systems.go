@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -52,12 +53,28 @@ func (s system) name() string {
 
 // refVariant is one configuration of the Kafka Streams reference.
 type refVariant struct {
-	threads int   // num.stream.threads
-	cache   int64 // statestore.cache.max.bytes; cacheDefault: Kafka Streams' default
+	threads int    // num.stream.threads
+	cache   int64  // statestore.cache.max.bytes; cacheDefault: Kafka Streams' default
+	rocksdb string // run.sh --rocksdb: rocksDefault or rocksTuned
+	txn     bool   // enable.transactional.statestores (exactly-once variants only)
 }
 
+const (
+	rocksDefault = "default"
+	rocksTuned   = "tuned"
+)
+
+// name is the variant's column in the tables; the variants of Kafka
+// Streams' own RocksDB settings and stores keep the names they always had.
 func (v refVariant) name() string {
-	return fmt.Sprintf("reference (threads %d, cache %s)", v.threads, cacheName(v.cache))
+	extra := ""
+	if v.rocksdb == rocksTuned {
+		extra += ", RocksDB tuned"
+	}
+	if v.txn {
+		extra += ", transactional stores"
+	}
+	return fmt.Sprintf("reference (threads %d, cache %s%s)", v.threads, cacheName(v.cache), extra)
 }
 
 // slug names the variant in application ids and log files.
@@ -66,17 +83,29 @@ func (v refVariant) slug() string {
 	if v.cache != cacheDefault {
 		c = strconv.FormatInt(v.cache, 10)
 	}
-	return fmt.Sprintf("reference-t%d-c%s", v.threads, c)
+	s := fmt.Sprintf("reference-t%d-c%s", v.threads, c)
+	if v.rocksdb == rocksTuned {
+		s += "-rt"
+	}
+	if v.txn {
+		s += "-tx"
+	}
+	return s
 }
 
 // refSettings is a reference variant in the JSON.
 type refSettings struct {
 	NumStreamThreads int    `json:"num_stream_threads"`
 	CacheMaxBytes    *int64 `json:"cache_max_bytes"` // null: Kafka Streams' default (10 MiB)
+	RocksDB          string `json:"rocksdb"`         // default (Kafka Streams') or tuned (RocksDBTuning)
+	TransactionalSS  bool   `json:"transactional_state_stores"`
 }
 
 func (v refVariant) settings() *refSettings {
-	s := &refSettings{NumStreamThreads: v.threads}
+	s := &refSettings{NumStreamThreads: v.threads, RocksDB: v.rocksdb, TransactionalSS: v.txn}
+	if s.RocksDB == "" {
+		s.RocksDB = rocksDefault
+	}
 	if v.cache != cacheDefault {
 		c := v.cache
 		s.CacheMaxBytes = &c
@@ -102,18 +131,55 @@ func cacheName(c int64) string {
 	}
 }
 
-// plan expands --systems in its order: "reference" becomes every
-// --reference-threads × --reference-cache variant (threads outer).
-func (o options) plan() []system {
+// plan expands --systems in its order for one data set and guarantee:
+// "reference" becomes every --reference-threads × --reference-cache ×
+// --reference-rocksdb × --reference-transactional-stores variant (in that
+// nesting, threads outer), the transactional stores under exactly-once only,
+// and only on the data sets of --reference-products.
+func (o options) plan(products int, guarantee string) []system {
 	var out []system
 	for _, k := range o.systems {
 		if k != sysReference {
 			out = append(out, system{kind: k})
 			continue
 		}
+		if len(o.refProducts) > 0 && !slices.Contains(o.refProducts, products) {
+			continue
+		}
+		txns := o.refTxn
+		if guarantee != exactlyOnceV2 {
+			txns = []bool{false}
+		}
+		seen := map[refVariant]bool{}
 		for _, t := range o.refThreads {
 			for _, c := range o.refCaches {
-				out = append(out, system{kind: sysReference, ref: refVariant{threads: t, cache: c}})
+				for _, r := range o.refRocksDB {
+					for _, x := range txns {
+						v := refVariant{threads: t, cache: c, rocksdb: r, txn: x}
+						if !seen[v] {
+							seen[v] = true
+							out = append(out, system{kind: sysReference, ref: v})
+						}
+					}
+				}
+			}
+		}
+	}
+	return out
+}
+
+// allSystems lists every system some data set and guarantee runs, in plan
+// order.
+func (o options) allSystems() []system {
+	var out []system
+	seen := map[string]bool{}
+	for _, p := range o.products {
+		for _, g := range o.guarantees {
+			for _, s := range o.plan(p, g) {
+				if !seen[s.name()] {
+					seen[s.name()] = true
+					out = append(out, s)
+				}
 			}
 		}
 	}
@@ -187,6 +253,10 @@ type systemResult struct {
 	CPUPerEventUs          float64 `json:"cpu_us_per_event"`
 	CPUPerRestoredRecordUs float64 `json:"cpu_us_per_restored_record,omitempty"`
 
+	// Set when the processing run reached --reference-time-limit before the
+	// committed offsets reached the input end.
+	Cut *cutInfo `json:"cut,omitempty"`
+
 	Verify *verifyResult `json:"verify,omitempty"`
 	// salesagg: GET /v1/tasks when caught up.
 	Tasks json.RawMessage `json:"tasks_at_caught_up,omitempty"`
@@ -194,6 +264,15 @@ type systemResult struct {
 	Ceiling *ceilingMetrics `json:"ceiling,omitempty"`
 
 	Anomalies []string `json:"anomalies,omitempty"`
+}
+
+// cutInfo: a processing run ended at the time limit; its events/s are the
+// committed offsets at that moment ÷ the time since start.
+type cutInfo struct {
+	LimitMs          int64 `json:"limit_ms"`
+	AtMs             int64 `json:"at_ms"` // start → the poll that found the limit passed
+	CommittedOffsets int64 `json:"committed_offsets"`
+	Events           int   `json:"events"`
 }
 
 func (r *systemResult) anomaly(format string, args ...any) {
@@ -270,7 +349,11 @@ func measureRuns(ctx context.Context, e *env, d driver, res *systemResult) error
 	// (a) processing.
 	logf("%s [%s]: processing run: %d events from %s", d.name(), e.guarantee, e.data.events, e.data.topic)
 	m, err := runOnce(ctx, e, d, res, "processing", func(pctx context.Context, in *instance, m *runMetrics, readyAt time.Time) error {
-		caughtAt, processedAt, err := waitCaughtUp(pctx, e, d, in)
+		var until time.Time
+		if _, ref := d.(*referenceDriver); ref && e.o.refTimeLimit > 0 {
+			until = in.Started.Add(e.o.refTimeLimit)
+		}
+		caughtAt, processedAt, committed, cut, err := waitCaughtUp(pctx, e, d, in, until)
 		if err != nil {
 			return err
 		}
@@ -278,9 +361,20 @@ func measureRuns(ctx context.Context, e *env, d driver, res *systemResult) error
 			m.StartToProcessedMs = processedAt.Sub(in.Started).Milliseconds()
 		}
 		m.StartToCaughtUpMs = caughtAt.Sub(in.Started).Milliseconds()
-		res.EventsPerSec = events / caughtAt.Sub(in.Started).Seconds()
+		done := events
+		if cut {
+			done = float64(committed)
+			res.Cut = &cutInfo{LimitMs: e.o.refTimeLimit.Milliseconds(), AtMs: m.StartToCaughtUpMs, CommittedOffsets: committed, Events: e.data.events}
+		}
+		res.EventsPerSec = done / caughtAt.Sub(in.Started).Seconds()
 		if d := caughtAt.Sub(readyAt).Seconds(); d > 0 {
-			res.EventsPerSecAfterReady = events / d
+			res.EventsPerSecAfterReady = done / d
+		}
+		if cut {
+			logf("%s: CUT at the time limit %s: %d of %d input offsets committed after %.2f s: %.0f events/s so far; the changelog is not verified", d.name(),
+				e.o.refTimeLimit, committed, e.data.events, caughtAt.Sub(in.Started).Seconds(), res.EventsPerSec)
+			d.caughtUp(pctx, in, res)
+			return nil
 		}
 		logf("%s: caught up %.2f s after start (ready at %.2f s): %.0f events/s", d.name(),
 			caughtAt.Sub(in.Started).Seconds(), readyAt.Sub(in.Started).Seconds(), res.EventsPerSec)
@@ -307,6 +401,9 @@ func measureRuns(ctx context.Context, e *env, d driver, res *systemResult) error
 		return fmt.Errorf("processing run: %w", err)
 	}
 	res.CPUPerEventUs = float64(m.CPUUs) / events
+	if res.Cut != nil && res.Cut.CommittedOffsets > 0 {
+		res.CPUPerEventUs = float64(m.CPUUs) / float64(res.Cut.CommittedOffsets)
+	}
 
 	// (b) full restore: state dir deleted.
 	if err := os.RemoveAll(d.stateDir()); err != nil {
@@ -453,11 +550,10 @@ func runOnce(ctx context.Context, e *env, d driver, res *systemResult, run strin
 // reach the input end offsets.
 // It also returns when the system's own view first said the whole input was
 // processed (zero if it has none).
-func waitCaughtUp(ctx context.Context, e *env, d driver, in *instance) (caught, processed time.Time, err error) {
+func waitCaughtUp(ctx context.Context, e *env, d driver, in *instance, until time.Time) (caught, processed time.Time, committed int64, cut bool, err error) {
 	tick := time.NewTicker(100 * time.Millisecond)
 	defer tick.Stop()
 	lastLog := time.Now()
-	var committed int64
 	hasView := true
 	for {
 		if hasView && processed.IsZero() {
@@ -474,11 +570,14 @@ func waitCaughtUp(ctx context.Context, e *env, d driver, in *instance) (caught, 
 		if err == nil {
 			committed = sum
 			if at {
-				return now, processed, nil
+				return now, processed, committed, false, nil
+			}
+			if !until.IsZero() && now.After(until) {
+				return now, processed, committed, true, nil
 			}
 		}
 		if !in.Running() {
-			return time.Time{}, time.Time{}, in.ExitError("while processing")
+			return time.Time{}, time.Time{}, committed, false, in.ExitError("while processing")
 		}
 		if now.Sub(lastLog) >= 5*time.Second {
 			lastLog = now
@@ -487,7 +586,7 @@ func waitCaughtUp(ctx context.Context, e *env, d driver, in *instance) (caught, 
 		}
 		select {
 		case <-ctx.Done():
-			return time.Time{}, time.Time{}, fmt.Errorf("not caught up (%d of %d offsets committed): %w", committed, e.data.events, context.Cause(ctx))
+			return time.Time{}, time.Time{}, committed, false, fmt.Errorf("not caught up (%d of %d offsets committed): %w", committed, e.data.events, context.Cause(ctx))
 		case <-tick.C:
 		}
 	}
@@ -759,6 +858,12 @@ func (d *referenceDriver) launch(run string) (*instance, error) {
 	}
 	if d.variant.cache != cacheDefault {
 		args = append(args, "--cache-max-bytes", strconv.FormatInt(d.variant.cache, 10))
+	}
+	if d.variant.rocksdb == rocksTuned {
+		args = append(args, "--rocksdb", rocksTuned)
+	}
+	if d.variant.txn {
+		args = append(args, "--transactional-state-stores", "true")
 	}
 	var (
 		pendingRecs, pendingMs int64 = -1, -1
