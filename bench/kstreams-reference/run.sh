@@ -5,7 +5,9 @@
 #               [--processing-guarantee at_least_once|exactly_once_v2]
 #               [--input-topic T] [--notification-topic T] [--threshold N]
 #               [--commit-interval-ms MS] [--num-stream-threads N] [--cache-max-bytes N]
-#               [--leave-group-on-close true|false]
+#               [--leave-group-on-close true|false] [--num-standby-replicas N]
+#               [--instance-id ID] [--http-addr HOST:PORT] [--rocksdb default|tuned]
+#               [--transactional-state-stores true|false]
 #               [--prop key=value]... [--describe]
 #        run.sh --build-only     build (if needed) and exit
 #        run.sh --rebuild ...    build even if up to date, then run
@@ -13,7 +15,10 @@
 # Each flag also accepts --flag=value and maps to an environment variable the application reads
 # (BOOTSTRAP_SERVERS, APPLICATION_ID, STATE_DIR, PROCESSING_GUARANTEE, INPUT_TOPIC,
 # NOTIFICATION_TOPIC, NOTIFICATION_THRESHOLD, COMMIT_INTERVAL_MS, NUM_STREAM_THREADS,
-# CACHE_MAX_BYTES, LEAVE_GROUP_ON_CLOSE); flags win over the environment. Unknown flags are passed to the application.
+# CACHE_MAX_BYTES, LEAVE_GROUP_ON_CLOSE); flags win over the environment. Unknown flags are passed to
+# the application, which reads the others itself (--num-standby-replicas, --instance-id, --http-addr,
+# --rocksdb, --transactional-state-stores; environment NUM_STANDBY_REPLICAS, INSTANCE_ID, HTTP_ADDR,
+# ROCKSDB, TRANSACTIONAL_STATE_STORES).
 #
 # The JVM replaces this shell (exec), so the pid a harness started is the JVM's: SIGTERM to it
 # closes Kafka Streams cleanly (up to 30 s). stdout carries only "REFERENCE ..." marker lines;
