@@ -33,7 +33,8 @@ import org.apache.kafka.streams.state.ReadOnlyKeyValueStore;
  * Interactive queries over HTTP (the JDK's com.sun.net.httpserver), in the shape of salesagg's
  * API so one harness can ask both:
  * <ul>
- *   <li>{@code GET /readyz}: 200 while the client is RUNNING, else 503 with the state.</li>
+ *   <li>{@code GET /readyz}: 200 while the client is RUNNING and the store of every partition
+ *       assigned to it as active is queryable (restored), else 503 with the reason.</li>
  *   <li>{@code GET /v1/products/<p>}: the product's total. The key's partition and owner come from
  *       {@code queryMetadataForKey}; the active owner answers from its store (this instance, or
  *       the request is forwarded to its {@code application.server} with {@code ?local=1}). When
@@ -89,10 +90,11 @@ final class QueryServer {
                 send(ex, 405, "{\"error\":\"GET only\"}");
             } else if (path.equals("/readyz")) {
                 KafkaStreams.State st = streams.state();
-                if (st == KafkaStreams.State.RUNNING) {
+                String notReady = st == KafkaStreams.State.RUNNING ? unqueryable() : "state " + st;
+                if (notReady == null) {
                     send(ex, 200, "{\"ready\":true}");
                 } else {
-                    send(ex, 503, "{\"ready\":false,\"reason\":\"state " + st + "\"}");
+                    send(ex, 503, "{\"ready\":false,\"reason\":" + json(notReady) + "}");
                 }
             } else if (path.equals("/v1/instances")) {
                 instances(ex);
@@ -110,6 +112,32 @@ final class QueryServer {
         } finally {
             ex.close();
         }
+    }
+
+    /**
+     * Null when the store of every input partition assigned to this instance as active answers
+     * queries, else which one does not. A client is RUNNING while its state updater still restores
+     * tasks, so RUNNING alone does not mean every assigned task serves (salesagg's /readyz does).
+     */
+    private String unqueryable() {
+        for (StreamsMetadata md : streams.metadataForAllStreamsClients()) {
+            if (!md.hostInfo().equals(self)) {
+                continue;
+            }
+            for (TopicPartition tp : md.topicPartitions()) {
+                if (!tp.topic().equals(inputTopic)) {
+                    continue;
+                }
+                try {
+                    streams.store(StoreQueryParameters
+                            .fromNameAndType(store, QueryableStoreTypes.<String, Long>keyValueStore())
+                            .withPartition(tp.partition()));
+                } catch (InvalidStateStoreException e) {
+                    return "task 0_" + tp.partition() + " not queryable yet (restoring)";
+                }
+            }
+        }
+        return null;
     }
 
     private void instances(HttpExchange ex) throws IOException {
