@@ -427,10 +427,16 @@ func (c *cluster) onLogLine(in *instance, at time.Time, line string) {
 
 var refRestoreEndRe = regexp.MustCompile(`^REFERENCE RESTORE (?:END|SUSPENDED) store=\S+ partition=(\d+) records=(\d+)`)
 
+var (
+	refStandbyCatchupRe   = regexp.MustCompile(`^REFERENCE STANDBY CATCHUP store=\S+ partition=(\d+) from=(\d+) behind=(\d+)`)
+	refStandbySuspendedRe = regexp.MustCompile(`^REFERENCE STANDBY SUSPENDED store=\S+ partition=(\d+) applied=(\d+)`)
+)
+
 // onReferenceLine reads the reference's output: its restore listener's
 // "REFERENCE RESTORE END store=S partition=N records=M" lines (stdout) are
-// the restores (task 0_N; one sub-topology), its SLF4J lines (stderr) the
-// error and warning counts.
+// the restores (task 0_N; one sub-topology), its standby update listener's
+// "REFERENCE STANDBY CATCHUP|SUSPENDED" lines the copies' catch-up, its
+// SLF4J lines (stderr) the error and warning counts.
 func (c *cluster) onReferenceLine(in *instance, stream string, at time.Time, line string) {
 	if stream == "stderr" {
 		switch {
@@ -445,6 +451,26 @@ func (c *cluster) onReferenceLine(in *instance, stream string, at time.Time, lin
 	}
 	if strings.HasPrefix(line, "REFERENCE ERROR") {
 		in.noteError(line)
+		return
+	}
+	// Standby and warm-up copies (Kafka Streams runs both as standby tasks):
+	// the reference's standby update listener.
+	if m := refStandbyCatchupRe.FindStringSubmatch(line); m != nil {
+		from, _ := strconv.ParseInt(m[2], 10, 64)
+		behind, _ := strconv.ParseInt(m[3], 10, 64)
+		c.mu.Lock()
+		c.copies = append(c.copies, &copyEvent{at: at, AtMs: at.Sub(c.t0).Milliseconds(), Instance: in.name, Task: "0_" + m[1], Kind: "standby",
+			From: from, Behind: behind, ClosedMs: -1, Applied: -1})
+		c.mu.Unlock()
+		return
+	}
+	if m := refStandbySuspendedRe.FindStringSubmatch(line); m != nil {
+		if ce := c.openCopy(in.name, "0_"+m[1]); ce != nil {
+			applied, _ := strconv.ParseInt(m[2], 10, 64)
+			c.mu.Lock()
+			ce.closedAt, ce.ClosedMs, ce.Applied = at, at.Sub(c.t0).Milliseconds(), applied
+			c.mu.Unlock()
+		}
 		return
 	}
 	task, n, ok := parseReferenceRestore(line)

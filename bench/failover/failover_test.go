@@ -38,6 +38,16 @@ func TestReferenceRestoreLinesAreRestores(t *testing.T) {
 	if s.Records != 300 || s.Restores != 1 || s.ByInstance["bench-i1"] != 300 {
 		t.Errorf("restores = %+v, want 300 records in one restore by bench-i1", s)
 	}
+	c.onReferenceLine(in, "stdout", at, "REFERENCE STANDBY CATCHUP store=PRODUCT_AGGREGATED_SALES partition=0 from=10 behind=4000")
+	c.onReferenceLine(in, "stdout", at, "REFERENCE STANDBY SUSPENDED store=PRODUCT_AGGREGATED_SALES partition=0 applied=4100 reason=PROMOTED")
+	c.onReferenceLine(in, "stdout", at, "REFERENCE STANDBY SUSPENDED store=PRODUCT_AGGREGATED_SALES partition=2 applied=0 reason=MIGRATED")
+	s = c.restoresBetween(at.Add(-time.Second), at.Add(time.Second), "")
+	if s.CopyCatchups != 1 || s.CopyBehind != 4000 || s.CopyApplied != 4100 {
+		t.Errorf("copies = %+v, want one catch-up of 4000 behind that applied 4100", s)
+	}
+	if ce := c.copyEvents(); len(ce) != 1 || ce[0].Task != "0_0" || ce[0].From != 10 || ce[0].ClosedMs < 0 {
+		t.Errorf("copy events = %+v", ce)
+	}
 	if in.warnLines != 1 || in.errs.Count != 1 {
 		t.Errorf("warn %d, error %d lines; want 1 and 1", in.warnLines, in.errs.Count)
 	}

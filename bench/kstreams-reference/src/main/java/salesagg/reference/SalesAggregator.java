@@ -3,6 +3,7 @@ package salesagg.reference;
 import java.io.IOException;
 import java.io.InputStream;
 import java.time.Duration;
+import java.util.HashMap;
 import java.util.HashSet;
 import java.util.Map;
 import java.util.Properties;
@@ -30,7 +31,9 @@ import org.apache.kafka.streams.kstream.Materialized;
 import org.apache.kafka.streams.kstream.Named;
 import org.apache.kafka.streams.kstream.Produced;
 import org.apache.kafka.streams.kstream.Repartitioned;
+import org.apache.kafka.streams.processor.StandbyUpdateListener;
 import org.apache.kafka.streams.processor.StateRestoreListener;
+import org.apache.kafka.streams.processor.TaskId;
 import org.apache.kafka.streams.state.KeyValueStore;
 import org.slf4j.Logger;
 import org.slf4j.LoggerFactory;
@@ -48,6 +51,8 @@ import org.slf4j.LoggerFactory;
  * REFERENCE RESTORE END store=&lt;s&gt; partition=&lt;p&gt; records=&lt;n&gt;
  * REFERENCE RESTORE SUSPENDED store=&lt;s&gt; partition=&lt;p&gt; records=&lt;n&gt;
  * REFERENCE RESTORE TOTAL records=&lt;n&gt; ms=&lt;ms&gt;    (just before STATE RUNNING; see RestoreReporter)
+ * REFERENCE STANDBY CATCHUP store=&lt;s&gt; partition=&lt;p&gt; from=&lt;offset&gt; behind=&lt;n&gt;   (see StandbyReporter)
+ * REFERENCE STANDBY SUSPENDED store=&lt;s&gt; partition=&lt;p&gt; applied=&lt;n&gt; reason=&lt;r&gt;
  * REFERENCE ERROR &lt;exception&gt;
  * REFERENCE STOPPED clean=&lt;true|false&gt; skipped=&lt;n&gt;
  * </pre>
@@ -243,6 +248,7 @@ public final class SalesAggregator {
             }
         });
         streams.setGlobalStateRestoreListener(restores);
+        streams.setStandbyUpdateListener(new StandbyReporter());
         streams.setUncaughtExceptionHandler(e -> {
             marker("ERROR " + String.valueOf(e).replace('\n', ' '));
             log.error("stream thread failed; shutting down the client", e);
@@ -386,6 +392,43 @@ public final class SalesAggregator {
             reportedFirst = true;
             roundHasRestore = false;
             roundRecords = 0;
+        }
+    }
+
+    /**
+     * Standby (and warm-up: Kafka Streams runs both as standby tasks) copies tailing a changelog:
+     * at the first non-empty batch after a copy starts, how far behind the changelog end it
+     * started ({@code CATCHUP}: end offset then − the offset it started from); when the copy is
+     * suspended (promoted, migrated, closed), how many records it applied since it started.
+     */
+    static final class StandbyReporter implements StandbyUpdateListener {
+        /** Per changelog partition: start offset, records applied, catch-up reported (0/1). */
+        private final Map<TopicPartition, long[]> open = new HashMap<>();
+
+        @Override
+        public synchronized void onUpdateStart(TopicPartition tp, String store, long startingOffset) {
+            open.put(tp, new long[] {startingOffset, 0, 0});
+        }
+
+        @Override
+        public synchronized void onBatchLoaded(TopicPartition tp, String store, TaskId taskId, long batchEndOffset,
+                long batchSize, long currentEndOffset) {
+            long[] s = open.computeIfAbsent(tp, k -> new long[] {-1, 0, 0});
+            if (s[2] == 0 && batchSize > 0) {
+                s[2] = 1;
+                long from = s[0] >= 0 ? s[0] : Math.max(0, batchEndOffset - batchSize);
+                marker("STANDBY CATCHUP store=" + store + " partition=" + tp.partition() + " from=" + from
+                        + " behind=" + Math.max(0, currentEndOffset - from));
+            }
+            s[1] += batchSize;
+        }
+
+        @Override
+        public synchronized void onUpdateSuspended(TopicPartition tp, String store, long storeOffset, long currentEndOffset,
+                SuspendReason reason) {
+            long[] s = open.remove(tp);
+            marker("STANDBY SUSPENDED store=" + store + " partition=" + tp.partition() + " applied=" + (s == null ? 0 : s[1])
+                    + " reason=" + reason);
         }
     }
 }
