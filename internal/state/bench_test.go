@@ -62,8 +62,10 @@ func BenchmarkGet(b *testing.B) {
 // BenchmarkRestoreBatches writes 1,000,000 products in random order into an
 // empty store in unsynced batches of 20,000 with a final synced one, as a
 // full restore does with the changelog's fetches: "tree" into a store opened
-// as for running, "bulk" as a full restore does now (BulkLoad, then one
-// CompactAll). One iteration is one restore.
+// as for running, "bulk" into one opened with BulkLoad, then one CompactAll,
+// and "sorted" as a full restore does now: a Store.BulkLoad of 64 MiB,
+// sorted runs merged into last-level tables and ingested. One iteration is
+// one restore.
 func BenchmarkRestoreBatches(b *testing.B) {
 	const products, batch = 1_000_000, 20_000
 	ups := make([]Update, products)
@@ -108,6 +110,35 @@ func BenchmarkRestoreBatches(b *testing.B) {
 			b.ReportMetric(float64(b.N*products)/b.Elapsed().Seconds(), "records/s")
 		})
 	}
+	b.Run("sorted", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			b.StopTimer()
+			s, err := Open(b.TempDir(), zap.NewNop(), OpenOptions{})
+			if err != nil {
+				b.Fatal(err)
+			}
+			b.StartTimer()
+			l, err := s.BulkLoad(BulkOptions{Budget: NewBulkBudget(64 << 20)})
+			if err != nil {
+				b.Fatal(err)
+			}
+			for i := 0; i < products; i += batch {
+				if err := l.Add(ups[i:min(i+batch, products)]); err != nil {
+					b.Fatal(err)
+				}
+			}
+			if _, err := l.Finish(b.Context(), Checkpoint{ChangelogOffset: products}); err != nil {
+				b.Fatal(err)
+			}
+			b.StopTimer()
+			if err := s.Close(); err != nil {
+				b.Fatal(err)
+			}
+			b.StartTimer()
+		}
+		b.ReportMetric(float64(b.N*products)/b.Elapsed().Seconds(), "records/s")
+	})
 }
 
 // BenchmarkGetMissing reads products the store does not hold, as the first

@@ -134,6 +134,8 @@ func IsCorrupt(err error) bool {
 type Store struct {
 	path     string
 	readOnly bool
+	// opts are the database's options, for the tables a bulk load writes.
+	opts *pebble.Options
 
 	mu struct {
 		// Get, Checkpoint, Apply, Scan and Count hold the read lock while
@@ -263,10 +265,11 @@ func Open(path string, log *zap.Logger, o OpenOptions) (*Store, error) {
 		}
 		return nil, fmt.Errorf("opening store %s: %w: %w", path, ErrCorrupt, err)
 	}
-	s := &Store{path: path, readOnly: o.ReadOnly}
+	s := &Store{path: path, readOnly: o.ReadOnly, opts: opts}
 	s.mu.db = db
 	if !o.ReadOnly {
 		_ = os.Remove(filepath.Join(path, cleanMarker))
+		removeBulkLeftovers(path)
 	}
 	if crashed && !o.ReadOnly {
 		// After a crash, read every block once: a checksum failure found

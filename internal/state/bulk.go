@@ -1,0 +1,640 @@
+package state
+
+import (
+	"bufio"
+	"bytes"
+	"cmp"
+	"container/heap"
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"sync"
+
+	"github.com/cockroachdb/pebble/v2/objstorage/objstorageprovider"
+	"github.com/cockroachdb/pebble/v2/sstable"
+	"github.com/cockroachdb/pebble/v2/vfs"
+)
+
+// A bulk load fills an empty store with a stream of updates in no order (a
+// full restore) by an external sort: the updates are gathered in memory up
+// to the load's share of a BulkBudget, sorted, reduced to the last update of
+// each product, and spilled to a sorted run; at the end the runs are merged
+// (the latest wins, a deletion removes the product) into non-overlapping
+// tables of the last level, written once, and ingested together with the
+// checkpoint in one atomic step. Until then the store holds nothing: a
+// crash in the middle leaves an empty store without checkpoint (and runs
+// that the next Open deletes), which is restored from the start again.
+
+// bulkDirName is the directory in a store's directory that holds a bulk
+// load's runs and tables until they are ingested.
+const bulkDirName = "bulk-load.tmp"
+
+// bulkTableBytes is the size of key and value bytes after which a bulk
+// load starts its next table.
+const bulkTableBytes = 64 << 20
+
+// removeBulkLeftovers deletes what a bulk load that did not finish left in
+// the store's directory.
+func removeBulkLeftovers(path string) {
+	_ = os.RemoveAll(filepath.Join(path, bulkDirName))
+}
+
+// BulkBudget is the memory that the bulk loads under way share: each takes
+// an equal share of it, recomputed as loads begin and end.
+type BulkBudget struct {
+	bytes int64
+	mu    sync.Mutex
+	loads int
+}
+
+// NewBulkBudget makes a budget of bytes for the bulk loads under way.
+func NewBulkBudget(bytes int64) *BulkBudget { return &BulkBudget{bytes: bytes} }
+
+func (b *BulkBudget) join() {
+	b.mu.Lock()
+	b.loads++
+	b.mu.Unlock()
+}
+
+func (b *BulkBudget) leave() {
+	b.mu.Lock()
+	b.loads--
+	b.mu.Unlock()
+}
+
+// share is what one load may hold now.
+func (b *BulkBudget) share() int64 {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.bytes / int64(max(1, b.loads))
+}
+
+// BulkOptions tune a bulk load.
+type BulkOptions struct {
+	// Budget is the memory shared with the other loads; nil means 64 MiB
+	// for this load alone.
+	Budget *BulkBudget
+	// AfterSpill, if set, is called after each run is written, with the
+	// number of runs so far (a test's crash point).
+	AfterSpill func(runs int)
+	// BeforeIngest, if set, is called once the tables are written, before
+	// they are ingested (a test's crash point).
+	BeforeIngest func()
+}
+
+// BulkStats describe a finished bulk load.
+type BulkStats struct {
+	// Updates is the number of updates added, Products the number of
+	// products the store holds after it.
+	Updates, Products int64
+	// Runs is the number of sorted runs spilled, Tables the number of
+	// tables ingested.
+	Runs, Tables int
+}
+
+// BulkLoad is a bulk load into an empty store, made by Store.BulkLoad. It
+// is used by one goroutine.
+type BulkLoad struct {
+	s      *Store
+	o      BulkOptions
+	dir    string
+	buf    sortBuffer
+	runs   []string
+	n      int64
+	value  []byte
+	closed bool
+}
+
+// BulkLoad begins a bulk load into the store, which must be empty (no
+// product, no checkpoint). Close it when done with it, after Finish too.
+func (s *Store) BulkLoad(o BulkOptions) (*BulkLoad, error) {
+	if o.Budget == nil {
+		o.Budget = NewBulkBudget(64 << 20)
+	}
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	if s.mu.db == nil {
+		return nil, s.closedErr("bulk loading")
+	}
+	it, err := s.mu.db.NewIter(nil)
+	if err != nil {
+		return nil, fmt.Errorf("bulk loading %s: %w", s.path, err)
+	}
+	nonEmpty := it.First()
+	if err := errors.Join(it.Error(), it.Close()); err != nil {
+		return nil, fmt.Errorf("bulk loading %s: %w", s.path, err)
+	}
+	if nonEmpty {
+		return nil, fmt.Errorf("bulk loading %s: the store is not empty", s.path)
+	}
+	dir := filepath.Join(s.path, bulkDirName)
+	if err := os.RemoveAll(dir); err != nil {
+		return nil, fmt.Errorf("bulk loading %s: %w", s.path, err)
+	}
+	if err := os.Mkdir(dir, 0o700); err != nil {
+		return nil, fmt.Errorf("bulk loading %s: %w", s.path, err)
+	}
+	o.Budget.join()
+	l := &BulkLoad{s: s, o: o, dir: dir}
+	l.buf.chunkSize = int(min(max(o.Budget.bytes/32, 16<<10), 1<<20))
+	return l, nil
+}
+
+// Add adds updates, later ones replacing earlier ones of the same product:
+// it spills a sorted run when the load holds its share of the budget.
+func (l *BulkLoad) Add(updates []Update) error {
+	if l.closed {
+		return l.s.closedErr("bulk loading")
+	}
+	for _, u := range updates {
+		if u.Delete {
+			l.buf.add(u.Product, nil, true)
+		} else {
+			l.value = binary.BigEndian.AppendUint64(l.value[:0], uint64(u.Entry.Total))
+			l.value = u.Entry.Offsets.AppendEncode(l.value)
+			l.buf.add(u.Product, l.value, false)
+		}
+	}
+	l.n += int64(len(updates))
+	if l.buf.bytes() >= l.o.Budget.share() {
+		return l.spill()
+	}
+	return nil
+}
+
+// spill sorts the buffer and writes it as the next run.
+func (l *BulkLoad) spill() error {
+	l.buf.sort()
+	name := filepath.Join(l.dir, "run-"+strconv.Itoa(len(l.runs)))
+	f, err := os.Create(name)
+	if err != nil {
+		return fmt.Errorf("bulk loading %s: %w", l.s.path, err)
+	}
+	err = l.buf.writeRun(bufio.NewWriterSize(f, 256<<10))
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return fmt.Errorf("bulk loading %s: writing run: %w", l.s.path, err)
+	}
+	l.runs = append(l.runs, name)
+	l.buf.reset()
+	if l.o.AfterSpill != nil {
+		l.o.AfterSpill(len(l.runs))
+	}
+	return nil
+}
+
+// Finish merges what was added into tables and ingests them with the
+// checkpoint cp, atomically: the store holds everything or nothing of the
+// load. The load is closed after it.
+func (l *BulkLoad) Finish(ctx context.Context, cp Checkpoint) (BulkStats, error) {
+	if l.closed {
+		return BulkStats{}, l.s.closedErr("bulk loading")
+	}
+	defer l.Close()
+	st := BulkStats{Updates: l.n, Runs: len(l.runs)}
+	l.buf.sort()
+	srcs := []source{&memSource{b: &l.buf, i: -1}}
+	if len(l.runs) > 0 {
+		srcs = srcs[:0]
+		for _, name := range l.runs {
+			f, err := os.Open(name)
+			if err != nil {
+				return st, fmt.Errorf("bulk loading %s: %w", l.s.path, err)
+			}
+			defer f.Close()
+			srcs = append(srcs, &runSource{r: bufio.NewReaderSize(f, 64<<10)})
+		}
+		srcs = append(srcs, &memSource{b: &l.buf, i: -1})
+	}
+	next := (&singleSource{srcs[0]}).next
+	if len(srcs) > 1 {
+		m, err := newMerger(srcs)
+		if err != nil {
+			return st, fmt.Errorf("bulk loading %s: reading run: %w", l.s.path, err)
+		}
+		next = m.next
+	}
+
+	s := l.s
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	if s.mu.db == nil {
+		return st, s.closedErr("bulk loading")
+	}
+	db := s.mu.db
+	opts := s.opts.Clone()
+	opts.EnsureDefaults()
+	wo := opts.MakeWriterOptions(len(opts.Levels)-1, db.TableFormat())
+	tw := tableWriter{dir: l.dir, fs: opts.FS, wo: wo}
+	key := []byte{dataPrefix}
+	for {
+		k, v, del, ok, err := next()
+		if err != nil {
+			tw.abandon()
+			return st, fmt.Errorf("bulk loading %s: reading run: %w", s.path, err)
+		}
+		if !ok {
+			break
+		}
+		if del {
+			// Nothing is below: the deletion has nothing left to delete.
+			continue
+		}
+		if err := ctx.Err(); err != nil {
+			tw.abandon()
+			return st, err
+		}
+		key = append(key[:1], k...)
+		if err := tw.set(key, v); err != nil {
+			tw.abandon()
+			return st, fmt.Errorf("bulk loading %s: %w", s.path, err)
+		}
+		st.Products++
+	}
+	// The checkpoint sorts after every product: it goes in the last table,
+	// and comes with the data in the same ingestion.
+	if err := tw.set(checkpointKey, encodeCheckpoint(cp)); err != nil {
+		tw.abandon()
+		return st, fmt.Errorf("bulk loading %s: %w", s.path, err)
+	}
+	paths, err := tw.finish()
+	if err != nil {
+		return st, fmt.Errorf("bulk loading %s: %w", s.path, err)
+	}
+	st.Tables = len(paths)
+	if l.o.BeforeIngest != nil {
+		l.o.BeforeIngest()
+	}
+	if err := s.ReleaseLookup(); err != nil {
+		return st, err
+	}
+	if err := db.Ingest(ctx, paths); err != nil {
+		return st, fmt.Errorf("bulk loading %s: ingesting: %w", s.path, err)
+	}
+	return st, nil
+}
+
+// Close ends the load, deleting its runs and tables. It does not touch what
+// Finish ingested.
+func (l *BulkLoad) Close() {
+	if l.closed {
+		return
+	}
+	l.closed = true
+	l.buf = sortBuffer{}
+	l.o.Budget.leave()
+	_ = os.RemoveAll(l.dir)
+}
+
+// tableWriter writes keys in order to tables of the last level, starting a
+// new one every bulkTableBytes.
+type tableWriter struct {
+	dir   string
+	fs    vfs.FS
+	wo    sstable.WriterOptions
+	w     *sstable.Writer
+	bytes int
+	paths []string
+}
+
+func (t *tableWriter) set(k, v []byte) error {
+	if t.w != nil && t.bytes >= bulkTableBytes {
+		if err := t.w.Close(); err != nil {
+			t.w = nil
+			return err
+		}
+		t.w = nil
+	}
+	if t.w == nil {
+		name := filepath.Join(t.dir, "table-"+strconv.Itoa(len(t.paths))+".sst")
+		f, err := t.fs.Create(name, vfs.WriteCategoryUnspecified)
+		if err != nil {
+			return err
+		}
+		t.w = sstable.NewWriter(objstorageprovider.NewFileWritable(f), t.wo)
+		t.paths = append(t.paths, name)
+		t.bytes = 0
+	}
+	t.bytes += len(k) + len(v)
+	return t.w.Set(k, v)
+}
+
+// finish closes (and syncs: Ingest needs it) the last table and returns
+// the tables' paths.
+func (t *tableWriter) finish() ([]string, error) {
+	if t.w != nil {
+		err := t.w.Close()
+		t.w = nil
+		if err != nil {
+			return nil, err
+		}
+	}
+	return t.paths, nil
+}
+
+// abandon closes the table being written after an error.
+func (t *tableWriter) abandon() {
+	if t.w != nil {
+		_ = t.w.Close()
+		t.w = nil
+	}
+}
+
+// sortBuffer holds records in chunks of memory, each record its key then
+// its value; idx refers to them, with the first 8 bytes of the key to
+// compare most of them without reading the chunks.
+type sortBuffer struct {
+	chunkSize int
+	chunks    [][]byte
+	cur       int // the chunk being filled
+	idx       []sortRef
+}
+
+type sortRef struct {
+	prefix uint64
+	// chunk and off locate the record: in the order the records came.
+	chunk, off uint32
+	klen       uint32
+	vlen       uint32 // the value's length + 1; 0: a deletion
+}
+
+// sortRefBytes is the size of a sortRef.
+const sortRefBytes = 24
+
+func keyPrefix(k string) uint64 {
+	if len(k) >= 8 {
+		return binary.BigEndian.Uint64([]byte(k[:8]))
+	}
+	var b [8]byte
+	copy(b[:], k)
+	return binary.BigEndian.Uint64(b[:])
+}
+
+func (b *sortBuffer) add(key string, value []byte, del bool) {
+	n := len(key) + len(value)
+	if len(b.chunks) == 0 || len(b.chunks[b.cur])+n > cap(b.chunks[b.cur]) {
+		if len(b.chunks) > 0 && len(b.chunks[b.cur]) > 0 {
+			b.cur++
+		}
+		if b.cur == len(b.chunks) {
+			b.chunks = append(b.chunks, make([]byte, 0, max(b.chunkSize, n)))
+		} else if cap(b.chunks[b.cur]) < n {
+			b.chunks[b.cur] = make([]byte, 0, n)
+		}
+	}
+	c := b.chunks[b.cur]
+	r := sortRef{prefix: keyPrefix(key), chunk: uint32(b.cur), off: uint32(len(c)), klen: uint32(len(key))}
+	if !del {
+		r.vlen = uint32(len(value)) + 1
+	}
+	b.idx = append(b.idx, r)
+	c = append(c, key...)
+	b.chunks[b.cur] = append(c, value...)
+}
+
+// bytes is the memory the buffer holds.
+func (b *sortBuffer) bytes() int64 {
+	n := int64(cap(b.idx)) * sortRefBytes
+	for _, c := range b.chunks {
+		n += int64(cap(c))
+	}
+	return n
+}
+
+func (b *sortBuffer) key(r *sortRef) []byte {
+	return b.chunks[r.chunk][r.off : r.off+r.klen]
+}
+
+func (b *sortBuffer) value(r *sortRef) ([]byte, bool) {
+	if r.vlen == 0 {
+		return nil, true
+	}
+	at := r.off + r.klen
+	return b.chunks[r.chunk][at : at+r.vlen-1], false
+}
+
+// sort orders idx by key and keeps the last record of each key.
+func (b *sortBuffer) sort() {
+	slices.SortFunc(b.idx, func(x, y sortRef) int {
+		if x.prefix != y.prefix {
+			if x.prefix < y.prefix {
+				return -1
+			}
+			return 1
+		}
+		if c := bytes.Compare(b.key(&x), b.key(&y)); c != 0 {
+			return c
+		}
+		if x.chunk != y.chunk {
+			return cmp.Compare(x.chunk, y.chunk)
+		}
+		return cmp.Compare(x.off, y.off)
+	})
+	out := b.idx[:0]
+	for i := range b.idx {
+		r := b.idx[i]
+		if i+1 < len(b.idx) && b.idx[i+1].prefix == r.prefix && bytes.Equal(b.key(&b.idx[i+1]), b.key(&r)) {
+			continue // a later record of the key follows
+		}
+		out = append(out, r)
+	}
+	b.idx = out
+}
+
+// writeRun writes the sorted records to w as a run holds them: uvarint key
+// length, key, uvarint value length + 1 (0: a deletion), value.
+func (b *sortBuffer) writeRun(w *bufio.Writer) error {
+	var hdr []byte
+	for i := range b.idx {
+		r := &b.idx[i]
+		hdr = binary.AppendUvarint(hdr[:0], uint64(r.klen))
+		_, _ = w.Write(hdr)
+		_, _ = w.Write(b.key(r))
+		hdr = binary.AppendUvarint(hdr[:0], uint64(r.vlen))
+		_, _ = w.Write(hdr)
+		v, _ := b.value(r)
+		if _, err := w.Write(v); err != nil {
+			return err
+		}
+	}
+	return w.Flush()
+}
+
+// reset empties the buffer, keeping its memory for the next run.
+func (b *sortBuffer) reset() {
+	for i := range b.chunks {
+		b.chunks[i] = b.chunks[i][:0]
+	}
+	b.cur = 0
+	b.idx = b.idx[:0]
+}
+
+// source is a sorted sequence of records with unique keys.
+type source interface {
+	// next moves to the next record; false at the end.
+	next() (bool, error)
+	key() []byte
+	value() (v []byte, del bool)
+}
+
+type memSource struct {
+	b    *sortBuffer
+	i    int
+	k, v []byte
+	del  bool
+}
+
+func (s *memSource) next() (bool, error) {
+	s.i++
+	if s.i >= len(s.b.idx) {
+		return false, nil
+	}
+	r := &s.b.idx[s.i]
+	s.k = s.b.key(r)
+	s.v, s.del = s.b.value(r)
+	return true, nil
+}
+
+func (s *memSource) key() []byte           { return s.k }
+func (s *memSource) value() ([]byte, bool) { return s.v, s.del }
+
+type runSource struct {
+	r    *bufio.Reader
+	k, v []byte
+	del  bool
+}
+
+func (s *runSource) next() (bool, error) {
+	n, err := binary.ReadUvarint(s.r)
+	if err == io.EOF {
+		return false, nil
+	}
+	if err != nil {
+		return false, err
+	}
+	s.k = slices.Grow(s.k[:0], int(n))[:n]
+	if _, err := io.ReadFull(s.r, s.k); err != nil {
+		return false, err
+	}
+	vl, err := binary.ReadUvarint(s.r)
+	if err != nil {
+		return false, err
+	}
+	s.del = vl == 0
+	if vl == 0 {
+		s.v = s.v[:0]
+		return true, nil
+	}
+	s.v = slices.Grow(s.v[:0], int(vl-1))[:vl-1]
+	_, err = io.ReadFull(s.r, s.v)
+	return err == nil, err
+}
+
+func (s *runSource) key() []byte           { return s.k }
+func (s *runSource) value() ([]byte, bool) { return s.v, s.del }
+
+// singleSource reads one source as merger reads several.
+type singleSource struct{ s source }
+
+func (s *singleSource) next() (k, v []byte, del, ok bool, err error) {
+	if ok, err = s.s.next(); !ok || err != nil {
+		return nil, nil, false, false, err
+	}
+	v, del = s.s.value()
+	return s.s.key(), v, del, true, nil
+}
+
+// merger merges sources, oldest first: of the records of one key, the
+// newest source's wins.
+type merger struct {
+	h mergeHeap
+	// started is set once a record was returned: the next call first moves
+	// past its key (its bytes stay valid until then).
+	started bool
+	key     []byte
+}
+
+type mergeItem struct {
+	src source
+	age int // the index of the source: higher is newer
+}
+
+type mergeHeap []mergeItem
+
+func (h mergeHeap) Len() int { return len(h) }
+func (h mergeHeap) Less(i, j int) bool {
+	if c := bytes.Compare(h[i].src.key(), h[j].src.key()); c != 0 {
+		return c < 0
+	}
+	return h[i].age > h[j].age
+}
+func (h mergeHeap) Swap(i, j int) { h[i], h[j] = h[j], h[i] }
+func (h *mergeHeap) Push(x any)   { *h = append(*h, x.(mergeItem)) }
+func (h *mergeHeap) Pop() any {
+	old := *h
+	x := old[len(old)-1]
+	*h = old[:len(old)-1]
+	return x
+}
+
+func newMerger(srcs []source) (*merger, error) {
+	m := &merger{}
+	for i, s := range srcs {
+		ok, err := s.next()
+		if err != nil {
+			return nil, err
+		}
+		if ok {
+			m.h = append(m.h, mergeItem{src: s, age: i})
+		}
+	}
+	heap.Init(&m.h)
+	return m, nil
+}
+
+// next returns the next key and its newest record. The returned slices are
+// valid until the next call.
+func (m *merger) next() (k, v []byte, del, ok bool, err error) {
+	// Move on the source of the previous record, and drop the older
+	// records of its key.
+	if len(m.h) > 0 && m.started {
+		if err := m.advance(); err != nil {
+			return nil, nil, false, false, err
+		}
+	}
+	if len(m.h) == 0 {
+		return nil, nil, false, false, nil
+	}
+	m.started = true
+	top := m.h[0].src
+	v, del = top.value()
+	return top.key(), v, del, true, nil
+}
+
+// advance moves the top source past its record and every older record of
+// the same key.
+func (m *merger) advance() error {
+	top := m.h[0].src
+	// The key's bytes belong to top, which is about to move: keep a copy.
+	m.key = append(m.key[:0], top.key()...)
+	for len(m.h) > 0 && bytes.Equal(m.h[0].src.key(), m.key) {
+		ok, err := m.h[0].src.next()
+		if err != nil {
+			return err
+		}
+		if ok {
+			heap.Fix(&m.h, 0)
+		} else {
+			heap.Pop(&m.h)
+		}
+	}
+	return nil
+}
