@@ -42,3 +42,12 @@ func crashPointFromEnv(log *zap.Logger) func(string) {
 		}
 	}
 }
+
+// restoreMemoryEnv overrides the memory the bulk loads of full restores
+// share, in bytes, for tests that need a load to spill sorted runs.
+const restoreMemoryEnv = "SALESAGGTEST_RESTORE_MEMORY"
+
+func restoreMemoryFromEnv() int64 {
+	n, _ := strconv.ParseInt(os.Getenv(restoreMemoryEnv), 10, 64)
+	return max(n, 0)
+}

@@ -62,7 +62,7 @@ func runService(args []string) error {
 	}
 	defer dir.Close()
 
-	rt := stream.New(cfg, log, dir, stream.Knobs{CrashPoint: crashPointFromEnv(log)})
+	rt := stream.New(cfg, log, dir, stream.Knobs{CrashPoint: crashPointFromEnv(log), RestoreMemoryBytes: restoreMemoryFromEnv()})
 	srv, err := listenHTTP(cfg, rt, log, recent)
 	if err != nil {
 		return err

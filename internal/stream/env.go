@@ -35,6 +35,9 @@ type env struct {
 	// blockCache is the Pebble block cache of every store opened for
 	// writing (nil before Run: each store then has its own).
 	blockCache *state.BlockCache
+	// bulkBudget is the memory the bulk loads of full restores share (nil
+	// before Run: each load then has its own).
+	bulkBudget *state.BulkBudget
 	// secOpts are the TLS and SASL client options.
 	secOpts []kgo.Opt
 	// admin is the client for metadata, offsets and group requests.

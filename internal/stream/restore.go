@@ -31,8 +31,12 @@ const (
 const restoreFetchBytes = 2 << 20
 
 // bulkRestoreMin is the least number of changelog offsets for which an
-// empty store is restored as a bulk load (see state.OpenOptions.BulkLoad).
+// empty store is restored as a bulk load (see state.Store.BulkLoad).
 const bulkRestoreMin = 20_000
+
+// restoreMemoryBytes is the memory the bulk loads of a process share (each
+// load under way an equal part of it) to sort the changelog's records.
+const restoreMemoryBytes = 64 << 20
 
 // maxRestoreExtensions bounds how often a restore that finds the changelog
 // grown past its end reads on to the new end, so that it ends even beside a
@@ -166,15 +170,18 @@ func (t *task) restoreOnce(ctx context.Context, tp string, attempt int) (n, to i
 	}
 	t.stats.restoreFrom.Store(from)
 	t.stats.restoreTo.Store(to)
-	bulk := empty && to-from >= bulkRestoreMin
-	if bulk {
-		if err := t.reopenStore(true); err != nil {
+	var load *state.BulkLoad
+	if empty && to-from >= bulkRestoreMin {
+		if load, err = t.beginBulk(); err != nil {
 			return 0, 0, false, err
 		}
 	}
-	n, to, err = t.replay(ctx, from, to)
-	if err == nil && bulk {
-		err = t.finishBulk(ctx)
+	n, to, err = t.replay(ctx, from, to, load)
+	if err == nil && load != nil {
+		err = t.finishBulk(ctx, load)
+	}
+	if load != nil {
+		load.Close()
 	}
 	if errors.Is(err, changelog.ErrOutOfRange) && attempt < 3 {
 		// The log start moved past our position while restoring
@@ -355,23 +362,9 @@ func checkCheckpoint(log *zap.Logger, storeName, name, tp string, cp state.Check
 	return logStart, false
 }
 
-// reopenStore closes the task's store and opens it again, for a bulk load
-// or for running.
-func (t *task) reopenStore(bulk bool) error {
-	if s := t.store.Swap(nil); s != nil {
-		if err := s.Close(); err != nil {
-			return err
-		}
-	}
-	return t.openStore(bulk)
-}
-
 // openStore opens the task's store with the runtime's options.
-func (t *task) openStore(bulk bool) error {
-	e := t.deps.env
-	o := e.storeOptions()
-	o.BulkLoad = bulk
-	s, err := state.Open(e.dir.TaskPath(t.partition), t.log, o)
+func (t *task) openStore() error {
+	s, err := state.Open(t.deps.env.dir.TaskPath(t.partition), t.log, t.deps.env.storeOptions())
 	if err != nil {
 		return err
 	}
@@ -379,16 +372,32 @@ func (t *task) openStore(bulk bool) error {
 	return nil
 }
 
-// finishBulk ends a bulk restore: the store's tables merged into the last
-// level in one pass, then the store reopened for running.
-func (t *task) finishBulk(ctx context.Context) error {
+// beginBulk begins the bulk load of the task's empty store: the changelog's
+// records sorted in the memory the process's loads share, and written once,
+// straight into the last level (state.Store.BulkLoad).
+func (t *task) beginBulk() (*state.BulkLoad, error) {
+	e := t.deps.env
+	return t.store.Load().BulkLoad(state.BulkOptions{
+		Budget:       e.bulkBudget,
+		AfterSpill:   func(int) { e.crashPoint("bulk-spilled") },
+		BeforeIngest: func() { e.crashPoint("bulk-ingest") },
+	})
+}
+
+// finishBulk ends a bulk restore: the sorted runs merged into tables and
+// ingested with the checkpoint, in one step.
+func (t *task) finishBulk(ctx context.Context, load *state.BulkLoad) error {
 	began := time.Now()
-	if err := t.store.Load().CompactAll(ctx); err != nil {
+	st, err := load.Finish(ctx, t.fold.cp)
+	if err != nil {
 		return err
 	}
+	t.stats.checkpoint.Store(t.fold.cp.ChangelogOffset)
 	d := time.Since(began)
-	t.log.Info(fmt.Sprintf("task [%s] Compacted the restored store in %d ms", t.name, d.Milliseconds()), zap.Duration("duration", d))
-	return t.reopenStore(false)
+	t.log.Info(fmt.Sprintf("task [%s] Bulk-loaded the restored store: %d products from %d records in %d sorted runs, %d tables ingested in %d ms",
+		t.name, st.Products, st.Updates, st.Runs, st.Tables, d.Milliseconds()),
+		zap.Int64("products", st.Products), zap.Int("runs", st.Runs), zap.Int("tables", st.Tables), zap.Duration("duration", d))
+	return nil
 }
 
 // wipe deletes the task's store and opens an empty one.
@@ -401,7 +410,7 @@ func (t *task) wipe() error {
 	if err := t.deps.env.dir.Wipe(t.partition); err != nil {
 		return err
 	}
-	if err := t.openStore(false); err != nil {
+	if err := t.openStore(); err != nil {
 		return err
 	}
 	t.fold.cp = state.Checkpoint{InputOffset: -1, ChangelogTopicID: t.deps.topo.changelogID}
@@ -409,10 +418,11 @@ func (t *task) wipe() error {
 }
 
 // replay reads the changelog partition over [from, to) and writes each
-// fetch as one Pebble batch with the checkpoint after it. It returns the
-// number of records restored and the end it read to (to, or later when the
-// changelog grew while it read).
-func (t *task) replay(ctx context.Context, from, to int64) (int64, int64, error) {
+// fetch as one Pebble batch with the checkpoint after it, or adds it to
+// load, when there is one, with the checkpoint in t.fold.cp for its Finish.
+// It returns the number of records restored and the end it read to (to, or
+// later when the changelog grew while it read).
+func (t *task) replay(ctx context.Context, from, to int64, load *state.BulkLoad) (int64, int64, error) {
 	e := t.deps.env
 	if from >= to {
 		if t.fold.cp.ChangelogOffset != from || t.fold.cp.ChangelogTopicID != t.deps.topo.changelogID {
@@ -449,7 +459,12 @@ func (t *task) replay(ctx context.Context, from, to int64) (int64, int64, error)
 				zap.Int64("from", b.SkippedFrom), zap.Int64("to", b.Next))
 		}
 		updates, next = rp.apply(b, updates[:0], next)
-		if len(updates) > 0 || next > t.fold.cp.ChangelogOffset {
+		if load != nil {
+			if err := load.Add(updates); err != nil {
+				return rp.n, rp.to, err
+			}
+			t.fold.cp.ChangelogOffset = max(t.fold.cp.ChangelogOffset, min(next, rp.to))
+		} else if len(updates) > 0 || next > t.fold.cp.ChangelogOffset {
 			cp := t.fold.cp
 			cp.ChangelogOffset = min(next, rp.to)
 			// Unsynced until the last fetch: a crash loses whole batches

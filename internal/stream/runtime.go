@@ -1,6 +1,7 @@
 package stream
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -21,7 +22,9 @@ import (
 type Knobs struct {
 	// CrashPoint, if set, is called at the named points of the commit
 	// cycle ("flush-start", "changelog-produced", "changelog-flushed",
-	// "store-written", "offsets-committed"); a test kills the process there.
+	// "store-written", "offsets-committed") and of a full restore's bulk
+	// load ("bulk-spilled" after each sorted run, "bulk-ingest" before the
+	// tables are ingested); a test kills the process there.
 	CrashPoint func(point string)
 	// BeforeRestore, if set, is called by each task before it restores;
 	// a test holds a task in the restoring state by blocking in it (until
@@ -33,6 +36,9 @@ type Knobs struct {
 	// RestoreProgressEvery overrides how often a restore logs its
 	// progress (default 5 s).
 	RestoreProgressEvery time.Duration
+	// RestoreMemoryBytes overrides the memory the bulk loads of full
+	// restores share (default 64 MiB).
+	RestoreMemoryBytes int64
 	// AfterPoll, if set, is called by the poll loop with the number of
 	// records each poll returned, before they are dispatched; a test stops
 	// the runtime there.
@@ -140,6 +146,7 @@ func (rt *Runtime) Run(ctx context.Context) error {
 	defer cancelWork()
 	e.blockCache = state.NewBlockCache(e.cfg.StoreCacheBytes)
 	defer e.blockCache.Close() // stores still open keep their hold
+	e.bulkBudget = state.NewBulkBudget(cmp.Or(e.knobs.RestoreMemoryBytes, restoreMemoryBytes))
 	var err error
 	if e.secOpts, err = SecurityOpts(e.cfg.Security); err != nil {
 		return err

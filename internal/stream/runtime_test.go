@@ -385,8 +385,8 @@ func TestChangelogRecreatedWipesTheStores(t *testing.T) {
 }
 
 func TestFullRestoreOfManyProductsIsExact(t *testing.T) {
-	// Scenario: an empty store restored from a changelog of 40,000 products (a bulk load: written
-	// without compactions, merged once at the end) holds the last record of each product, honours
+	// Scenario: an empty store restored from a changelog of 40,000 products (a bulk load: sorted,
+	// written once into the last level and ingested with the checkpoint) holds the last record of each product, honours
 	// tombstones, then processes events, and the next start restores 0 records.
 	h := newHarness(t)
 	h.createInput(1)
@@ -411,8 +411,8 @@ func TestFullRestoreOfManyProductsIsExact(t *testing.T) {
 		t.Fatalf("restored %d records, want 51000", n)
 	}
 	in.waitReady()
-	if in.logs.FilterMessageSnippet("task [0_0] Compacted the restored store").Len() != 1 {
-		t.Fatal("the restore of an empty store was not a bulk load (no compaction line)")
+	if in.logs.FilterMessageSnippet("task [0_0] Bulk-loaded the restored store").Len() != 1 {
+		t.Fatal("the restore of an empty store was not a bulk load (no bulk load line)")
 	}
 	in.waitTotals(map[string]int64{"p0": 1_000_000, "p9999": 1_009_999, "p11000": 11_000, "p39999": 39_999})
 	for _, p := range []string{"p10000", "p10999"} {
