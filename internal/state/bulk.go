@@ -12,6 +12,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strconv"
 	"sync"
@@ -105,7 +106,7 @@ type BulkLoad struct {
 	o      BulkOptions
 	dir    string
 	buf    sortBuffer
-	runs   []string
+	runs   []run
 	n      int64
 	value  []byte
 	closed bool
@@ -171,19 +172,19 @@ func (l *BulkLoad) Add(updates []Update) error {
 // spill sorts the buffer and writes it as the next run.
 func (l *BulkLoad) spill() error {
 	l.buf.sort()
-	name := filepath.Join(l.dir, "run-"+strconv.Itoa(len(l.runs)))
-	f, err := os.Create(name)
+	r := run{path: filepath.Join(l.dir, "run-"+strconv.Itoa(len(l.runs)))}
+	f, err := os.Create(r.path)
 	if err != nil {
 		return fmt.Errorf("bulk loading %s: %w", l.s.path, err)
 	}
-	err = l.buf.writeRun(bufio.NewWriterSize(f, 256<<10))
+	r.marks, err = l.buf.writeRun(bufio.NewWriterSize(f, 256<<10))
 	if cerr := f.Close(); err == nil {
 		err = cerr
 	}
 	if err != nil {
 		return fmt.Errorf("bulk loading %s: writing run: %w", l.s.path, err)
 	}
-	l.runs = append(l.runs, name)
+	l.runs = append(l.runs, r)
 	l.buf.reset()
 	if l.o.AfterSpill != nil {
 		l.o.AfterSpill(len(l.runs))
@@ -191,9 +192,15 @@ func (l *BulkLoad) spill() error {
 	return nil
 }
 
+// bulkPartMin is the least number of updates for which Finish merges and
+// writes several key ranges at once.
+const bulkPartMin = 100_000
+
 // Finish merges what was added into tables and ingests them with the
 // checkpoint cp, atomically: the store holds everything or nothing of the
-// load. The load is closed after it.
+// load. The key space is cut into ranges of about equal size, merged and
+// written in parallel (up to GOMAXPROCS, at most 4), each range into its
+// own tables. The load is closed after it.
 func (l *BulkLoad) Finish(ctx context.Context, cp Checkpoint) (BulkStats, error) {
 	if l.closed {
 		return BulkStats{}, l.s.closedErr("bulk loading")
@@ -201,26 +208,9 @@ func (l *BulkLoad) Finish(ctx context.Context, cp Checkpoint) (BulkStats, error)
 	defer l.Close()
 	st := BulkStats{Updates: l.n, Runs: len(l.runs)}
 	l.buf.sort()
-	srcs := []source{&memSource{b: &l.buf, i: -1}}
-	if len(l.runs) > 0 {
-		srcs = srcs[:0]
-		for _, name := range l.runs {
-			f, err := os.Open(name)
-			if err != nil {
-				return st, fmt.Errorf("bulk loading %s: %w", l.s.path, err)
-			}
-			defer f.Close()
-			srcs = append(srcs, &runSource{r: bufio.NewReaderSize(f, 64<<10)})
-		}
-		srcs = append(srcs, &memSource{b: &l.buf, i: -1})
-	}
-	next := (&singleSource{srcs[0]}).next
-	if len(srcs) > 1 {
-		m, err := newMerger(srcs)
-		if err != nil {
-			return st, fmt.Errorf("bulk loading %s: reading run: %w", l.s.path, err)
-		}
-		next = m.next
+	var bounds [][]byte
+	if parts := min(runtime.GOMAXPROCS(0), 4); parts > 1 && l.n >= bulkPartMin {
+		bounds = l.splitKeys(parts)
 	}
 
 	s := l.s
@@ -233,40 +223,36 @@ func (l *BulkLoad) Finish(ctx context.Context, cp Checkpoint) (BulkStats, error)
 	opts := s.opts.Clone()
 	opts.EnsureDefaults()
 	wo := opts.MakeWriterOptions(len(opts.Levels)-1, db.TableFormat())
-	tw := tableWriter{dir: l.dir, fs: opts.FS, wo: wo}
-	key := []byte{dataPrefix}
-	for {
-		k, v, del, ok, err := next()
-		if err != nil {
-			tw.abandon()
-			return st, fmt.Errorf("bulk loading %s: reading run: %w", s.path, err)
+
+	parts := make([]bulkPart, len(bounds)+1)
+	var wg sync.WaitGroup
+	for i := range parts {
+		p := &parts[i]
+		p.tw = tableWriter{dir: l.dir, name: "table-" + strconv.Itoa(i) + "-", fs: opts.FS, wo: wo}
+		if i > 0 {
+			p.lo = bounds[i-1]
 		}
-		if !ok {
-			break
+		if i < len(bounds) {
+			p.hi = bounds[i]
+		} else {
+			// The checkpoint sorts after every product: it goes in the
+			// last table, and comes with the data in the same ingestion.
+			p.last = encodeCheckpoint(cp)
 		}
-		if del {
-			// Nothing is below: the deletion has nothing left to delete.
-			continue
-		}
-		if err := ctx.Err(); err != nil {
-			tw.abandon()
-			return st, err
-		}
-		key = append(key[:1], k...)
-		if err := tw.set(key, v); err != nil {
-			tw.abandon()
-			return st, fmt.Errorf("bulk loading %s: %w", s.path, err)
-		}
-		st.Products++
+		wg.Go(func() { p.err = l.writePart(ctx, p) })
 	}
-	// The checkpoint sorts after every product: it goes in the last table,
-	// and comes with the data in the same ingestion.
-	if err := tw.set(checkpointKey, encodeCheckpoint(cp)); err != nil {
-		tw.abandon()
-		return st, fmt.Errorf("bulk loading %s: %w", s.path, err)
+	wg.Wait()
+	var paths []string
+	var errs []error
+	for _, p := range parts {
+		paths = append(paths, p.tw.paths...)
+		st.Products += p.products
+		errs = append(errs, p.err)
 	}
-	paths, err := tw.finish()
-	if err != nil {
+	if err := errors.Join(errs...); err != nil {
+		if ctx.Err() != nil {
+			return st, ctx.Err()
+		}
 		return st, fmt.Errorf("bulk loading %s: %w", s.path, err)
 	}
 	st.Tables = len(paths)
@@ -280,6 +266,103 @@ func (l *BulkLoad) Finish(ctx context.Context, cp Checkpoint) (BulkStats, error)
 		return st, fmt.Errorf("bulk loading %s: ingesting: %w", s.path, err)
 	}
 	return st, nil
+}
+
+// bulkPart is one key range [lo, hi) of a Finish (nil: unbounded), with
+// the checkpoint's value when it is the last.
+type bulkPart struct {
+	lo, hi   []byte
+	last     []byte
+	tw       tableWriter
+	products int64
+	err      error
+}
+
+// splitKeys returns up to parts-1 keys that cut what was added into ranges
+// of about equal numbers of records, from the runs' marks and a sample of
+// the buffer.
+func (l *BulkLoad) splitKeys(parts int) [][]byte {
+	var sample [][]byte
+	for _, r := range l.runs {
+		for _, m := range r.marks {
+			sample = append(sample, m.key)
+		}
+	}
+	for i := 0; i < len(l.buf.idx); i += runMarkEvery {
+		sample = append(sample, l.buf.key(&l.buf.idx[i]))
+	}
+	slices.SortFunc(sample, bytes.Compare)
+	var bounds [][]byte
+	for k := 1; k < parts; k++ {
+		b := sample[len(sample)*k/parts]
+		if len(b) == 0 || len(bounds) > 0 && bytes.Equal(bounds[len(bounds)-1], b) {
+			continue
+		}
+		bounds = append(bounds, b)
+	}
+	return bounds
+}
+
+// writePart merges the records of p's range from the runs and the buffer
+// into p's tables.
+func (l *BulkLoad) writePart(ctx context.Context, p *bulkPart) (err error) {
+	defer func() {
+		if err != nil {
+			p.tw.abandon()
+		}
+	}()
+	var srcs []source
+	for _, r := range l.runs {
+		f, err := os.Open(r.path)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		rs, err := openRunSource(f, r.marks, p.lo, p.hi)
+		if err != nil {
+			return fmt.Errorf("reading run: %w", err)
+		}
+		srcs = append(srcs, rs)
+	}
+	srcs = append(srcs, newMemSource(&l.buf, p.lo, p.hi))
+	next := (&singleSource{srcs[0]}).next
+	if len(srcs) > 1 {
+		m, err := newMerger(srcs)
+		if err != nil {
+			return fmt.Errorf("reading run: %w", err)
+		}
+		next = m.next
+	}
+	key := []byte{dataPrefix}
+	for n := 0; ; n++ {
+		k, v, del, ok, err := next()
+		if err != nil {
+			return fmt.Errorf("reading run: %w", err)
+		}
+		if !ok {
+			break
+		}
+		if del {
+			// Nothing is below: the deletion has nothing left to delete.
+			continue
+		}
+		if n%4096 == 0 {
+			if err := ctx.Err(); err != nil {
+				return err
+			}
+		}
+		key = append(key[:1], k...)
+		if err := p.tw.set(key, v); err != nil {
+			return err
+		}
+		p.products++
+	}
+	if p.last != nil {
+		if err := p.tw.set(checkpointKey, p.last); err != nil {
+			return err
+		}
+	}
+	return p.tw.finish()
 }
 
 // Close ends the load, deleting its runs and tables. It does not touch what
@@ -298,6 +381,7 @@ func (l *BulkLoad) Close() {
 // new one every bulkTableBytes.
 type tableWriter struct {
 	dir   string
+	name  string // the prefix of its tables' names
 	fs    vfs.FS
 	wo    sstable.WriterOptions
 	w     *sstable.Writer
@@ -314,7 +398,7 @@ func (t *tableWriter) set(k, v []byte) error {
 		t.w = nil
 	}
 	if t.w == nil {
-		name := filepath.Join(t.dir, "table-"+strconv.Itoa(len(t.paths))+".sst")
+		name := filepath.Join(t.dir, t.name+strconv.Itoa(len(t.paths))+".sst")
 		f, err := t.fs.Create(name, vfs.WriteCategoryUnspecified)
 		if err != nil {
 			return err
@@ -327,17 +411,14 @@ func (t *tableWriter) set(k, v []byte) error {
 	return t.w.Set(k, v)
 }
 
-// finish closes (and syncs: Ingest needs it) the last table and returns
-// the tables' paths.
-func (t *tableWriter) finish() ([]string, error) {
-	if t.w != nil {
-		err := t.w.Close()
-		t.w = nil
-		if err != nil {
-			return nil, err
-		}
+// finish closes (and syncs: Ingest needs it) the last table.
+func (t *tableWriter) finish() error {
+	if t.w == nil {
+		return nil
 	}
-	return t.paths, nil
+	err := t.w.Close()
+	t.w = nil
+	return err
 }
 
 // abandon closes the table being written after an error.
@@ -450,23 +531,46 @@ func (b *sortBuffer) sort() {
 }
 
 // writeRun writes the sorted records to w as a run holds them: uvarint key
-// length, key, uvarint value length + 1 (0: a deletion), value.
-func (b *sortBuffer) writeRun(w *bufio.Writer) error {
+// length, key, uvarint value length + 1 (0: a deletion), value. It returns
+// the run's marks.
+func (b *sortBuffer) writeRun(w *bufio.Writer) ([]runMark, error) {
 	var hdr []byte
+	var marks []runMark
+	var off int64
 	for i := range b.idx {
 		r := &b.idx[i]
+		if i%runMarkEvery == 0 {
+			marks = append(marks, runMark{key: slices.Clone(b.key(r)), off: off})
+		}
 		hdr = binary.AppendUvarint(hdr[:0], uint64(r.klen))
+		n := len(hdr)
 		_, _ = w.Write(hdr)
 		_, _ = w.Write(b.key(r))
 		hdr = binary.AppendUvarint(hdr[:0], uint64(r.vlen))
+		n += len(hdr)
 		_, _ = w.Write(hdr)
 		v, _ := b.value(r)
 		if _, err := w.Write(v); err != nil {
-			return err
+			return nil, err
 		}
+		off += int64(n) + int64(r.klen) + int64(len(v))
 	}
-	return w.Flush()
+	return marks, w.Flush()
 }
+
+// run is a sorted run on disk, with the key and offset of every
+// runMarkEvery-th record, to start reading it at a key.
+type run struct {
+	path  string
+	marks []runMark
+}
+
+type runMark struct {
+	key []byte
+	off int64
+}
+
+const runMarkEvery = 1024
 
 // reset empties the buffer, keeping its memory for the next run.
 func (b *sortBuffer) reset() {
@@ -486,15 +590,32 @@ type source interface {
 }
 
 type memSource struct {
-	b    *sortBuffer
-	i    int
-	k, v []byte
-	del  bool
+	b      *sortBuffer
+	i, end int
+	k, v   []byte
+	del    bool
+}
+
+// newMemSource reads the sorted buffer's records in [lo, hi) (nil:
+// unbounded).
+func newMemSource(b *sortBuffer, lo, hi []byte) *memSource {
+	find := func(k []byte) int {
+		i, _ := slices.BinarySearchFunc(b.idx, k, func(r sortRef, k []byte) int { return bytes.Compare(b.key(&r), k) })
+		return i
+	}
+	s := &memSource{b: b, i: -1, end: len(b.idx)}
+	if lo != nil {
+		s.i = find(lo) - 1
+	}
+	if hi != nil {
+		s.end = find(hi)
+	}
+	return s
 }
 
 func (s *memSource) next() (bool, error) {
 	s.i++
-	if s.i >= len(s.b.idx) {
+	if s.i >= s.end {
 		return false, nil
 	}
 	r := &s.b.idx[s.i]
@@ -508,11 +629,59 @@ func (s *memSource) value() ([]byte, bool) { return s.v, s.del }
 
 type runSource struct {
 	r    *bufio.Reader
+	hi   []byte
 	k, v []byte
 	del  bool
+	// pending is set when the record in k and v was read ahead (the first
+	// at or past lo) and is the next to return; done when the run holds
+	// nothing at or past lo.
+	pending, done bool
+}
+
+// openRunSource reads the run in f from its first record at or past lo up
+// to hi (nil: unbounded), starting at its mark before lo.
+func openRunSource(f *os.File, marks []runMark, lo, hi []byte) (*runSource, error) {
+	if lo != nil {
+		i, _ := slices.BinarySearchFunc(marks, lo, func(m runMark, k []byte) int { return bytes.Compare(m.key, k) })
+		// marks[i-1] is the last mark below lo.
+		if i > 0 {
+			if _, err := f.Seek(marks[i-1].off, io.SeekStart); err != nil {
+				return nil, err
+			}
+		}
+	}
+	s := &runSource{r: bufio.NewReaderSize(f, 64<<10), hi: hi}
+	for lo != nil {
+		ok, err := s.read()
+		if err != nil || !ok {
+			s.done = true
+			return s, err
+		}
+		if bytes.Compare(s.k, lo) >= 0 {
+			s.pending = true
+			break
+		}
+	}
+	return s, nil
 }
 
 func (s *runSource) next() (bool, error) {
+	if s.done {
+		return false, nil
+	}
+	if s.pending {
+		s.pending = false
+	} else if ok, err := s.read(); !ok || err != nil {
+		return false, err
+	}
+	if s.hi != nil && bytes.Compare(s.k, s.hi) >= 0 {
+		return false, nil
+	}
+	return true, nil
+}
+
+// read reads the next record of the file.
+func (s *runSource) read() (bool, error) {
 	n, err := binary.ReadUvarint(s.r)
 	if err == io.EOF {
 		return false, nil

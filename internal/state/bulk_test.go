@@ -6,6 +6,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strconv"
 	"testing"
@@ -69,14 +70,16 @@ func randomUpdates(rng *rand.Rand, n, products int) []Update {
 func TestBulkLoadKeepsTheLastUpdateOfEachProduct(t *testing.T) {
 	// Scenario: an empty store is bulk loaded with 200,000 updates over 30,000 products (several per
 	// product, one in ten a deletion) in fetches of 1,000, under budgets that spill many sorted runs or
-	// none; it then holds the last update of each product and the checkpoint, across a reopen, and takes
+	// none, merged as one key range or several at once; it then holds the last update of each product and the checkpoint, across a reopen, and takes
 	// writes as any store does.
 	for _, tc := range []struct {
 		name     string
 		budget   int64
 		manyRuns bool
-	}{{"many runs", 256 << 10, true}, {"one budget", 64 << 20, false}} {
+		procs    int // GOMAXPROCS: the key ranges Finish writes at once
+	}{{"many runs", 256 << 10, true, 2}, {"many runs in four ranges", 256 << 10, true, 4}, {"one budget", 64 << 20, false, 1}, {"one budget in two ranges", 64 << 20, false, 2}} {
 		t.Run(tc.name, func(t *testing.T) {
+			defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(tc.procs))
 			path := t.TempDir()
 			s, err := Open(path, zap.NewNop(), OpenOptions{})
 			if err != nil {
@@ -101,7 +104,7 @@ func TestBulkLoadKeepsTheLastUpdateOfEachProduct(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if st.Updates != 200_000 || st.Products != int64(len(model)) || st.Tables < 1 {
+			if st.Updates != 200_000 || st.Products != int64(len(model)) || st.Tables < tc.procs {
 				t.Fatalf("stats %+v, want 200000 updates, %d products", st, len(model))
 			}
 			if tc.manyRuns && st.Runs < 10 || !tc.manyRuns && st.Runs != 0 {
