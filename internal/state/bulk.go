@@ -102,14 +102,28 @@ type BulkStats struct {
 // BulkLoad is a bulk load into an empty store, made by Store.BulkLoad. It
 // is used by one goroutine.
 type BulkLoad struct {
-	s      *Store
-	o      BulkOptions
-	dir    string
-	buf    sortBuffer
-	runs   []run
-	n      int64
-	value  []byte
-	closed bool
+	s   *Store
+	o   BulkOptions
+	dir string
+	// buf gathers the updates; a full one is sorted and written by a
+	// goroutine of its own (spilling, nil when none is under way) while
+	// spare, the buffer it gave back last, gathers the next ones: each
+	// holds up to half the load's share.
+	buf      *sortBuffer
+	spare    *sortBuffer
+	spilling chan spilled
+	runs     []run
+	n        int64
+	value    []byte
+	closed   bool
+}
+
+// spilled is the end of a spill: the run written, or the error, and the
+// buffer emptied.
+type spilled struct {
+	r   run
+	buf *sortBuffer
+	err error
 }
 
 // BulkLoad begins a bulk load into the store, which must be empty (no
@@ -142,13 +156,13 @@ func (s *Store) BulkLoad(o BulkOptions) (*BulkLoad, error) {
 		return nil, fmt.Errorf("bulk loading %s: %w", s.path, err)
 	}
 	o.Budget.join()
-	l := &BulkLoad{s: s, o: o, dir: dir}
-	l.buf.chunkSize = int(min(max(o.Budget.bytes/32, 16<<10), 1<<20))
-	return l, nil
+	chunk := int(min(max(o.Budget.bytes/64, 16<<10), 1<<20))
+	return &BulkLoad{s: s, o: o, dir: dir, buf: &sortBuffer{chunkSize: chunk}, spare: &sortBuffer{chunkSize: chunk}}, nil
 }
 
-// Add adds updates, later ones replacing earlier ones of the same product:
-// it spills a sorted run when the load holds its share of the budget.
+// Add adds updates, later ones replacing earlier ones of the same product.
+// Once they fill half the load's share of the budget, a goroutine sorts them
+// and writes them as a run, while the other half gathers the next ones.
 func (l *BulkLoad) Add(updates []Update) error {
 	if l.closed {
 		return l.s.closedErr("bulk loading")
@@ -163,33 +177,52 @@ func (l *BulkLoad) Add(updates []Update) error {
 		}
 	}
 	l.n += int64(len(updates))
-	if l.buf.bytes() >= l.o.Budget.share() {
-		return l.spill()
+	if l.buf.bytes() < l.o.Budget.share()/2 {
+		return nil
 	}
+	if err := l.waitSpill(); err != nil {
+		return err
+	}
+	full := l.buf
+	l.buf, l.spare = l.spare, nil
+	l.spilling = make(chan spilled, 1)
+	path := filepath.Join(l.dir, "run-"+strconv.Itoa(len(l.runs)))
+	go func() { l.spilling <- spill(full, path) }()
 	return nil
 }
 
-// spill sorts the buffer and writes it as the next run.
-func (l *BulkLoad) spill() error {
-	l.buf.sort()
-	r := run{path: filepath.Join(l.dir, "run-"+strconv.Itoa(len(l.runs)))}
-	f, err := os.Create(r.path)
-	if err != nil {
-		return fmt.Errorf("bulk loading %s: %w", l.s.path, err)
+// waitSpill waits for the spill under way, if any.
+func (l *BulkLoad) waitSpill() error {
+	if l.spilling == nil {
+		return nil
 	}
-	r.marks, err = l.buf.writeRun(bufio.NewWriterSize(f, 256<<10))
-	if cerr := f.Close(); err == nil {
-		err = cerr
+	sp := <-l.spilling
+	l.spilling = nil
+	l.spare = sp.buf
+	if sp.err != nil {
+		return fmt.Errorf("bulk loading %s: writing run: %w", l.s.path, sp.err)
 	}
-	if err != nil {
-		return fmt.Errorf("bulk loading %s: writing run: %w", l.s.path, err)
-	}
-	l.runs = append(l.runs, r)
-	l.buf.reset()
+	l.runs = append(l.runs, sp.r)
 	if l.o.AfterSpill != nil {
 		l.o.AfterSpill(len(l.runs))
 	}
 	return nil
+}
+
+// spill sorts buf and writes it as the run at path, and empties it.
+func spill(buf *sortBuffer, path string) spilled {
+	defer buf.reset()
+	buf.sort()
+	r := run{path: path}
+	f, err := os.Create(path)
+	if err != nil {
+		return spilled{buf: buf, err: err}
+	}
+	r.marks, err = buf.writeRun(bufio.NewWriterSize(f, 256<<10))
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	return spilled{r: r, buf: buf, err: err}
 }
 
 // bulkPartMin is the least number of updates for which Finish merges and
@@ -206,7 +239,11 @@ func (l *BulkLoad) Finish(ctx context.Context, cp Checkpoint) (BulkStats, error)
 		return BulkStats{}, l.s.closedErr("bulk loading")
 	}
 	defer l.Close()
+	if err := l.waitSpill(); err != nil {
+		return BulkStats{}, err
+	}
 	st := BulkStats{Updates: l.n, Runs: len(l.runs)}
+	l.spare = nil
 	l.buf.sort()
 	var bounds [][]byte
 	if parts := min(runtime.GOMAXPROCS(0), 4); parts > 1 && l.n >= bulkPartMin {
@@ -324,7 +361,7 @@ func (l *BulkLoad) writePart(ctx context.Context, p *bulkPart) (err error) {
 		}
 		srcs = append(srcs, rs)
 	}
-	srcs = append(srcs, newMemSource(&l.buf, p.lo, p.hi))
+	srcs = append(srcs, newMemSource(l.buf, p.lo, p.hi))
 	next := (&singleSource{srcs[0]}).next
 	if len(srcs) > 1 {
 		m, err := newMerger(srcs)
@@ -372,7 +409,11 @@ func (l *BulkLoad) Close() {
 		return
 	}
 	l.closed = true
-	l.buf = sortBuffer{}
+	if l.spilling != nil {
+		<-l.spilling // its files are removed next
+		l.spilling = nil
+	}
+	l.buf, l.spare = nil, nil
 	l.o.Budget.leave()
 	_ = os.RemoveAll(l.dir)
 }
