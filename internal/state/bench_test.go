@@ -1,6 +1,7 @@
 package state
 
 import (
+	"flag"
 	"fmt"
 	"math/rand/v2"
 	"strconv"
@@ -59,7 +60,11 @@ func BenchmarkGet(b *testing.B) {
 	}
 }
 
-// BenchmarkRestoreBatches writes 1,000,000 products in random order into an
+// restoreProducts is the number of products BenchmarkRestoreBatches
+// restores.
+var restoreProducts = flag.Int("restore-products", 1_000_000, "products restored by BenchmarkRestoreBatches")
+
+// BenchmarkRestoreBatches writes 1,000,000 products (-restore-products) in random order into an
 // empty store in unsynced batches of 20,000 with a final synced one, as a
 // full restore does with the changelog's fetches: "tree" into a store opened
 // as for running, "bulk" into one opened with BulkLoad, then one CompactAll,
@@ -67,7 +72,7 @@ func BenchmarkGet(b *testing.B) {
 // sorted runs merged into last-level tables and ingested. One iteration is
 // one restore.
 func BenchmarkRestoreBatches(b *testing.B) {
-	const products, batch = 1_000_000, 20_000
+	products, batch := *restoreProducts, 20_000
 	ups := make([]Update, products)
 	perm := rand.New(rand.NewPCG(1, 2)).Perm(products)
 	for i, p := range perm {
@@ -128,7 +133,7 @@ func BenchmarkRestoreBatches(b *testing.B) {
 					b.Fatal(err)
 				}
 			}
-			if _, err := l.Finish(b.Context(), Checkpoint{ChangelogOffset: products}); err != nil {
+			if _, err := l.Finish(b.Context(), Checkpoint{ChangelogOffset: int64(products)}); err != nil {
 				b.Fatal(err)
 			}
 			b.StopTimer()
