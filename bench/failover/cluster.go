@@ -173,12 +173,7 @@ func (c *cluster) start(in *instance) error {
 	if err != nil {
 		return err
 	}
-	c.mu.Lock()
-	c.procs = append(c.procs, p)
-	c.mu.Unlock()
-	in.mu.Lock()
-	in.proc = p
-	in.mu.Unlock()
+	c.adopt(in, p)
 	logf("%s: started %s (pid %d, http %s, state %s)", c.name, in.name, p.PID, in.addr, in.stateDir)
 	return nil
 }
@@ -218,12 +213,7 @@ func (c *cluster) startReference(in *instance) error {
 	if err != nil {
 		return err
 	}
-	c.mu.Lock()
-	c.procs = append(c.procs, p)
-	c.mu.Unlock()
-	in.mu.Lock()
-	in.proc = p
-	in.mu.Unlock()
+	c.adopt(in, p)
 	logf("%s: started %s (reference, pid %d, http %s, state %s)", c.name, in.name, p.PID, in.addr, in.stateDir)
 	return nil
 }
@@ -1009,4 +999,14 @@ func (c *cluster) removeState() {
 	if err := os.RemoveAll(filepath.Join(c.dir, "state")); err != nil && !errors.Is(err, os.ErrNotExist) {
 		logf("%s: removing state dirs: %v", c.name, err)
 	}
+}
+
+// adopt records p as in's process and as one the cluster stops at the end.
+func (c *cluster) adopt(in *instance, p *kit.Proc) {
+	c.mu.Lock()
+	c.procs = append(c.procs, p)
+	c.mu.Unlock()
+	in.mu.Lock()
+	in.proc = p
+	in.mu.Unlock()
 }
