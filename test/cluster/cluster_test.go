@@ -430,11 +430,7 @@ func runOverlay(t *testing.T, c *cluster, root, dir, kafka string, pvs map[strin
 		old := c.pod(t)
 		logs := c.followLogs(t)
 		c.mustKubectl("delete", "pod", "salesagg-0", "-n", runNS)
-		cleanShutdown(t, logs())
-		p := c.waitPodReady(t, old.Metadata.UID, 5*time.Minute)
-		c.sameClaim(t, claim)
-		c.checkContainer(t, p, pvPath)
-		restoredAll(t, c.logs(t, false), 0)
+		c.backOnItsClaim(t, old.Metadata.UID, logs(), claim, pvPath)
 		harness.WaitFor(t, time.Minute, "the exact totals after the pod was made again", func() error { return api.CheckTotals(want) })
 	})
 	c.t = t
@@ -447,11 +443,7 @@ func runOverlay(t *testing.T, c *cluster, root, dir, kafka string, pvs map[strin
 		logs := c.followLogs(t)
 		c.mustKubectl("rollout", "restart", "statefulset/salesagg", "-n", runNS)
 		c.mustKubectl("rollout", "status", "statefulset/salesagg", "-n", runNS, "--timeout=5m")
-		cleanShutdown(t, logs())
-		p := c.waitPodReady(t, old.Metadata.UID, 5*time.Minute)
-		c.sameClaim(t, claim)
-		c.checkContainer(t, p, pvPath)
-		restoredAll(t, c.logs(t, false), 0)
+		c.backOnItsClaim(t, old.Metadata.UID, logs(), claim, pvPath)
 		harness.WaitFor(t, time.Minute, "the exact totals after the rollout", func() error { return api.CheckTotals(want) })
 	})
 	c.t = t
@@ -681,6 +673,18 @@ func (c *cluster) claim(t *testing.T) pvc {
 }
 
 // sameClaim checks that the pod runs on the claim it had.
+// backOnItsClaim checks a pod made again after a clean stop (the old
+// container's log lines): the new pod, not notUID, turns Ready on the same
+// claim and volume, and every task restored 0 records.
+func (c *cluster) backOnItsClaim(t *testing.T, notUID string, oldLog []string, claim pvc, pvPath string) {
+	t.Helper()
+	cleanShutdown(t, oldLog)
+	p := c.waitPodReady(t, notUID, 5*time.Minute)
+	c.sameClaim(t, claim)
+	c.checkContainer(t, p, pvPath)
+	restoredAll(t, c.logs(t, false), 0)
+}
+
 func (c *cluster) sameClaim(t *testing.T, was pvc) {
 	t.Helper()
 	now := c.claim(t)
