@@ -3,6 +3,7 @@
 package e2e
 
 import (
+	"context"
 	"fmt"
 	"path/filepath"
 	"regexp"
@@ -11,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/salesagg/salesagg/test/harness"
@@ -210,6 +212,29 @@ func TestStandbyFailoverAfterKillNine(t *testing.T) {
 	if len(cTasks) == 0 {
 		t.Fatal("C runs no task before its SIGKILL")
 	}
+	// C's folds reach its changelog only with a committed transaction. Killed before
+	// its first one, C leaves empty changelogs, any member is then caught up on
+	// them, and a survivor without the copy may take the task with nothing to
+	// restore: the kill must land after a commit.
+	adm := kadm.NewClient(newClient(t))
+	harness.Expect(t, 30*time.Second, "C's changelogs to hold committed records before its SIGKILL", func() error {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		stable, err := adm.ListCommittedOffsets(ctx, harness.ChangelogTopic(appID))
+		if err != nil {
+			return err
+		}
+		for p := range c.Running() {
+			var part int32
+			if _, err := fmt.Sscanf(p, "0_%d", &part); err != nil {
+				return err
+			}
+			if o, ok := stable.Lookup(harness.ChangelogTopic(appID), part); !ok || o.Offset <= 0 {
+				return fmt.Errorf("changelog partition %d of task %s has no committed record yet", part, p)
+			}
+		}
+		return nil
+	})
 	c.Kill()
 	killedAt := time.Now()
 	t.Logf("C (running %v) SIGKILLed at producer %d/%d", cTasks, pp.Sent(), len(events))
