@@ -46,30 +46,8 @@ const (
 // service compiled from scratch in the builder: ~2.5 min, each Dockerfile step
 // a vfs copy of the builder image).
 func TestComposeWalkthrough(t *testing.T) {
-	started := time.Now()
-	if os.Geteuid() != 0 {
-		t.Fatal("make test-docker starts a dockerd of its own and installs packages: it needs root")
-	}
-	repo, err := filepath.Abs(filepath.Join("..", ".."))
-	if err != nil {
-		t.Fatal(err)
-	}
-	cache := cacheDir(t)
-	// A short path: the engine's sockets live under it.
-	tmp, err := os.MkdirTemp("", "salesagg-docker-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := os.RemoveAll(tmp); err != nil {
-			t.Errorf("removing %s: %v", tmp, err)
-		}
-		t.Logf("total wall time %s", time.Since(started).Round(time.Second))
-	})
-	t.Cleanup(func() { checkNothingLeft(t, tmp) })
-	startWatchdog(t, tmp, repo)
-
-	phase := phaseTimer(t)
+	r := begin(t)
+	repo, cache, tmp, phase := r.repo, r.cache, r.tmp, r.phase
 	ensurePackages(t, false)
 	compose := composeBinary(t, cache, tmp)
 	phase("packages and Compose")
@@ -80,6 +58,8 @@ func TestComposeWalkthrough(t *testing.T) {
 	image := buildImage(t, e, repo, golang)
 	phase("project image")
 	checkImage(t, e, image)
+	saveProjectImage(t, e, cache, repo, image)
+	phase("project image saved")
 
 	bootstrap := startKafka(t, repo, filepath.Join(tmp, "kafka"))
 	phase("Kafka broker")
