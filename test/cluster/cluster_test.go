@@ -251,73 +251,52 @@ func hasLine(out, prefix, s string) bool {
 	return false
 }
 
-// buildImages builds the sandbox (pause) image and the project's image as
-// `docker save` tarballs in dir and returns their paths. The project's
-// image has the file tree and configuration of the Dockerfile's last stage:
-// the static binary, CA certificates, passwd/group naming uid 65532, and
-// /shared-volume/state_store owned by 65532 (mode 0750), user 65532.
-// SALESAGG_K8S_IMAGE names a `docker save` tarball of salesagg:latest to
-// use instead.
+// buildImages returns, as `docker save` tarballs in dir, the sandbox
+// (pause) image, built here from ./pause, and the project's image: the one
+// the container test builds with `docker build` from the Dockerfile, which
+// test/docker's TestProjectImage finds in its cache or builds on a dockerd
+// of its own (root dir, the repository). SALESAGG_K8S_IMAGE names a
+// `docker save` tarball of salesagg:latest to use instead, e.g. from
+// `docker build -t salesagg . && docker save -o salesagg.tar salesagg:latest`.
 func buildImages(t *testing.T, root, dir string) []string {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		t.Fatal(err)
 	}
 	start := time.Now()
-	gobuild := func(pkgDir, pkg, out string) []byte {
-		cmd := exec.Command("go", "build", "-trimpath", "-ldflags", "-s -w", "-o", out, pkg)
-		cmd.Dir = pkgDir
-		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
-		if b, err := cmd.CombinedOutput(); err != nil {
-			t.Fatalf("go build %s: %v\n%s", pkg, err, b)
-		}
-		b, err := os.ReadFile(out)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return b
-	}
 	wd, _ := os.Getwd()
-	pause := gobuild(wd, "./pause", filepath.Join(dir, "pause"))
+	pauseBin := filepath.Join(dir, "pause")
+	cmd := exec.Command("go", "build", "-trimpath", "-ldflags", "-s -w", "-o", pauseBin, "./pause")
+	cmd.Dir = wd
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if b, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("go build ./pause: %v\n%s", err, b)
+	}
+	pause, err := os.ReadFile(pauseBin)
+	if err != nil {
+		t.Fatal(err)
+	}
 	pauseTar := filepath.Join(dir, "pause.tar")
 	if err := WriteImageFile(pauseTar, pauseRef, ImageConfig{Entrypoint: []string{"/pause"}},
 		[]File{{Name: "pause", Mode: 0o755, Data: pause}}); err != nil {
 		t.Fatal(err)
 	}
 	if prebuilt := os.Getenv("SALESAGG_K8S_IMAGE"); prebuilt != "" {
-		// An image built elsewhere, e.g. by `docker build -t salesagg .`
-		// then `docker save -o salesagg.tar salesagg:latest`.
 		t.Logf("the project's image from %s (SALESAGG_K8S_IMAGE)", prebuilt)
 		return []string{pauseTar, prebuilt}
 	}
-	bin := gobuild(root, "./cmd/salesagg", filepath.Join(dir, "salesagg"))
-	ca, err := os.ReadFile("/etc/ssl/certs/ca-certificates.crt")
-	if err != nil {
-		t.Fatalf("the host's CA bundle (package ca-certificates): %v", err)
-	}
-	files := []File{
-		{Name: "etc", Dir: true, Mode: 0o755}, {Name: "etc/ssl", Dir: true, Mode: 0o755}, {Name: "etc/ssl/certs", Dir: true, Mode: 0o755},
-		{Name: "etc/ssl/certs/ca-certificates.crt", Mode: 0o644, Data: ca},
-		{Name: "etc/passwd", Mode: 0o644, Data: []byte("root:x:0:0:root:/root:/sbin/nologin\nnonroot:x:65532:65532:nonroot:/home/nonroot:/sbin/nologin\n")},
-		{Name: "etc/group", Mode: 0o644, Data: []byte("root:x:0:\nnonroot:x:65532:\n")},
-		{Name: "usr", Dir: true, Mode: 0o755}, {Name: "usr/local", Dir: true, Mode: 0o755}, {Name: "usr/local/bin", Dir: true, Mode: 0o755},
-		{Name: "usr/local/bin/salesagg", Mode: 0o755, Data: bin},
-		{Name: "shared-volume", Dir: true, Mode: 0o755, UID: 65532, GID: 65532},
-		{Name: "shared-volume/state_store", Dir: true, Mode: 0o750, UID: 65532, GID: 65532},
-	}
-	cfg := ImageConfig{
-		User: "65532:65532",
-		Env: []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
-			"SALESAGG_STATE_DIR=/shared-volume/state_store", "SALESAGG_HTTP_ADDR=:8080", "SALESAGG_LOG_FORMAT=json"},
-		Entrypoint:   []string{"/usr/local/bin/salesagg"},
-		Cmd:          []string{"run"},
-		Volumes:      map[string]struct{}{"/shared-volume": {}},
-		ExposedPorts: map[string]struct{}{"8080/tcp": {}},
-	}
 	imgTar := filepath.Join(dir, "salesagg.tar")
-	if err := WriteImageFile(imgTar, imageRef, cfg, files); err != nil {
-		t.Fatal(err)
+	cmd = exec.Command("go", "test", "-tags", "docker", "-count=1", "-timeout", "40m", "-v",
+		"-run", "^TestProjectImage$", "./test/docker/")
+	cmd.Dir = root
+	cmd.Env = append(os.Environ(), "SALESAGG_IMAGE_OUT="+imgTar)
+	out, err := cmd.CombinedOutput()
+	for _, l := range strings.Split(strings.TrimRight(string(out), "\n"), "\n") {
+		t.Logf("test/docker: %s", l)
 	}
-	t.Logf("built the images %s and %s in %s", pauseRef, imageRef, time.Since(start).Round(time.Millisecond))
+	if err != nil {
+		t.Fatalf("the project's image from test/docker (go test -tags docker -run TestProjectImage ./test/docker/): %v", err)
+	}
+	t.Logf("the images %s (built here) and %s (docker build, from test/docker) in %s", pauseRef, imageRef, time.Since(start).Round(time.Millisecond))
 	return []string{pauseTar, imgTar}
 }
 
