@@ -263,10 +263,8 @@ func buildImages(t *testing.T, root, dir string) []string {
 		t.Fatal(err)
 	}
 	start := time.Now()
-	wd, _ := os.Getwd()
 	pauseBin := filepath.Join(dir, "pause")
 	cmd := exec.Command("go", "build", "-trimpath", "-ldflags", "-s -w", "-o", pauseBin, "./pause")
-	cmd.Dir = wd
 	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 	if b, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("go build ./pause: %v\n%s", err, b)

@@ -58,7 +58,7 @@ func TestComposeWalkthrough(t *testing.T) {
 	image := buildImage(t, e, repo, golang)
 	phase("project image")
 	checkImage(t, e, image)
-	saveProjectImage(t, e, cache, repo, image)
+	saveProjectImage(t, e, cache, savedImagePath(cache, projectImageKey(t, repo)), image)
 	phase("project image saved")
 
 	bootstrap := startKafka(t, repo, filepath.Join(tmp, "kafka"))

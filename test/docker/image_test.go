@@ -86,7 +86,7 @@ func TestProjectImage(t *testing.T) {
 		image := buildImage(t, e, r.repo, golang)
 		r.phase("project image")
 		checkImage(t, e, image)
-		saveProjectImage(t, e, r.cache, r.repo, image)
+		saveProjectImage(t, e, r.cache, saved, image)
 		r.phase("project image saved")
 		if err := checkSavedImage(saved); err != nil {
 			t.Fatal(err)
@@ -160,12 +160,11 @@ func savedImagePath(cache, key string) string {
 	return filepath.Join(cache, "project-image-"+key[:16]+".tar")
 }
 
-// saveProjectImage tags image salesagg:latest, saves it into the cache under
-// the key of the sources and removes the tarballs of other sources (one
-// image of ~20 MB is kept).
-func saveProjectImage(t *testing.T, e *engine, cache, repo, image string) {
+// saveProjectImage tags image salesagg:latest, saves it into the cache as
+// saved (savedImagePath of the sources' key) and removes the tarballs of
+// other sources (one image of ~30 MB is kept).
+func saveProjectImage(t *testing.T, e *engine, cache, saved, image string) {
 	t.Helper()
-	saved := savedImagePath(cache, projectImageKey(t, repo))
 	unlock := lockCache(t, cache)
 	defer unlock()
 	e.docker(t, "tag", image, clusterImageRef)
