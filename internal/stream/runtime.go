@@ -46,6 +46,9 @@ type Knobs struct {
 	// TopologyCheckEvery overrides how often the input topic's identity
 	// and partition count are checked while running (default 5 s).
 	TopologyCheckEvery time.Duration
+	// MaxDirty overrides how many changed products and records to
+	// produce a task keeps before it flushes early (default 100,000).
+	MaxDirty int
 }
 
 // Runtime runs salesagg's tasks for one process. Create it with New and run

@@ -2,6 +2,7 @@ package stream
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/binary"
 	"errors"
@@ -23,6 +24,9 @@ import (
 // loop for the transaction cycle now (exactly-once; the products folded
 // until that cycle prepares add at most the task's inbox).
 const maxDirty = 100_000
+
+// dirtyBound is the task's maxDirty (Knobs.MaxDirty lowers it in tests).
+func (t *task) dirtyBound() int { return cmp.Or(t.deps.env.knobs.MaxDirty, maxDirty) }
 
 // inboxDepth is how many polled batches (up to 10,000 records each) wait for
 // a task: enough to keep it busy while the poll loop fetches, few enough
@@ -427,7 +431,7 @@ func (t *task) loop(ctx context.Context) error {
 // receive folds a batch from the poll loop, or holds it while the task is
 // stalled. A batch read before a rewind is dropped: it comes again.
 func (t *task) receive(ctx context.Context, b batch) error {
-	if b.epoch < t.retry.wantEpoch {
+	if !t.current(b) {
 		return nil
 	}
 	if t.stall.batch != nil {
@@ -487,7 +491,22 @@ func (t *task) close(ctx context.Context, flush bool, cause error) error {
 	return errors.Join(errs...)
 }
 
+// current reports whether b was dispatched since the task's last rewind
+// (see task.rewind). A batch read before it is of a position the poll loop
+// moves back from: its records come again, and folding it would report
+// offsets past the cycle that failed, whose events are then neither in the
+// store nor read again. A rewind can happen between any two batches (a
+// flush past maxDirty), so processBatch asks it of every batch it is given,
+// whichever path hands it over: the loop, the drain of a stop, the catch-up
+// of a stalled task, the exactly-once prepare.
+func (t *task) current(b batch) bool { return b.epoch >= t.retry.wantEpoch }
+
+// processBatch folds b, unless it is from before the task's last rewind,
+// and flushes early past maxDirty.
 func (t *task) processBatch(ctx context.Context, b batch) error {
+	if !t.current(b) {
+		return nil
+	}
 	if b.topic == t.deps.env.cfg.InputTopic && b.hwm >= 0 {
 		t.stats.inputHWM.Store(b.hwm)
 	}
@@ -502,7 +521,7 @@ func (t *task) processBatch(ctx context.Context, b batch) error {
 	if b.topic == t.deps.env.cfg.InputTopic {
 		t.stats.inputPos.Store(t.fold.inputNext)
 	}
-	if len(t.fold.dirty)+len(t.out.outbox) >= maxDirty {
+	if len(t.fold.dirty)+len(t.out.outbox) >= t.dirtyBound() {
 		if t.deps.env.eos {
 			// The poll loop runs the transaction cycle at its next turn.
 			t.deps.commitNow()
@@ -817,7 +836,7 @@ func (t *task) flush(ctx context.Context) error {
 			if ok, suppressed := t.retry.memberLog.allow(time.Now()); ok {
 				t.log.Warn(msg, zap.Int("products", len(t.fold.dirty)), zap.Int("records", len(t.out.outbox)), zap.Int64("suppressed", suppressed), zap.Error(err))
 			}
-			if !t.retry.memberPaused && len(t.fold.dirty)+len(t.out.outbox) >= maxDirty {
+			if !t.retry.memberPaused && len(t.fold.dirty)+len(t.out.outbox) >= t.dirtyBound() {
 				t.retry.memberPaused = true
 				t.deps.client.PauseFetchPartitions(t.deps.env.topicsOf([]int32{t.partition}))
 			}
@@ -910,9 +929,9 @@ func (t *task) produced() {
 // rewind (at-least-once) makes the task fold its input again from the
 // offsets it last reported for commit (or the first it read), after a cycle
 // whose records failed to produce: the cycle's changes are dropped
-// (the store never had them), the batches dispatched since are dropped as
-// they arrive, the poll loop moves the partitions' position back
-// (applyRewinds), and the task pauses for a backoff.
+// (the store never had them), the batches dispatched before the poll loop
+// moves the partitions' position back (applyRewinds) are dropped wherever
+// they are folded (see current), and the task pauses for a backoff.
 func (t *task) rewind(err error, next string) {
 	t.dropDirty()
 	t.fold.inputNext, t.fold.repartNext = t.fold.cp.InputOffset, -1

@@ -86,13 +86,14 @@ func TestTaskDrivenAlone(t *testing.T) {
 // lone is a task of partition 0 with what it uses and nothing else, on an
 // in-process broker; refuse makes its membership check fail.
 type lone struct {
-	cfg    config.Config
-	seed   []kgo.Opt
-	task   *task
-	store  *state.Store
-	com    *committer
-	refuse atomic.Bool
-	asked  int
+	cfg     config.Config
+	cluster *kfake.Cluster
+	seed    []kgo.Opt
+	task    *task
+	store   *state.Store
+	com     *committer
+	refuse  atomic.Bool
+	asked   int
 }
 
 func newLone(t *testing.T, ctx context.Context) *lone {
@@ -109,6 +110,7 @@ func newLone(t *testing.T, ctx context.Context) *lone {
 		t.Fatal(err)
 	}
 	t.Cleanup(c.Close)
+	l.cluster = c
 	l.seed = []kgo.Opt{kgo.SeedBrokers(c.ListenAddrs()...)}
 	cl, err := kgo.NewClient(l.seed...)
 	if err != nil {
