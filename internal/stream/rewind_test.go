@@ -3,6 +3,7 @@ package stream
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -80,8 +81,9 @@ func TestRewoundTaskCatchingUpFoldsNoOlderBatch(t *testing.T) {
 	// more. The store takes writes again while the broker answers INVALID_RECORD: catching up,
 	// the task writes its stalled cycle, folds the large batch, and its early flush fails and
 	// rewinds. The batch after it, read before the rewind, is not folded: no input offset past
-	// the failed cycle is reported, and once the input is dispatched again from the position the
-	// poll loop moved back to, the store holds every event.
+	// the failed cycle is reported, the partition stays paused for the backoff, and once the
+	// input is dispatched again from the position the poll loop moved back to, the store holds
+	// every event.
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	l := newLone(t, ctx)
@@ -143,6 +145,9 @@ func TestRewoundTaskCatchingUpFoldsNoOlderBatch(t *testing.T) {
 	from := l.reported()
 	if from != 10 {
 		t.Errorf("input offset %d reported for commit, want 10: the stalled cycle written, nothing past the failed one (offsets 10 to %d)", from, 10+bound-1)
+	}
+	if paused := l.task.deps.client.PauseFetchPartitions(nil); l.task.retry.resumeAt.IsZero() || !slices.Contains(paused[l.cfg.InputTopic], 0) {
+		t.Errorf("paused partitions %v (backoff until %v), want the input's paused for the backoff after the failed cycle", paused, l.task.retry.resumeAt)
 	}
 	// The poll loop moves the position back and dispatches from there.
 	l.task.retry.rewindEpoch.Add(1)

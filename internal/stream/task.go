@@ -1017,7 +1017,12 @@ func (t *task) retryStalled(ctx context.Context) error {
 			return nil
 		}
 	}
-	t.deps.client.ResumeFetchPartitions(t.deps.env.topicsOf([]int32{t.partition}))
+	// The partitions stay paused when an early flush of the catch-up
+	// failed (for its backoff: retryPaused resumes them) or was not
+	// confirmed by the group coordinator (flush resumes them once it is).
+	if t.retry.resumeAt.IsZero() && !t.retry.memberPaused {
+		t.deps.client.ResumeFetchPartitions(t.deps.env.topicsOf([]int32{t.partition}))
+	}
 	return nil
 }
 
