@@ -232,7 +232,9 @@ func hasErrors(fetches kgo.Fetches) bool {
 // the partition holds at offset from: it returns the offset of the first
 // record a read_committed reader with control records kept is given (a
 // committed record or a transaction marker), or, when there is none up to
-// the stable end, that end; the broker's log start when from is below it.
+// the stable end, that end. A position below the log start or past the end
+// is the broker's OFFSET_OUT_OF_RANGE (Next returns ErrOutOfRange), as for
+// the reader's consumer.
 // A consumer never reports records invisible to it (an aborted
 // transaction's, an empty batch left by compaction, nothing at all where
 // compaction removed the tail), so without this a reader that must reach an
@@ -268,9 +270,9 @@ func (r *Reader) visibleFrom(ctx context.Context, from int64) (int64, error) {
 		}
 		rp := resp.Topics[0].Partitions[0]
 		if err := kerr.ErrorForCode(rp.ErrorCode); err != nil {
-			if errors.Is(err, kerr.OffsetOutOfRange) && rp.LogStartOffset > pos {
-				return rp.LogStartOffset, nil
-			}
+			// Out of range (below the log start, past the end) included:
+			// the records between the position and a new log start were
+			// never read, and may have deleted keys the caller holds.
 			return from, err
 		}
 		next, visible, complete := scanBatches(rp.RecordBatches, rp.AbortedTransactions, pos)

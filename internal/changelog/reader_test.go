@@ -6,12 +6,14 @@ import (
 	"encoding/binary"
 	"errors"
 	"slices"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/salesagg/salesagg/internal/changelog"
 	th "github.com/salesagg/salesagg/test/harness"
@@ -125,6 +127,91 @@ func TestReaderPositionPastTheLogIsOutOfRange(t *testing.T) {
 		}
 	}
 	t.Fatal("no ErrOutOfRange after 100 reads")
+}
+
+// TestReaderPositionBelowTheLogStartIsOutOfRange: while a reader that has
+// read everything asks the broker what lies at its position (it got
+// nothing for Quiet), records are written and deleted (retention;
+// compaction moves the log start the same way), a tombstone among them.
+// Its position is now below the log start: Next returns ErrOutOfRange, so
+// that the caller wipes its copy and restores from the start, not a batch
+// that skips to the new start and leaves it holding the deleted key.
+func TestReaderPositionBelowTheLogStartIsOutOfRange(t *testing.T) {
+	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(1, topic))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Close)
+	client := []kgo.Opt{kgo.SeedBrokers(c.ListenAddrs()...), kgo.FetchMaxWait(500 * time.Millisecond)}
+	transaction(t, client, true, &kgo.Record{Key: []byte("a"), Value: total(1)}, &kgo.Record{Key: []byte("b"), Value: total(2)})
+	end := stableEnd(t, client)
+
+	// The reader's question (a fetch that does not wait, at its position)
+	// is answered once the records are gone.
+	asked, gone := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	c.ControlKey(int16(kmsg.Fetch), func(kreq kmsg.Request) (kmsg.Response, error, bool) {
+		c.KeepControl()
+		req := kreq.(*kmsg.FetchRequest)
+		if req.MaxWaitMillis != 0 || len(req.Topics) != 1 || len(req.Topics[0].Partitions) != 1 || req.Topics[0].Partitions[0].FetchOffset != end {
+			return nil, nil, false
+		}
+		once.Do(func() {
+			close(asked)
+			c.SleepControl(func() { <-gone })
+		})
+		return nil, nil, false
+	})
+
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	r, err := changelog.Open(changelog.Options{Client: client, Topic: topic, TopicID: c.TopicInfo(topic).TopicID, Quiet: 200 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	for r.Position() < end {
+		if _, err := r.Next(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	type result struct {
+		b   changelog.Batch
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		b, err := r.Next(ctx)
+		done <- result{b, err}
+	}()
+	select {
+	case <-asked:
+	case <-ctx.Done():
+		t.Fatal("the reader did not ask the broker what lies at its position")
+	}
+	transaction(t, client, true, &kgo.Record{Key: []byte("a")}, &kgo.Record{Key: []byte("c"), Value: total(3)})
+	newStart := stableEnd(t, client)
+	cl, err := kgo.NewClient(client...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	to := kadm.Offsets{}
+	to.AddOffset(topic, 0, newStart, -1)
+	deleted, err := kadm.NewClient(cl).DeleteRecords(ctx, to)
+	if err == nil {
+		err = deleted.Error()
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	close(gone)
+
+	res := <-done
+	if !errors.Is(res.err, changelog.ErrOutOfRange) {
+		t.Fatalf("Next at %d with the log start at %d: %d records, next %d, skipped from %d, error %v; want ErrOutOfRange (offsets %d to %d, a's tombstone among them, were never read)",
+			end, newStart, len(res.b.Records), res.b.Next, res.b.SkippedFrom, res.err, end, newStart-1)
+	}
 }
 
 // TestReaderBatchesAreBounded: one Next returns at most about FetchBytes
