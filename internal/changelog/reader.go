@@ -17,6 +17,7 @@ import (
 	"sort"
 	"time"
 
+	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
@@ -240,6 +241,22 @@ func hasErrors(fetches kgo.Fetches) bool {
 // compaction removed the tail), so without this a reader that must reach an
 // offset could wait for records that never come.
 func (r *Reader) visibleFrom(ctx context.Context, from int64) (int64, error) {
+	if r.topicID == ([16]byte{}) {
+		// Fetch v13 and later name a topic by its id alone: a reader
+		// opened with the name only (Scan) learns it.
+		details, err := kadm.NewClient(r.cl).ListTopics(ctx, r.topic)
+		if err != nil {
+			return from, fmt.Errorf("describing %s: %w", r.topic, err)
+		}
+		d, ok := details[r.topic]
+		if !ok {
+			return from, fmt.Errorf("describing %s: %w", r.topic, kerr.UnknownTopicOrPartition)
+		}
+		if d.Err != nil {
+			return from, fmt.Errorf("describing %s: %w", r.topic, d.Err)
+		}
+		r.topicID = d.ID
+	}
 	pos := from
 	for range 64 {
 		leader, _, err := r.cl.PartitionLeader(r.topic, r.partition)

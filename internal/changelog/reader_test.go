@@ -100,6 +100,53 @@ func TestScanReadsCommittedRecordsOnly(t *testing.T) {
 	}
 }
 
+// TestScanEndsAtAnAbortedTailByTopicName: Scan is given the topic's name
+// only. The last records below the end it reads to are an aborted
+// transaction's whose abort marker lies past that end (another
+// transaction, begun before the abort, is still open): its consumer is
+// never given anything there, so Scan asks the broker what lies at its
+// position, which a fetch names by the topic's id, and ends.
+func TestScanEndsAtAnAbortedTailByTopicName(t *testing.T) {
+	client := broker(t)
+	transaction(t, client, true, &kgo.Record{Key: []byte("a"), Value: total(1)})
+	begin := func(id string) *kgo.Client {
+		cl, err := kgo.NewClient(append(client, kgo.TransactionalID(id), kgo.DefaultProduceTopic(topic))...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(cl.Close)
+		if err := cl.BeginTransaction(); err != nil {
+			t.Fatal(err)
+		}
+		return cl
+	}
+	aborted, open := begin("aborted"), begin("open")
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	if err := aborted.ProduceSync(ctx, &kgo.Record{Key: []byte("a"), Value: total(100)}).FirstErr(); err != nil {
+		t.Fatal(err)
+	}
+	if err := open.ProduceSync(ctx, &kgo.Record{Key: []byte("b"), Value: total(2)}).FirstErr(); err != nil {
+		t.Fatal(err)
+	}
+	if err := aborted.EndTransaction(ctx, kgo.TryAbort); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = open.EndTransaction(context.Background(), kgo.TryAbort) })
+	end := stableEnd(t, client)
+
+	var got []string
+	// The question waits behind the consumer's fetch: a short one.
+	opts := append(slices.Clip(client), kgo.FetchMaxWait(500*time.Millisecond))
+	err := changelog.Scan(ctx, opts, topic, 0, 0, end, func(r *kgo.Record) { got = append(got, string(r.Key)) })
+	if err != nil {
+		t.Fatalf("Scan to the stable end %d: %v (read %v)", end, err, got)
+	}
+	if !slices.Equal(got, []string{"a"}) {
+		t.Fatalf("Scan read %v, want [a] (the committed record only)", got)
+	}
+}
+
 // TestReaderPositionPastTheLogIsOutOfRange: a position the partition does
 // not have is an error the caller sees (it wipes its copy), not a silent
 // jump to the log start.
