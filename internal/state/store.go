@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"syscall"
 
 	"github.com/cockroachdb/pebble/v2"
 	"github.com/cockroachdb/pebble/v2/bloom"
@@ -122,6 +123,47 @@ const cleanMarker = "CLEAN_SHUTDOWN"
 // restores from the changelog.
 var ErrCorrupt = errors.New("state: store corrupted")
 
+// ErrStoreLocked is returned by Open when the store is open already: in
+// this process (a standby copy or a task that has not closed it yet) or in
+// another one. It is not corruption: the store is intact and opens once
+// its holder closed it; the caller waits for the holder or retries, and
+// never quarantines it for this.
+var ErrStoreLocked = errors.New("state: store is open elsewhere")
+
+// openStores are the directories of the stores open in this process
+// (absolute paths). Pebble takes a lock per directory and process, and
+// refuses a second one with an error that names no cause it exports
+// ("lock held by current process"); Open checks here first, so that a
+// second open in one process is ErrStoreLocked before Pebble is asked.
+// Process-wide like Pebble's own lock table.
+var openStores = struct {
+	mu    sync.Mutex
+	paths map[string]bool // guarded by mu
+}{paths: map[string]bool{}}
+
+// claimStore records the store at path as open in this process; it fails
+// with ErrStoreLocked when it is already. It returns the key to release.
+func claimStore(path string) (string, error) {
+	key, err := filepath.Abs(path)
+	if err != nil {
+		return "", fmt.Errorf("opening store %s: %w", path, err)
+	}
+	openStores.mu.Lock()
+	defer openStores.mu.Unlock()
+	if openStores.paths[key] {
+		return "", fmt.Errorf("opening store %s: %w (by this process; it opens once closed there)", path, ErrStoreLocked)
+	}
+	openStores.paths[key] = true
+	return key, nil
+}
+
+// releaseStore records that the store claimed as key is closed.
+func releaseStore(key string) {
+	openStores.mu.Lock()
+	defer openStores.mu.Unlock()
+	delete(openStores.paths, key)
+}
+
 // IsCorrupt reports whether err means the store is corrupted.
 func IsCorrupt(err error) bool {
 	return err != nil && (errors.Is(err, ErrCorrupt) || pebble.IsCorruptionError(err))
@@ -134,6 +176,8 @@ func IsCorrupt(err error) bool {
 type Store struct {
 	path     string
 	readOnly bool
+	// claim is the store's entry in openStores, released by Close.
+	claim string
 	// opts are the database's options, for the tables a bulk load writes.
 	opts *pebble.Options
 
@@ -197,13 +241,23 @@ type OpenOptions struct {
 	BulkLoad bool
 }
 
-// Open opens (creating unless read-only) the Pebble database at path.
-func Open(path string, log *zap.Logger, o OpenOptions) (*Store, error) {
+// Open opens (creating unless read-only) the Pebble database at path. A
+// store open already, in this process or another, is ErrStoreLocked.
+func Open(path string, log *zap.Logger, o OpenOptions) (_ *Store, err error) {
 	// A symbolic link where a store goes would make Pebble write (or, read
 	// only, read) wherever it points.
 	if fi, err := os.Lstat(path); err == nil && fi.Mode()&os.ModeSymlink != 0 {
 		return nil, fmt.Errorf("opening store %s: %w", path, ErrSymlink)
 	}
+	claim, err := claimStore(path)
+	if err != nil {
+		return nil, err
+	}
+	defer func() {
+		if err != nil {
+			releaseStore(claim)
+		}
+	}()
 	if o.CacheSize == 0 {
 		o.CacheSize = 8 << 20
 	}
@@ -260,12 +314,16 @@ func Open(path string, log *zap.Logger, o OpenOptions) (*Store, error) {
 	crashed := markerErr != nil
 	db, err := openPebble(path, opts)
 	if err != nil {
+		if errors.Is(err, syscall.EAGAIN) {
+			// Pebble's lock (fcntl) is held by another process.
+			return nil, fmt.Errorf("opening store %s: %w (by another process): %w", path, ErrStoreLocked, err)
+		}
 		if o.ReadOnly || errors.Is(err, fs.ErrPermission) {
 			return nil, fmt.Errorf("opening store %s: %w", path, err)
 		}
 		return nil, fmt.Errorf("opening store %s: %w: %w", path, ErrCorrupt, err)
 	}
-	s := &Store{path: path, readOnly: o.ReadOnly, opts: opts}
+	s := &Store{path: path, readOnly: o.ReadOnly, opts: opts, claim: claim}
 	s.mu.db = db
 	if !o.ReadOnly {
 		_ = os.Remove(filepath.Join(path, cleanMarker))
@@ -552,6 +610,8 @@ func (s *Store) Close() error {
 		errs = append(errs, db.Flush())
 	}
 	errs = append(errs, db.Close())
+	// Pebble's lock is released by its Close, failed or not.
+	releaseStore(s.claim)
 	if !s.readOnly && errors.Join(errs...) == nil {
 		if f, err := os.Create(filepath.Join(s.path, cleanMarker)); err == nil {
 			_ = f.Close()
