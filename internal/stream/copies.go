@@ -24,9 +24,10 @@ func (s *session) copyDeps() copyDeps {
 // reconcileStandbys makes the copies running here those the latest
 // assignment gives this member, minus the tasks active here: it stops the
 // others (their stores stay on disk) and starts the missing ones. A copy of
-// a task still stopping here starts once the task is done with the store.
-// It is called after every assignment and revoke. The copies it stops are
-// taken out under the registry's lock and stopped after.
+// a task or copy still closing the store here opens it once that one is
+// done with it. It is called after every assignment and revoke. The copies
+// it stops are taken out under the registry's lock (kept as closing until
+// they are done) and stopped after.
 func (s *session) reconcileStandbys() {
 	info := s.bal.assignment()
 	want := info.standbys[s.env.instanceID]
@@ -47,7 +48,7 @@ func (s *session) reconcileStandbys() {
 			// first must not stop.
 			continue
 		}
-		delete(r.mu.standbys, p)
+		r.takeCopyLocked(sb)
 		stop = append(stop, sb)
 	}
 	ps := make([]int32, 0, len(want))
@@ -67,14 +68,8 @@ func (s *session) reconcileStandbys() {
 			sb.checkCaughtUp()
 			continue
 		}
-		// A copy of a task that was stopped here waits for it, or for the
-		// copy it replaces.
-		after := r.mu.closing[p]
-		for _, old := range stop {
-			if old.partition == p {
-				after = old.life.done
-			}
-		}
+		// A copy of a task or copy that was stopped here waits for it.
+		after, _ := r.waitsLocked(p)
 		sb := newStandby(s.copyDeps(), p, kind, after)
 		r.mu.standbys[p] = sb
 		s.goroutine(func() {
@@ -90,17 +85,17 @@ func (s *session) reconcileStandbys() {
 }
 
 // takeStandbyLocked takes task p's copy, if one runs here, out of the
-// registry and asks it to stop; the task waits for it (handover.from)
-// before it opens the store. Called with reg.mu held, before the active
-// task p starts.
-func (s *session) takeStandbyLocked(p int32) *standby {
+// copies and asks it to stop. It stays in the registry as closing the store
+// until it is done: the task waits for it (handover.after) before it opens
+// the store, and so does any task or copy of p started here before it is
+// done. Called with reg.mu held, before the active task p starts.
+func (s *session) takeStandbyLocked(p int32) {
 	sb := s.reg.mu.standbys[p]
 	if sb == nil {
-		return nil
+		return
 	}
-	delete(s.reg.mu.standbys, p)
+	s.reg.takeCopyLocked(sb)
 	sb.requestStop()
-	return sb
 }
 
 // standbyTotal returns product's total from the standby copy of task p

@@ -37,10 +37,22 @@ type registry struct {
 		restoring restoreBatch
 		// standbys are the standby (and warm-up) copies running here.
 		standbys map[int32]*standby
-		// closing are the done channels of tasks stopping here: a copy of
-		// the same task opens the store once they are closed.
-		closing map[int32]<-chan struct{}
+		// closing are, by partition, the tasks and copies taken out here
+		// that may still hold the partition's store: a new task or copy
+		// of it opens the store once they are all done with it. A copy
+		// stays here until its store is closed, whoever took it over: a
+		// task stopped before the copy closed leaves it for the next one.
+		// What is done is dropped when the partition's list is next read
+		// or added to (see pendingLocked).
+		closing map[int32][]closer
 	}
+}
+
+// closer is a task or copy taken out of the registry, until it is done
+// with its store: done is closed then; copy is the copy (nil: a task).
+type closer struct {
+	done <-chan struct{}
+	copy *standby
 }
 
 // restoreBatch is the tasks of one assignment still restoring.
@@ -62,7 +74,7 @@ func newRegistry() *registry {
 	r.mu.tasks = make(map[int32]*task)
 	r.mu.held = make(map[int32]uint8)
 	r.mu.standbys = make(map[int32]*standby)
-	r.mu.closing = make(map[int32]<-chan struct{})
+	r.mu.closing = make(map[int32][]closer)
 	return r
 }
 
@@ -154,7 +166,7 @@ func (r *registry) take(ps []int32) []*task {
 			ts = append(ts, t)
 			delete(r.mu.tasks, p)
 			delete(r.mu.restoring.left, p)
-			r.mu.closing[p] = t.life.done
+			r.addClosingLocked(p, closer{done: t.life.done})
 		}
 	}
 	if len(r.mu.tasks) == 0 {
@@ -168,21 +180,70 @@ func (r *registry) closed(ts []*task) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	for _, t := range ts {
-		if r.mu.closing[t.partition] == (<-chan struct{})(t.life.done) {
-			delete(r.mu.closing, t.partition)
-		}
+		r.pendingLocked(t.partition)
 	}
 }
 
+// addClosingLocked records c as holding partition p's store until it is
+// done.
+func (r *registry) addClosingLocked(p int32, c closer) {
+	r.mu.closing[p] = append(r.pendingLocked(p), c)
+}
+
+// takeCopyLocked takes copy sb out of the copies running here and keeps it
+// as closing its partition's store until it is done.
+func (r *registry) takeCopyLocked(sb *standby) {
+	delete(r.mu.standbys, sb.partition)
+	r.addClosingLocked(sb.partition, closer{done: sb.life.done, copy: sb})
+}
+
+// pendingLocked returns the tasks and copies still closing partition p's
+// store, dropping those that are done. The slice is the registry's: callers
+// outside it get waitsLocked's copy.
+func (r *registry) pendingLocked(p int32) []closer {
+	old := r.mu.closing[p]
+	cs := old[:0]
+	for _, c := range old {
+		select {
+		case <-c.done:
+		default:
+			cs = append(cs, c)
+		}
+	}
+	clear(old[len(cs):])
+	if len(cs) == 0 {
+		delete(r.mu.closing, p)
+		return nil
+	}
+	r.mu.closing[p] = cs
+	return cs
+}
+
+// waitsLocked returns what a new task or copy of partition p waits for
+// before it opens the store: the done channels of the tasks and copies
+// still closing it (nil: none), and the latest of those copies (nil: none),
+// whose position a task taking the store over reports.
+func (r *registry) waitsLocked(p int32) ([]<-chan struct{}, *standby) {
+	var chs []<-chan struct{}
+	var last *standby
+	for _, c := range r.pendingLocked(p) {
+		chs = append(chs, c.done)
+		if c.copy != nil {
+			last = c.copy
+		}
+	}
+	return chs, last
+}
+
 // takeStandbys removes every copy and returns them (stopping them is the
-// caller's).
+// caller's); each is kept as closing until it is done.
 func (r *registry) takeStandbys() []*standby {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	out := make([]*standby, 0, len(r.mu.standbys))
-	for p, sb := range r.mu.standbys {
+	for _, sb := range r.mu.standbys {
 		out = append(out, sb)
-		delete(r.mu.standbys, p)
+		r.takeCopyLocked(sb)
 	}
 	return out
 }

@@ -130,20 +130,31 @@ func (t *task) restore(ctx context.Context) error {
 	return nil
 }
 
-// takeOver waits for the standby copy this task takes over to close the
-// store, and records how far it had come.
+// takeOver waits for the tasks and copies still closing the store here
+// (the standby copy this task takes over, or one a task it replaced took
+// over) to be done with it, and records how far the copy had come. The
+// wait shows in the task's status.
 func (t *task) takeOver(ctx context.Context) error {
-	sb := t.handover.from
-	if sb == nil {
-		return nil
+	if len(t.handover.after) > 0 {
+		defer t.clearWait()
+		what := fmt.Sprintf("the task %s stopping here to close the store", t.name)
+		if t.handover.from != nil {
+			what = fmt.Sprintf("the standby copy of task %s to close the store", t.name)
+		}
+		t.trouble.wait(what, 0)
+		for _, done := range t.handover.after {
+			select {
+			case <-done:
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+		}
+		t.handover.after = nil
 	}
-	select {
-	case <-sb.life.done:
-	case <-ctx.Done():
-		return ctx.Err()
+	if sb := t.handover.from; sb != nil {
+		t.handover.at, t.handover.applied = sb.pos.position.Load(), sb.pos.applied.Load()
+		t.handover.from = nil
 	}
-	t.handover.at, t.handover.applied = sb.pos.position.Load(), sb.pos.applied.Load()
-	t.handover.from = nil
 	return nil
 }
 

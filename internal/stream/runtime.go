@@ -30,6 +30,10 @@ type Knobs struct {
 	// a test holds a task in the restoring state by blocking in it (until
 	// ctx is done: the task was stopped).
 	BeforeRestore func(ctx context.Context, partition int32)
+	// BeforeCopyClose, if set, is called by each standby copy that was
+	// asked to stop, before it closes its store; a test keeps the store
+	// open by blocking in it (until ctx is done: the grace period ran out).
+	BeforeCopyClose func(ctx context.Context, partition int32)
 	// StoreWritable, if set, replaces the check made before each store
 	// write (state.Dir.CheckWritable); tests make it fail.
 	StoreWritable func(partition int32) error

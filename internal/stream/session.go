@@ -314,8 +314,10 @@ func (s *session) startTasksLocked(ps []int32, generation int32) {
 	for _, p := range ps {
 		t := newTask(s.taskDeps(), p)
 		// A standby copy here stops first: the task takes its store over
-		// (once the copy closed it) and restores only what it lacked.
-		t.handover.from = s.takeStandbyLocked(p)
+		// once the copy, and any task or copy still closing the store
+		// here, is done with it, and restores only what it lacked.
+		s.takeStandbyLocked(p)
+		t.handover.after, t.handover.from = s.reg.waitsLocked(p)
 		r.tasks[p] = t
 		r.restoring.left[p] = true
 		r.restoring.names = append(r.restoring.names, t.name)

@@ -52,9 +52,10 @@ type standby struct {
 	// up, and the offsets it judged by (the pair it then reports at the
 	// join, see storeOffsets); guarded by its mu.
 	probe probeMark
-	// after, if not nil, is closed once the store's previous user (this
-	// partition's active task, stopping here) is done with it.
-	after <-chan struct{}
+	// after are the done channels of the store's previous users here
+	// (this partition's active task or copies, stopping): the copy opens
+	// the store once they are all closed.
+	after []<-chan struct{}
 	life  copyLife
 	store atomic.Pointer[state.Store]
 	// pos is where the copy is (see copyPosition).
@@ -98,7 +99,7 @@ type copyPosition struct {
 	position, end, applied atomic.Int64
 }
 
-func newStandby(deps copyDeps, p int32, kind copyKind, after <-chan struct{}) *standby {
+func newStandby(deps copyDeps, p int32, kind copyKind, after []<-chan struct{}) *standby {
 	s := &standby{deps: deps, partition: p, name: state.TaskName(p), after: after,
 		life: copyLife{quit: make(chan struct{}), done: make(chan struct{})}}
 	s.log = deps.env.log.With(zap.String("task", s.name), zap.Int32("partition", p), zap.String("role", "standby"))
@@ -150,9 +151,9 @@ func (s *standby) stop() {
 // after standbyRetry: a standby never stops the process.
 func (s *standby) run(ctx context.Context) {
 	defer close(s.life.done)
-	if s.after != nil {
+	for _, after := range s.after {
 		select {
-		case <-s.after:
+		case <-after:
 		case <-s.life.quit:
 			s.setState(CopyClosed)
 			return
@@ -161,11 +162,15 @@ func (s *standby) run(ctx context.Context) {
 			return
 		}
 	}
+	outer := ctx
 	ctx, cancel := cancelOn(ctx, s.life.quit, nil)
 	defer cancel()
 	s.log.Info(fmt.Sprintf("task [%s] Starting %s copy", s.name, s.role()))
 	for {
 		err := s.tail(ctx)
+		if hook := s.deps.env.knobs.BeforeCopyClose; hook != nil && ctx.Err() != nil {
+			hook(outer, s.partition)
+		}
 		if st := s.store.Swap(nil); st != nil {
 			if cerr := st.Close(); cerr != nil {
 				s.log.Warn("Closing standby store", zap.Error(cerr))

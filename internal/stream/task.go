@@ -186,8 +186,11 @@ type retryState struct {
 
 // handover is the standby copy this task takes over.
 type handover struct {
-	// from is the copy, asked to stop (nil: none ran here); the restore
-	// opens the store once it is done.
+	// after are the done channels of the tasks and copies still closing
+	// the store here when the task started; the restore opens the store
+	// once they are all closed.
+	after []<-chan struct{}
+	// from is the latest of those copies (nil: none), for its position.
 	from *standby
 	// at is the changelog offset the copy had reached (-1: none), applied
 	// the records it applied since it started (its catch-up), for the log.
