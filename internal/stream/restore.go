@@ -6,7 +6,8 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kmsg"
 	"go.uber.org/zap"
 
 	"github.com/salesagg/salesagg/internal/changelog"
@@ -266,24 +267,12 @@ func (t *task) clearWait() {
 func (t *task) waitStableOffsets(ctx context.Context) error {
 	defer t.clearWait()
 	e := t.deps.env
-	topics := []string{e.cfg.InputTopic, e.cfg.RepartitionTopic()}
 	began := time.Now()
 	wait := 50 * time.Millisecond
 	for attempt := 1; ; attempt++ {
-		// All of the group's offsets: asking for given topics would go
-		// through kadm's metadata cache, which can still hold the topics
-		// created a moment ago as missing.
 		actx, cancel := context.WithTimeout(ctx, 5*time.Second)
-		offs, err := e.admin.FetchOffsets(kadm.RequireStable(actx), e.cfg.ApplicationID)
+		err := t.stableOffsets(actx)
 		cancel()
-		if err == nil {
-			for _, topic := range topics {
-				if o, ok := offs.Lookup(topic, t.partition); ok && o.Err != nil {
-					err = fmt.Errorf("offset of %s-%d: %w", topic, t.partition, o.Err)
-					break
-				}
-			}
-		}
 		if err == nil {
 			return nil
 		}
@@ -309,6 +298,60 @@ func (t *task) waitStableOffsets(ctx context.Context) error {
 		}
 		wait = min(2*wait, time.Second)
 	}
+}
+
+// stableOffsets asks the group coordinator for the committed offsets of
+// the task's input and repartition partitions, named explicitly, with
+// require_stable: nil when neither has a pending transactional commit.
+// Named, because Kafka answers a fetch of all the group's offsets with the
+// partitions that have a committed offset only: a partition whose first
+// commit is pending in an open transaction is missing from that answer,
+// where asked for by name it is UNSTABLE_OFFSET_COMMIT. The request goes
+// through the group client, which consumes both topics: it knows their ids
+// (OffsetFetch v10 names topics by id) without a metadata lookup of its
+// own.
+func (t *task) stableOffsets(ctx context.Context) error {
+	e := t.deps.env
+	topics := []string{e.cfg.InputTopic, e.cfg.RepartitionTopic()}
+	req := kmsg.NewPtrOffsetFetchRequest()
+	req.RequireStable = true
+	g := kmsg.NewOffsetFetchRequestGroup()
+	g.Group = e.cfg.ApplicationID
+	for _, topic := range topics {
+		rt := kmsg.NewOffsetFetchRequestGroupTopic()
+		rt.Topic = topic
+		rt.Partitions = []int32{t.partition}
+		g.Topics = append(g.Topics, rt)
+	}
+	req.Groups = append(req.Groups, g)
+	resp, err := req.RequestWith(ctx, t.deps.client)
+	if err != nil {
+		return fmt.Errorf("fetching the committed offsets of task %s: %w", t.name, err)
+	}
+	if len(resp.Groups) != 1 {
+		return fmt.Errorf("fetching the committed offsets of task %s: %d groups answered, want 1", t.name, len(resp.Groups))
+	}
+	if err := kerr.ErrorForCode(resp.Groups[0].ErrorCode); err != nil {
+		return fmt.Errorf("fetching the committed offsets of task %s: %w", t.name, err)
+	}
+	seen := map[string]bool{}
+	for _, rt := range resp.Groups[0].Topics {
+		for _, rp := range rt.Partitions {
+			if rp.Partition != t.partition {
+				continue
+			}
+			if err := kerr.ErrorForCode(rp.ErrorCode); err != nil {
+				return fmt.Errorf("offset of %s-%d: %w", rt.Topic, rp.Partition, err)
+			}
+			seen[rt.Topic] = true
+		}
+	}
+	for _, topic := range topics {
+		if !seen[topic] {
+			return fmt.Errorf("offset of %s-%d: not in the answer", topic, t.partition)
+		}
+	}
+	return nil
 }
 
 // restoreRange validates the checkpoint against the changelog and returns
