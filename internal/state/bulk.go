@@ -161,12 +161,16 @@ func (s *Store) BulkLoad(o BulkOptions) (*BulkLoad, error) {
 }
 
 // Add adds updates, later ones replacing earlier ones of the same product.
-// Once they fill half the load's share of the budget, a goroutine sorts them
-// and writes them as a run, while the other half gathers the next ones.
+// Whenever they fill half the load's share of the budget, a goroutine sorts
+// them and writes them as a run, while the other half gathers the next ones.
+// The check runs after each update, not once per call, so that the memory a
+// load holds and the runs it spills depend on the data and the budget alone,
+// never on how many updates a fetch happened to bring.
 func (l *BulkLoad) Add(updates []Update) error {
 	if l.closed {
 		return l.s.closedErr("bulk loading")
 	}
+	limit := l.o.Budget.share() / 2
 	for _, u := range updates {
 		if u.Delete {
 			l.buf.add(u.Product, nil, true)
@@ -175,11 +179,21 @@ func (l *BulkLoad) Add(updates []Update) error {
 			l.value = u.Entry.Offsets.AppendEncode(l.value)
 			l.buf.add(u.Product, l.value, false)
 		}
+		l.n++
+		if l.buf.bytes() < limit {
+			continue
+		}
+		if err := l.spillBuf(); err != nil {
+			return err
+		}
 	}
-	l.n += int64(len(updates))
-	if l.buf.bytes() < l.o.Budget.share()/2 {
-		return nil
-	}
+	return nil
+}
+
+// spillBuf hands the full buffer to a goroutine that sorts and writes it
+// as the next run, after the spill under way, if any, has ended, and
+// gathers the next updates in the buffer that spill gave back.
+func (l *BulkLoad) spillBuf() error {
 	if err := l.waitSpill(); err != nil {
 		return err
 	}
@@ -476,7 +490,8 @@ func (t *tableWriter) abandon() {
 type sortBuffer struct {
 	chunkSize int
 	chunks    [][]byte
-	cur       int // the chunk being filled
+	cur       int   // the chunk being filled
+	filled    int64 // the bytes of keys and values added since the reset
 	idx       []sortRef
 }
 
@@ -518,17 +533,17 @@ func (b *sortBuffer) add(key string, value []byte, del bool) {
 		r.vlen = uint32(len(value)) + 1
 	}
 	b.idx = append(b.idx, r)
+	b.filled += int64(n)
 	c = append(c, key...)
 	b.chunks[b.cur] = append(c, value...)
 }
 
-// bytes is the memory the buffer holds.
+// bytes is the size of what the buffer holds: the updates added since its
+// reset, with their references. It is not the capacity: a buffer given
+// back by a spill keeps its chunks for the next updates, and counting them
+// would make it look full while it is empty.
 func (b *sortBuffer) bytes() int64 {
-	n := int64(cap(b.idx)) * sortRefBytes
-	for _, c := range b.chunks {
-		n += int64(cap(c))
-	}
-	return n
+	return b.filled + int64(len(b.idx))*sortRefBytes
 }
 
 func (b *sortBuffer) key(r *sortRef) []byte {
@@ -619,6 +634,7 @@ func (b *sortBuffer) reset() {
 		b.chunks[i] = b.chunks[i][:0]
 	}
 	b.cur = 0
+	b.filled = 0
 	b.idx = b.idx[:0]
 }
 

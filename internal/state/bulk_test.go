@@ -1,6 +1,7 @@
 package state
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"math/rand/v2"
@@ -69,7 +70,7 @@ func randomUpdates(rng *rand.Rand, n, products int) []Update {
 
 func TestBulkLoadKeepsTheLastUpdateOfEachProduct(t *testing.T) {
 	// Scenario: an empty store is bulk loaded with 200,000 updates over 30,000 products (several per
-	// product, one in ten a deletion) in fetches of 1,000, under budgets that spill many sorted runs or
+	// product, one in ten a deletion) in fetches of 1,000 (or all in one), under budgets that spill many sorted runs or
 	// none, merged as one key range or several at once; it then holds the last update of each product and the checkpoint, across a reopen, and takes
 	// writes as any store does.
 	for _, tc := range []struct {
@@ -77,7 +78,16 @@ func TestBulkLoadKeepsTheLastUpdateOfEachProduct(t *testing.T) {
 		budget   int64
 		manyRuns bool
 		procs    int // GOMAXPROCS: the key ranges Finish writes at once
-	}{{"many runs", 256 << 10, true, 2}, {"many runs in four ranges", 256 << 10, true, 4}, {"one budget", 64 << 20, false, 1}, {"one budget in two ranges", 64 << 20, false, 2}} {
+		fetch    int // updates per Add; 0: 1,000
+	}{
+		{name: "many runs", budget: 256 << 10, manyRuns: true, procs: 2},
+		{name: "many runs in four ranges", budget: 256 << 10, manyRuns: true, procs: 4},
+		// One fetch bringing every update (a fast broker, a large fetch)
+		// spills as many runs: the budget holds within an Add too.
+		{name: "many runs from one fetch", budget: 256 << 10, manyRuns: true, procs: 2, fetch: 200_000},
+		{name: "one budget", budget: 64 << 20, procs: 1},
+		{name: "one budget in two ranges", budget: 64 << 20, procs: 2},
+	} {
 		t.Run(tc.name, func(t *testing.T) {
 			defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(tc.procs))
 			path := t.TempDir()
@@ -93,11 +103,12 @@ func TestBulkLoadKeepsTheLastUpdateOfEachProduct(t *testing.T) {
 			rng := rand.New(rand.NewPCG(3, 4))
 			ups := randomUpdates(rng, 200_000, 30_000)
 			model := bulkModel{}
-			for i := 0; i < len(ups); i += 1000 {
-				if err := l.Add(ups[i : i+1000]); err != nil {
+			fetch := cmp.Or(tc.fetch, 1000)
+			for i := 0; i < len(ups); i += fetch {
+				if err := l.Add(ups[i : i+fetch]); err != nil {
 					t.Fatal(err)
 				}
-				model.apply(ups[i : i+1000])
+				model.apply(ups[i : i+fetch])
 			}
 			cp := Checkpoint{ChangelogOffset: 200_000, InputOffset: -1, ChangelogTopicID: [16]byte{7}}
 			st, err := l.Finish(context.Background(), cp)
