@@ -16,6 +16,7 @@ import (
 	"syscall"
 	"testing"
 	"time"
+	"unicode"
 
 	"github.com/twmb/franz-go/pkg/kadm"
 
@@ -844,5 +845,110 @@ func (u *readmeUser) expectLogged(p *harness.Proc, quoted string, tasks int) {
 	}
 	if len(seen) != tasks {
 		t.Errorf("%d tasks logged %q, want %d", len(seen), quoted, tasks)
+	}
+}
+
+// readmeMaxLines bounds README.md: the user's path, read in about ten
+// minutes; internals go to docs/ pages it links.
+const readmeMaxLines = 720
+
+// mdLink is a markdown link to a .md file of the repository: [text](path#anchor).
+var mdLink = regexp.MustCompile(`\]\(([^)\s]*?\.md)(#[^)\s]*)?\)`)
+
+// markdownAnchors returns the anchors GitHub gives the headings of a
+// markdown file (code blocks left out): lowercase, punctuation dropped,
+// spaces as hyphens.
+func markdownAnchors(text string) map[string]bool {
+	anchors := map[string]bool{}
+	fence := false
+	for _, l := range strings.Split(text, "\n") {
+		if strings.HasPrefix(l, "```") {
+			fence = !fence
+		}
+		if fence || !strings.HasPrefix(l, "#") {
+			continue
+		}
+		h := strings.ToLower(strings.TrimSpace(strings.TrimLeft(l, "#")))
+		var b strings.Builder
+		for _, r := range h {
+			switch {
+			case r == ' ':
+				b.WriteRune('-')
+			case r == '-' || r == '_' || unicode.IsLetter(r) || unicode.IsDigit(r):
+				b.WriteRune(r)
+			}
+		}
+		anchors[b.String()] = true
+	}
+	return anchors
+}
+
+func TestReadmeDocsLinks(t *testing.T) {
+	// Scenario: README.md keeps the user's path (the two commands first, a bounded length) and
+	// links the docs/ pages the rest moved to: every docs/*.md link of the README (and every .md
+	// link of those pages) names a file and a heading that exist, and every docs page is linked.
+	root := filepath.Join("..", "..")
+	readme, err := os.ReadFile(filepath.Join(root, "README.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := strings.Count(string(readme), "\n"); n > readmeMaxLines {
+		t.Errorf("README.md has %d lines, more than %d: move internals to a docs/ page it links", n, readmeMaxLines)
+	}
+	two := readmePart(t, "## The two commands")
+	if h := strings.Index(string(readme), "\n## "); h < 0 || !strings.HasPrefix(string(readme)[h:], "\n## The two commands\n") {
+		t.Errorf("README.md: the first section is not \"## The two commands\"")
+	}
+	if len(two.blocks) == 0 {
+		t.Fatal("README.md: \"## The two commands\" has no command block")
+	}
+	var progs []string
+	for _, c := range two.blocks[0].commands() {
+		progs = append(progs, c.line)
+	}
+	if len(progs) != 2 || !strings.HasPrefix(progs[0], "make run") || !strings.HasPrefix(progs[1], "make test") {
+		t.Errorf("README.md: the two commands are %q, want `make run` and `make test`", progs)
+	}
+
+	pages, err := filepath.Glob(filepath.Join(root, "docs", "*.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(pages) == 0 {
+		t.Fatal("no docs/*.md pages: the README's internals have nowhere to be")
+	}
+	linked := map[string]bool{}
+	// checkLinks checks the .md links of file (a path relative to root).
+	checkLinks := func(file, text string) {
+		for _, m := range mdLink.FindAllStringSubmatch(text, -1) {
+			target, anchor := m[1], strings.TrimPrefix(m[2], "#")
+			if strings.Contains(target, "://") {
+				continue
+			}
+			rel := filepath.ToSlash(filepath.Join(filepath.Dir(file), target))
+			b, err := os.ReadFile(filepath.Join(root, rel))
+			if err != nil {
+				t.Errorf("%s links %s: %v", file, m[0], err)
+				continue
+			}
+			linked[rel] = linked[rel] || file == "README.md"
+			if anchor != "" && !markdownAnchors(string(b))[anchor] {
+				t.Errorf("%s links %s: %s has no heading with the anchor #%s", file, m[0], rel, anchor)
+			}
+		}
+	}
+	checkLinks("README.md", string(readme))
+	for _, p := range pages {
+		b, err := os.ReadFile(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		checkLinks(filepath.ToSlash(filepath.Join("docs", filepath.Base(p))), string(b))
+	}
+	for _, p := range pages {
+		rel := "docs/" + filepath.Base(p)
+		if !linked[rel] {
+			t.Errorf("README.md does not link %s: every docs page is reached from the README", rel)
+		}
 	}
 }
