@@ -39,8 +39,8 @@ test-k8s-cluster: k8s-binaries ## the manifests on a real one-node cluster built
 k8s-binaries: ## build (or find cached) the cluster test's Kubernetes binaries and etcd (~/.cache/salesagg/k8s)
 	cd test/cluster && $(GO) run ./cmd/binaries
 
-run: ## run the service on the embedded dev broker, state under ./data (BROKER=host:port: on a broker already running)
-	./scripts/dev.sh
+run: ## run the service on the embedded dev broker, state under ./data (ARGS=... to salesagg run; BROKER=host:port: a broker already running)
+	./scripts/dev.sh $(ARGS)
 
 bench: ## micro-benchmarks (go test -bench)
 	$(GO) test -run '^$$' -bench . -benchmem ./internal/...
@@ -73,5 +73,15 @@ kafka-up: ## start a real Apache Kafka broker from Maven Central on loopback
 kafka-down: ## stop it and delete its data
 	./test/kafka/kafka.sh down
 
-clean: ## remove build output and local data
-	rm -rf bin data
+# The data dirs `make run` wrote: ./data, DATA when given, and every DATA
+# scripts/dev.sh recorded in .dev-data-dirs. Only those inside the checkout
+# are removed, and none that holds a file git tracks.
+DATA_DIRS = $(sort $(abspath data $(DATA) $(shell cat .dev-data-dirs 2>/dev/null)))
+
+clean: ## remove build output and local data: ./data, DATA=dir, and each DATA dir make run used
+	rm -rf bin .dev-data-dirs
+	@for d in $(filter-out $(CURDIR)/%,$(DATA_DIRS)); do echo "make clean: not removing $$d: outside the checkout"; done
+	for d in $(filter $(CURDIR)/%,$(DATA_DIRS)); do \
+	  if git ls-files --error-unmatch "$$d" >/dev/null 2>&1; then echo "make clean: not removing $$d: git tracks files in it"; \
+	  else rm -rf "$$d"; fi; \
+	done

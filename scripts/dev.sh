@@ -3,7 +3,7 @@
 # 127.0.0.1:9092 persisting to ./data/broker, and the service with its state
 # in ./data/state and its HTTP interface on 127.0.0.1:8080. Ctrl-C stops both:
 # the service first (it commits, closes its stores and leaves the group), then
-# the broker. Arguments are passed to `salesagg run`.
+# the broker. Arguments are passed to `salesagg run` (`make run ARGS=...`).
 #
 # The service only ever runs against the broker this script started: when
 # the dev broker cannot listen (the port is taken, by another `make run` or
@@ -20,6 +20,9 @@
 #   HTTP         the service's http.addr (default 127.0.0.1:8080)
 #   DATA         where the broker's data and the state go (default ./data)
 #   INSTANCE_ID  the service's group.instance.id (default: derived from the state dir)
+#
+# A DATA dir inside the checkout is recorded in .dev-data-dirs, so that
+# `make clean` removes it with ./data (DATA=./data2: a second instance's).
 #
 # This script's own lines are written by the binary (`salesagg log`), in the
 # format the service uses: log.format from the arguments or SALESAGG_LOG_FORMAT,
@@ -52,6 +55,14 @@ if [ "$BUILD" != 0 ]; then
   go build -o "$BIN" ./cmd/salesagg
 fi
 mkdir -p "$DATA"
+root=$(pwd -P)
+data_abs=$(cd "$DATA" && pwd -P)
+case "$data_abs" in
+  "$root"/*)
+    rel=${data_abs#"$root"/}
+    grep -qxF "$rel" .dev-data-dirs 2>/dev/null || echo "$rel" >>.dev-data-dirs
+    ;;
+esac
 
 # say LEVEL MESSAGE [KEY=VALUE ...]: one log line from this script.
 say() {

@@ -952,3 +952,105 @@ func TestReadmeDocsLinks(t *testing.T) {
 		}
 	}
 }
+
+func TestReadmeMakeRunArgsAndClean(t *testing.T) {
+	// Scenario: what the README says of `make run` and `make clean` is what the Makefile and
+	// scripts/dev.sh do, run in a copy of the two: the README's `make run ARGS=...` passes its
+	// flags to `salesagg run`; a dev broker that cannot listen makes the script exit 1 and make 2,
+	// as the README says; the DATA dir of that run (./data2) is recorded and `make clean` removes
+	// it, `make clean DATA=dir` removes the one it names; .gitignore covers such dirs.
+	for _, tool := range []string{"bash", "make", "git"} {
+		if _, err := exec.LookPath(tool); err != nil {
+			t.Skipf("needs %s: %v", tool, err)
+		}
+	}
+	root := filepath.Join("..", "..")
+	dir, err := filepath.EvalSymlinks(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range []string{"Makefile", filepath.Join("scripts", "dev.sh")} {
+		if err := copyFile(filepath.Join(root, f), filepath.Join(dir, f)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// make runs in dir: the copy's Makefile and dev.sh, the test's binary.
+	mk := func(args ...string) (string, int) {
+		t.Helper()
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+		defer cancel()
+		cmd := exec.CommandContext(ctx, "make", args...)
+		cmd.Dir = dir
+		cmd.Env = harness.ChildEnv("MAKEFLAGS=", "MAKELEVEL=")
+		out, err := cmd.CombinedOutput()
+		code := 0
+		if ee := (*exec.ExitError)(nil); errors.As(err, &ee) {
+			code = ee.ExitCode()
+		} else if err != nil {
+			t.Fatalf("make %s: %v\n%s", strings.Join(args, " "), err, out)
+		}
+		return string(out), code
+	}
+	walk := readmePart(t, "## Walkthrough", "### Offline state tools")
+
+	// ARGS: the README's example reaches dev.sh, which hands its arguments to `salesagg run`.
+	var example string
+	for _, s := range codeSpans(walk.prose) {
+		if strings.HasPrefix(s, "make run ARGS=") {
+			example = s
+			break
+		}
+	}
+	if example == "" {
+		t.Fatal("README.md: the walkthrough shows no `make run ARGS=...`")
+	}
+	flags := strings.Trim(strings.TrimPrefix(example, "make run ARGS="), `'"`)
+	out, code := mk("-n", "run", "ARGS="+flags)
+	if code != 0 || !strings.Contains(out, "./scripts/dev.sh "+flags+"\n") {
+		t.Errorf("make -n run ARGS=%q (exit %d) runs:\n%s\nwant ./scripts/dev.sh %s", flags, code, out, flags)
+	}
+
+	// A taken port: the README's exit codes, and the DATA dir recorded.
+	codes := walk.find(t, "`make run` fails at once: `scripts/dev.sh` exits (\\d+), so make says `Error (\\d+)` and exits (\\d+)")
+	taken, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer taken.Close()
+	out, code = mk("run", "BUILD=0", "BIN="+binary, "BROKER_LISTEN="+taken.Addr().String(),
+		"HTTP="+harness.FreeAddr(t), "DATA=./data2")
+	if codes[1] != codes[2] || !strings.Contains(out, "Error "+codes[2]) || strconv.Itoa(code) != codes[3] {
+		t.Errorf("make run on a taken port: exit %d, output:\n%s\nthe README says dev.sh exits %s and make %s", code, out, codes[1], codes[3])
+	}
+	recorded, err := os.ReadFile(filepath.Join(dir, ".dev-data-dirs"))
+	if err != nil || string(recorded) != "data2\n" {
+		t.Errorf(".dev-data-dirs = %q (%v), want data2 recorded by dev.sh", recorded, err)
+	}
+
+	// make clean: the recorded dir, and the one named.
+	if err := os.MkdirAll(filepath.Join(dir, "data3", "state"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	out, _ = mk("-n", "clean", "DATA=./data3")
+	for _, d := range []string{"data", "data2", "data3"} {
+		if !regexp.MustCompile(`for d in [^;]*` + regexp.QuoteMeta(filepath.Join(dir, d)) + `[ ;]`).MatchString(out) {
+			t.Errorf("make -n clean DATA=./data3 does not remove %s:\n%s", d, out)
+		}
+	}
+	if out, code = mk("clean", "DATA=./data3"); code != 0 {
+		t.Fatalf("make clean: exit %d\n%s", code, out)
+	}
+	for _, d := range []string{"bin", "data2", "data3", ".dev-data-dirs"} {
+		if _, err := os.Stat(filepath.Join(dir, d)); !errors.Is(err, os.ErrNotExist) {
+			t.Errorf("after make clean, %s: %v; want it removed", d, err)
+		}
+	}
+
+	// .gitignore: a second instance's data dir and the record are not untracked files.
+	for _, p := range []string{"data2/", ".dev-data-dirs"} {
+		cmd := exec.Command("git", "-C", root, "check-ignore", "-q", "--no-index", p)
+		if err := cmd.Run(); err != nil {
+			t.Errorf(".gitignore does not cover %s (git check-ignore: %v)", p, err)
+		}
+	}
+}
