@@ -20,6 +20,7 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kadm"
 
+	"github.com/salesagg/salesagg/internal/sales"
 	"github.com/salesagg/salesagg/test/harness"
 )
 
@@ -263,6 +264,7 @@ func TestReadmeWalkthrough(t *testing.T) {
 	run := u.runBlock(first)
 	totals := u.checkTotals(walk)
 	u.checkAPI(totals)
+	u.checkNotifications(walk)
 	u.ctrlC(walk, run)
 
 	// The dev broker alone, as for the state tools: the last cycle was committed.
@@ -1053,4 +1055,77 @@ func TestReadmeMakeRunArgsAndClean(t *testing.T) {
 			t.Errorf(".gitignore does not cover %s (git check-ignore: %v)", p, err)
 		}
 	}
+}
+
+// readmeNotifications returns the walkthrough's notifications command and
+// the records its example line shows (product → total), checking the
+// example against the sample file's totals: sent at once, the sample is
+// folded in one commit cycle, whose notifications carry the final totals.
+func readmeNotifications(t *testing.T, walk readmeText) (readmeCommand, map[string]int64) {
+	t.Helper()
+	for _, b := range walk.blocks {
+		for i, l := range b.lines {
+			if !strings.Contains(l, "consume --topic notifications-events-v1") || i+1 == len(b.lines) {
+				continue
+			}
+			example := strings.TrimSuffix(strings.TrimPrefix(b.lines[i+1], "# "), " ...")
+			shown := map[string]int64{}
+			for _, rec := range strings.Split(example, " ... ") {
+				key, value, ok := strings.Cut(rec, "\t")
+				var n sales.Notification
+				if !ok || json.Unmarshal([]byte(value), &n) != nil || n.SKU != key {
+					t.Fatalf("README.md: the notifications example %q is not KEY<TAB>{\"sku\":KEY,\"value\":N} as consume prints it", rec)
+				}
+				shown[key] = n.Value
+			}
+			return readmeCommand{line: strings.TrimSpace(l)}, shown
+		}
+	}
+	t.Fatal("README.md: the walkthrough has no `consume --topic notifications-events-v1` followed by an example line")
+	return readmeCommand{}, nil
+}
+
+func TestReadmeNotificationExample(t *testing.T) {
+	// Scenario: the README's notification example is what the service emits for the sample
+	// file: one notification per product and commit cycle, with the total as of that commit, so
+	// (the sample folded in one cycle) the product's final total, at or above the threshold.
+	_, shown := readmeNotifications(t, readmePart(t, "## Walkthrough", "### Offline state tools"))
+	for product, v := range shown {
+		if want, ok := harness.SampleTotals[product]; !ok || v != want {
+			t.Errorf("README.md: the notification example shows %s %d; the service emits its total as of the commit, %d for the sample file", product, v, want)
+		}
+		if v < 2000 {
+			t.Errorf("README.md: the notification example shows %s %d, under the default notification.threshold 2000", product, v)
+		}
+	}
+}
+
+// checkNotifications runs the walkthrough's notifications command: every
+// product of the sample at or above the threshold has a notification, the
+// last one it got carrying its final total, as the README's example shows.
+func (u *readmeUser) checkNotifications(walk readmeText) {
+	t := u.t
+	cmd, shown := readmeNotifications(t, walk)
+	last := map[string]int64{}
+	count := 0
+	for _, l := range strings.Split(u.run(cmd), "\n") {
+		key, value, ok := strings.Cut(l, "\t")
+		var n sales.Notification
+		if !ok || json.Unmarshal([]byte(value), &n) != nil {
+			continue // consume's own lines
+		}
+		last[key] = n.Value
+		count++
+	}
+	for product, total := range harness.SampleTotals {
+		if total >= 2000 && last[product] != total {
+			t.Errorf("%s: the last notification of %s is %d, want its final total %d", cmd.line, product, last[product], total)
+		}
+	}
+	for product, v := range shown {
+		if last[product] != v {
+			t.Errorf("README.md shows the notification %s %d; the service's last for it was %d", product, v, last[product])
+		}
+	}
+	t.Logf("%s: %d notifications for %d products", cmd.line, count, len(last))
 }
