@@ -1129,3 +1129,76 @@ func (u *readmeUser) checkNotifications(walk readmeText) {
 	}
 	t.Logf("%s: %d notifications for %d products", cmd.line, count, len(last))
 }
+
+func TestReadmeStreamFilesTable(t *testing.T) {
+	// Scenario: the table of internal/stream's files (docs/internals.md, linked from the README's
+	// Tests and benchmarks) names every non-test .go file of the package, once, and no other: a
+	// file added to internal/stream fails this test until the table says what it owns.
+	root := filepath.Join("..", "..")
+	b, err := os.ReadFile(filepath.Join(root, "docs", "internals.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rows []string
+	in := false
+	for _, l := range strings.Split(string(b), "\n") {
+		switch {
+		case strings.HasPrefix(l, "Inside `internal/stream`"):
+			in = true
+		case in && strings.HasPrefix(l, "|"):
+			rows = append(rows, l)
+		case in && len(rows) > 0:
+			in = false // the table ended
+		}
+	}
+	if len(rows) == 0 {
+		t.Fatal("docs/internals.md: no table after \"Inside `internal/stream`\"")
+	}
+	listed := map[string]int{}
+	for _, row := range rows {
+		cells := strings.Split(row, "|")
+		if len(cells) < 3 {
+			continue
+		}
+		for _, name := range codeSpans(cells[1]) {
+			if strings.HasSuffix(name, ".go") {
+				listed[name]++
+			}
+		}
+	}
+	files, err := filepath.Glob(filepath.Join(root, "internal", "stream", "*.go"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	have := map[string]bool{}
+	for _, f := range files {
+		if name := filepath.Base(f); !strings.HasSuffix(name, "_test.go") {
+			have[name] = true
+		}
+	}
+	if len(have) == 0 {
+		t.Fatal("internal/stream has no .go files: the test reads the wrong directory")
+	}
+	var missing, extra []string
+	for name := range have {
+		if listed[name] == 0 {
+			missing = append(missing, name)
+		}
+	}
+	for name, n := range listed {
+		switch {
+		case !have[name]:
+			extra = append(extra, name)
+		case n > 1:
+			t.Errorf("docs/internals.md: the internal/stream table lists %s %d times", name, n)
+		}
+	}
+	sort.Strings(missing)
+	sort.Strings(extra)
+	if len(missing) > 0 {
+		t.Errorf("docs/internals.md: the internal/stream table lacks %s: add a row saying what each owns", strings.Join(missing, ", "))
+	}
+	if len(extra) > 0 {
+		t.Errorf("docs/internals.md: the internal/stream table lists %s, which internal/stream has not", strings.Join(extra, ", "))
+	}
+}
