@@ -21,6 +21,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/salesagg/salesagg/bench/kit"
+	"github.com/salesagg/salesagg/internal/sales"
 )
 
 // env is what every system's measurement shares.
@@ -382,8 +383,8 @@ func measureRuns(ctx context.Context, e *env, d driver, res *systemResult) error
 			heapProfile(pctx, in, m, res, pf.pprofURL(in), e.profilePath(d, "processing", "heap"))
 		}
 		d.caughtUp(pctx, in, res)
-		logf("%s: verifying changelog %s against the expected totals", d.name(), kit.ChangelogTopic(d.appID()))
-		vr := verifyChangelog(pctx, e.addr, kit.ChangelogTopic(d.appID()), e.data.expected, e.o.partitions)
+		logf("%s: verifying changelog %s against the expected totals", d.name(), sales.ChangelogTopic(d.appID(), sales.StoreName))
+		vr := verifyChangelog(pctx, e.addr, sales.ChangelogTopic(d.appID(), sales.StoreName), e.data.expected, e.o.partitions)
 		res.Verify = &vr
 		switch {
 		case vr.Error != "":

@@ -74,10 +74,6 @@ func FreePort() (int, error) {
 	return l.Addr().(*net.TCPAddr).Port, nil
 }
 
-// ChangelogTopic is the changelog of application id app (salesagg's and
-// the Kafka Streams reference's).
-func ChangelogTopic(app string) string { return app + "-PRODUCT_AGGREGATED_SALES-changelog" }
-
 // FirstLine is s up to its first newline.
 func FirstLine(s string) string {
 	l, _, _ := strings.Cut(s, "\n")

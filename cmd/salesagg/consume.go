@@ -78,7 +78,7 @@ func runConsume(args []string) error {
 	if len(problems) > 0 {
 		return usageError{errors.Join(problems...)}
 	}
-	o.changelog = o.changelog || strings.HasSuffix(o.topic, "-changelog")
+	o.changelog = o.changelog || sales.IsChangelogTopic(o.topic)
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
 	n, err := consume(ctx, o, os.Stdout)

@@ -12,6 +12,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kfake"
 
+	"github.com/salesagg/salesagg/internal/sales"
 	"github.com/salesagg/salesagg/test/harness"
 )
 
@@ -19,7 +20,7 @@ import (
 var binary string
 
 // changelogTopic is the changelog of the default application id.
-var changelogTopic = harness.ChangelogTopic("sales-aggregator")
+var changelogTopic = sales.ChangelogTopic("sales-aggregator", sales.StoreName)
 
 func TestMain(m *testing.M) {
 	dir, err := os.MkdirTemp("", "salesagg-bin-")

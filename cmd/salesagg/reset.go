@@ -17,6 +17,7 @@ import (
 	"golang.org/x/term"
 
 	"github.com/salesagg/salesagg/internal/config"
+	"github.com/salesagg/salesagg/internal/sales"
 	"github.com/salesagg/salesagg/internal/state"
 )
 
@@ -225,7 +226,7 @@ func internalTopics(ctx context.Context, adm *kadm.Client, appID string) ([]stri
 	}
 	var out []string
 	for _, name := range topics.Names() {
-		if strings.HasPrefix(name, appID+"-") && (strings.HasSuffix(name, "-changelog") || strings.HasSuffix(name, "-repartition")) {
+		if strings.HasPrefix(name, appID+"-") && (sales.IsChangelogTopic(name) || strings.HasSuffix(name, "-repartition")) {
 			out = append(out, name)
 		}
 	}

@@ -13,6 +13,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/salesagg/salesagg/internal/sales"
 )
 
 // Guarantees accepted by processing.guarantee.
@@ -215,7 +217,7 @@ func (c Config) TransactionTimeout() time.Duration {
 
 // ChangelogTopic returns <application.id>-<store.name>-changelog.
 func (c Config) ChangelogTopic() string {
-	return c.ApplicationID + "-" + c.StoreName + "-changelog"
+	return sales.ChangelogTopic(c.ApplicationID, c.StoreName)
 }
 
 // RepartitionTopic returns <application.id>-<store.name>-repartition, the

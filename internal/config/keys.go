@@ -9,6 +9,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/salesagg/salesagg/internal/sales"
 )
 
 // keys declares every configuration key, once: its name, default, help and
@@ -33,7 +35,7 @@ var keys = []key{
 	{name: "notification.topic", def: "notifications-events-v1",
 		help: "topic notifications are written to",
 		bind: text(func(c *Config) *string { return &c.NotificationTopic }).must(topicName)},
-	{name: "store.name", def: "PRODUCT_AGGREGATED_SALES",
+	{name: "store.name", def: sales.StoreName,
 		help: "name of the store; the changelog is <application.id>-<store.name>-changelog",
 		bind: text(func(c *Config) *string { return &c.StoreName }).must(topicName, dirName)},
 	{name: "notification.threshold", def: "2000",

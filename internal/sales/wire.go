@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"slices"
 	"strconv"
+	"strings"
 )
 
 // Wire formats, compatible with the Kafka Streams application salesagg
@@ -32,6 +33,24 @@ import (
 // topic's id; it decodes with a zero (unknown) TopicID. AppendEncode writes
 // version 2 when the id is known, the legacy form when it is zero. Any other
 // length, or another version byte, is ErrBadOffsets.
+
+// StoreName is the name of the reference application's store, the default
+// of store.name.
+const StoreName = "PRODUCT_AGGREGATED_SALES"
+
+// changelogSuffix ends the name of every changelog topic.
+const changelogSuffix = "-changelog"
+
+// ChangelogTopic returns the name of the changelog topic of store storeName
+// of application appID, <appID>-<storeName>-changelog, as Kafka Streams
+// names it: the reference application's changelog is salesagg's.
+func ChangelogTopic(appID, storeName string) string {
+	return appID + "-" + storeName + changelogSuffix
+}
+
+// IsChangelogTopic reports whether topic is named as the changelog topic of
+// some application and store: whether it ends in -changelog.
+func IsChangelogTopic(topic string) bool { return strings.HasSuffix(topic, changelogSuffix) }
 
 // OffsetsHeader is the changelog record header holding the encoded Offsets of
 // the total.

@@ -227,3 +227,29 @@ func FuzzAppendNotificationMatchesEncode(f *testing.F) {
 		}
 	})
 }
+
+// TestChangelogTopicIsKafkaStreamsName: the changelog topic is named as Kafka
+// Streams names the reference application's, and is recognised as one.
+func TestChangelogTopicIsKafkaStreamsName(t *testing.T) {
+	for _, tc := range []struct {
+		appID, store, want string
+	}{
+		{"sales-aggregator", StoreName, "sales-aggregator-PRODUCT_AGGREGATED_SALES-changelog"},
+		{"app", "totals", "app-totals-changelog"},
+	} {
+		t.Run(tc.want, func(t *testing.T) {
+			got := ChangelogTopic(tc.appID, tc.store)
+			if got != tc.want {
+				t.Fatalf("ChangelogTopic(%q, %q) = %q, want %q", tc.appID, tc.store, got, tc.want)
+			}
+			if !IsChangelogTopic(got) {
+				t.Fatalf("IsChangelogTopic(%q) = false", got)
+			}
+		})
+	}
+	for _, topic := range []string{"sales-events-v1", "app-totals-repartition", "changelog"} {
+		if IsChangelogTopic(topic) {
+			t.Errorf("IsChangelogTopic(%q) = true", topic)
+		}
+	}
+}

@@ -16,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/salesagg/salesagg/internal/sales"
 	"github.com/salesagg/salesagg/test/harness"
 )
 
@@ -444,7 +445,7 @@ func runOverlay(t *testing.T, c *cluster, root, dir, kafka string, pvs map[strin
 		claim, pvPath = nc, pvs[nc.Spec.VolumeName]
 		c.checkContainer(t, p, pvPath)
 		restored := restoredAll(t, c.logs(t, false), -1)
-		changelog, err := harness.ReadTopic(kafka, harness.ChangelogTopic("sales-aggregator"), 30*time.Second)
+		changelog, err := harness.ReadTopic(kafka, sales.ChangelogTopic("sales-aggregator", sales.StoreName), 30*time.Second)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -19,12 +19,13 @@ import (
 	"testing"
 	"time"
 
+	"github.com/salesagg/salesagg/internal/sales"
 	"github.com/salesagg/salesagg/test/harness"
 	"github.com/salesagg/salesagg/test/port"
 )
 
 // changelog is the changelog topic of the default application id.
-var changelog = harness.ChangelogTopic("sales-aggregator")
+var changelog = sales.ChangelogTopic("sales-aggregator", sales.StoreName)
 
 const (
 	project    = "salesaggtest"

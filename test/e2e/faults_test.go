@@ -17,6 +17,7 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/salesagg/salesagg/internal/sales"
 	"github.com/salesagg/salesagg/test/harness"
 )
 
@@ -163,7 +164,7 @@ func killNine(t *testing.T, guarantee string) {
 	last := svc.WaitRestored(t, 120*time.Second)
 	t.Logf("last start restored %d records %v", last.Total, last.Partitions)
 	harness.WaitFor(t, 2*time.Minute, "exact totals over HTTP", func() error { return svc.CheckTotals(want) })
-	if err := checkChangelog(harness.ChangelogTopic(appID), want); err != nil {
+	if err := checkChangelog(sales.ChangelogTopic(appID, sales.StoreName), want); err != nil {
 		t.Error(err)
 	}
 	if c, err := svc.Counters(); err == nil {
@@ -270,7 +271,7 @@ func TestBrokerRestartWhileEventsFlow(t *testing.T) {
 	pp.Wait(t, 5*time.Minute)
 	harness.WaitFor(t, 2*time.Minute, "/readyz to return to 200", svc.Ready)
 	harness.WaitFor(t, 2*time.Minute, "exact totals over HTTP", func() error { return svc.CheckTotals(want) })
-	if err := checkChangelog(harness.ChangelogTopic(appID), want); err != nil {
+	if err := checkChangelog(sales.ChangelogTopic(appID, sales.StoreName), want); err != nil {
 		t.Error(err)
 	}
 	if !svc.Alive() {
@@ -363,7 +364,7 @@ func TestPausedInstanceIsFenced(t *testing.T) {
 	})
 	send(300)
 	want := harness.TotalsOf(all)
-	harness.WaitFor(t, 90*time.Second, "exact committed changelog", func() error { return checkChangelog(harness.ChangelogTopic(appID), want) })
+	harness.WaitFor(t, 90*time.Second, "exact committed changelog", func() error { return checkChangelog(sales.ChangelogTopic(appID, sales.StoreName), want) })
 	c, err := readTopic(notif, 30*time.Second)
 	if err != nil {
 		t.Fatal(err)

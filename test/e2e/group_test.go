@@ -15,6 +15,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/salesagg/salesagg/internal/sales"
 	"github.com/salesagg/salesagg/test/harness"
 )
 
@@ -31,7 +32,7 @@ func TestSeveralInstancesOneGroup(t *testing.T) {
 					Flags: []string{"--processing.guarantee", g}})
 			},
 			Bootstrap: bootstrap,
-			Changelog: harness.ChangelogTopic(appID),
+			Changelog: sales.ChangelogTopic(appID, sales.StoreName),
 			Client:    newClient(t, kgo.RecordPartitioner(harness.HeaderPartitioner{})),
 			Input:     input,
 			Events:    events,
@@ -97,7 +98,7 @@ func TestJoinStormInsideOneTransaction(t *testing.T) {
 		return a.CheckTotals(want)
 	})
 	harness.Expect(t, 30*time.Second, "the changelog's latest committed totals to be exact", func() error {
-		return checkChangelog(harness.ChangelogTopic(appID), want)
+		return checkChangelog(sales.ChangelogTopic(appID, sales.StoreName), want)
 	})
 	harness.ReportOwnership(t, sampler)
 	if lines := strings.Count(strings.Join(a.StderrLines(), "\n"), "Stopping tasks the latest assignment does not leave running here"); lines > 0 {
@@ -220,7 +221,7 @@ func TestStandbyFailoverAfterKillNine(t *testing.T) {
 	harness.Expect(t, 30*time.Second, "C's changelogs to hold committed records before its SIGKILL", func() error {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
-		stable, err := adm.ListCommittedOffsets(ctx, harness.ChangelogTopic(appID))
+		stable, err := adm.ListCommittedOffsets(ctx, sales.ChangelogTopic(appID, sales.StoreName))
 		if err != nil {
 			return err
 		}
@@ -229,7 +230,7 @@ func TestStandbyFailoverAfterKillNine(t *testing.T) {
 			if _, err := fmt.Sscanf(p, "0_%d", &part); err != nil {
 				return err
 			}
-			if o, ok := stable.Lookup(harness.ChangelogTopic(appID), part); !ok || o.Offset <= 0 {
+			if o, ok := stable.Lookup(sales.ChangelogTopic(appID, sales.StoreName), part); !ok || o.Offset <= 0 {
 				return fmt.Errorf("changelog partition %d of task %s has no committed record yet", part, p)
 			}
 		}
@@ -262,7 +263,7 @@ func TestStandbyFailoverAfterKillNine(t *testing.T) {
 		return harness.ServedByOwner(live, want, harness.ScalePartitions)
 	})
 	harness.Expect(t, 30*time.Second, "the changelog's latest committed totals to be exact", func() error {
-		return checkChangelog(harness.ChangelogTopic(appID), want)
+		return checkChangelog(sales.ChangelogTopic(appID, sales.StoreName), want)
 	})
 
 	c2 := start("C2", "c")

@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/salesagg/salesagg/internal/sales"
 	"github.com/salesagg/salesagg/test/harness"
 )
 
@@ -124,7 +125,7 @@ func TestMigrationFromKafkaStreams(t *testing.T) {
 	buildReference(t)
 	rng := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 5))
 	appID, input, notif := testNames("mig")
-	changelog := harness.ChangelogTopic(appID)
+	changelog := sales.ChangelogTopic(appID, sales.StoreName)
 	// The reference needs its input and notification topics to exist.
 	createTopic(t, input, 3, nil)
 	createTopic(t, notif, 3, nil)

@@ -13,13 +13,14 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/salesagg/salesagg/internal/sales"
 	"github.com/salesagg/salesagg/test/harness"
 )
 
 // TestRestoreAfterCompaction: many updates of few keys into a pre-created compacted changelog (1 s segments) until the broker compacts it; a restart without the state dir restores fewer records than were written, with exact totals.
 func TestRestoreAfterCompaction(t *testing.T) {
 	rng, appID, input, notif := begin(t, "cmp", 4)
-	changelog := harness.ChangelogTopic(appID)
+	changelog := sales.ChangelogTopic(appID, sales.StoreName)
 	// The service accepts an existing changelog with as many partitions as
 	// the input, whatever its other settings.
 	str := func(s string) *string { return &s }

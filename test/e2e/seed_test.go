@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/salesagg/salesagg/internal/sales"
 	"github.com/salesagg/salesagg/test/harness"
 )
 
@@ -36,7 +37,7 @@ func TestSeedWalkthrough(t *testing.T) {
 	t.Logf("produced %d sample events to %s", len(recs), input)
 
 	harness.WaitFor(t, 60*time.Second, "the seed totals over HTTP", func() error { return svc.CheckTotals(harness.SampleTotals) })
-	cl := harness.ChangelogTopic(appID)
+	cl := sales.ChangelogTopic(appID, sales.StoreName)
 	harness.WaitFor(t, 30*time.Second, "the seed totals in the changelog", func() error { return checkChangelog(cl, harness.SampleTotals) })
 
 	// Notifications: {"sku": product, "value": total} keyed by product, each

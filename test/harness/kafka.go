@@ -23,10 +23,6 @@ import (
 	"github.com/salesagg/salesagg/internal/sales"
 )
 
-// ChangelogTopic is the changelog of application id appID (salesagg's and
-// the Kafka Streams reference's).
-func ChangelogTopic(appID string) string { return appID + "-PRODUCT_AGGREGATED_SALES-changelog" }
-
 // Kafka is the Apache Kafka broker that test/kafka/kafka.sh runs, with its
 // data (and its jars' cache, logs and pid) in Dir, the script's KAFKA_DIR.
 type Kafka struct {
