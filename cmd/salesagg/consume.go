@@ -18,6 +18,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/salesagg/salesagg/internal/changelog"
 	"github.com/salesagg/salesagg/internal/config"
 	"github.com/salesagg/salesagg/internal/sales"
 )
@@ -173,7 +174,7 @@ func formatRecord(r *kgo.Record, o consumeOptions) string {
 	if r.Key != nil {
 		key = string(r.Key)
 	}
-	return strings.Join(append(cols, controls.Replace(key), controls.Replace(formatValue(r.Value, o.changelog))), "\t")
+	return strings.Join(append(cols, controls.Replace(key), controls.Replace(formatValue(r, o.changelog))), "\t")
 }
 
 // isDeadLetter reports whether r carries the headers of a dead letter.
@@ -186,22 +187,24 @@ func isDeadLetter(r *kgo.Record) bool {
 	return false
 }
 
-// formatValue is the value as the console consumer prints it ("null" for
-// none), or in a changelog the total it encodes.
-func formatValue(v []byte, changelog bool) string {
-	switch {
-	case changelog && v == nil:
-		return "(tombstone)"
-	case v == nil:
-		return "null"
-	case changelog:
-		total, err := sales.DecodeTotal(v)
-		if err != nil {
-			return fmt.Sprintf("(not an int64 total: %d bytes %s)", len(v), hex.EncodeToString(v))
+// formatValue is r's value as the console consumer prints it ("null" for
+// none), or in a changelog the total it encodes, as internal/changelog reads
+// it.
+func formatValue(r *kgo.Record, isChangelog bool) string {
+	if !isChangelog {
+		if r.Value == nil {
+			return "null"
 		}
-		return strconv.FormatInt(total, 10)
+		return string(r.Value)
 	}
-	return string(v)
+	u, err := changelog.Update(r)
+	switch {
+	case err != nil:
+		return fmt.Sprintf("(not an int64 total: %d bytes %s)", len(r.Value), hex.EncodeToString(r.Value))
+	case u.Delete:
+		return "(tombstone)"
+	}
+	return strconv.FormatInt(u.Entry.Total, 10)
 }
 
 // formatHeaders is key:value,... with salesagg.offsets decoded
