@@ -7,11 +7,6 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kerr"
-	"github.com/twmb/franz-go/pkg/kgo"
-	"go.uber.org/zap"
-
-	"github.com/salesagg/salesagg/internal/sales"
-	"github.com/salesagg/salesagg/internal/state"
 )
 
 // Bounds returns the log start and the last stable offset of partition p of
@@ -75,34 +70,4 @@ func Ends(ctx context.Context, adm *kadm.Client, topic string) (map[int32]int64,
 		out[p] = o.Offset
 	}
 	return out, nil
-}
-
-// Update is the store update a changelog record makes: the total with the
-// input offsets it reflects (sales.OffsetsHeader), or a deletion for a
-// tombstone. It fails for a value that is not a total.
-func Update(r *kgo.Record) (state.Update, error) {
-	u := state.Update{Product: string(r.Key)}
-	if r.Value == nil {
-		u.Delete = true
-		return u, nil
-	}
-	total, err := sales.DecodeTotal(r.Value)
-	if err != nil {
-		return u, err
-	}
-	u.Entry.Total = total
-	for _, h := range r.Headers {
-		if h.Key == sales.OffsetsHeader {
-			if offs, err := sales.DecodeOffsets(h.Value); err == nil {
-				u.Entry.Offsets = offs
-			}
-		}
-	}
-	return u, nil
-}
-
-// LogUnreadable logs a changelog record Update could not read (it is
-// skipped: its total is not a total).
-func LogUnreadable(log *zap.Logger, tp string, offset int64, err error) {
-	log.Warn("Skipping unreadable changelog record", zap.String("changelog", tp), zap.Int64("offset", offset), zap.Error(err))
 }
