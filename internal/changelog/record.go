@@ -9,7 +9,8 @@ package changelog
 //	header  sales.OffsetsHeader: the input offsets the total reflects
 //	        (sales.Offsets); absent from records the reference wrote
 //
-// Update reads it.
+// Update reads it, for every reader of the changelog: the restore, a
+// standby's tail, the offline verification and the consume command.
 
 import (
 	"github.com/twmb/franz-go/pkg/kgo"

@@ -10,7 +10,6 @@ import (
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 
-	"github.com/salesagg/salesagg/internal/sales"
 	"github.com/salesagg/salesagg/internal/state"
 )
 
@@ -147,13 +146,11 @@ func (v *Verifier) read(ctx context.Context, p int32, start, end, checkpoint int
 			c.later[key] = true
 			return
 		}
-		val := value{offset: r.Offset, tombstone: r.Value == nil}
-		if !val.tombstone {
-			if t, err := sales.DecodeTotal(r.Value); err != nil {
-				val.bad = err.Error()
-			} else {
-				val.total = t
-			}
+		val := value{offset: r.Offset}
+		if u, err := Update(r); err != nil {
+			val.bad = err.Error()
+		} else {
+			val.total, val.tombstone = u.Entry.Total, u.Delete
 		}
 		c.atCheckpoint[key] = val
 	})
