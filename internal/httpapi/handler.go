@@ -1,20 +1,27 @@
 package httpapi
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"net/http"
 	"net/http/pprof"
 	"net/url"
+	"slices"
+	"sort"
+	"strconv"
 	"strings"
 
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"go.uber.org/zap"
+
+	"github.com/salesagg/salesagg/internal/state"
 )
 
 // Backend is everything the HTTP interface reads, as the union of what its
-// parts use: each part holds only its own interface (Querier and Lister in
-// peers.go, StatusReader and Prober here, PageSource in statuspage.go).
+// parts use: each part holds only its own interface (Querier, Lister,
+// StatusReader and Prober here, PageSource in statuspage.go).
 // internal/httpapi/streamview adapts the runtime to it.
 type Backend interface {
 	Querier
@@ -39,6 +46,39 @@ type Prober interface {
 	Ready() (bool, string)
 	// Healthy is false once a task kept failing past task.timeout.ms.
 	Healthy() (bool, string)
+}
+
+// Querier is what a product's query reads: GET /v1/products/{product}
+// answers from this instance's task or standby copy, or forwards to the
+// task's owner or to an instance with a standby copy.
+type Querier interface {
+	// Total is the product's committed total from this instance's active
+	// task; a *NotHostedError names its owner when it runs elsewhere.
+	Total(product string) (int64, bool, error)
+	// StandbyTotal answers from this instance's standby copy of the
+	// product's task, within acceptable.recovery.lag; lag is how far behind
+	// it may be.
+	StandbyTotal(product string) (total int64, ok bool, lag int64, err error)
+	// StandbyServers are the other instances keeping a standby copy of the
+	// product's task.
+	StandbyServers(product string) []Peer
+	// TaskOf names the task owning a product.
+	TaskOf(product string) string
+	// InstanceID names this instance in X-Served-By.
+	InstanceID() string
+}
+
+// Lister is what GET /v1/products gathers: this instance's page, and the
+// instances to ask for theirs.
+type Lister interface {
+	// Products lists up to limit totals after the product after, from
+	// this instance's running tasks; unavailable names the tasks that are
+	// not running, whose products are missing.
+	Products(after string, limit int) (page []state.Total, unavailable []string, err error)
+	// Instances lists the group's members, their tasks and servers.
+	Instances() []InstanceStatus
+	// InstanceID names this instance to those it asks.
+	InstanceID() string
 }
 
 // productsPrefix is the path of one product's total; the rest of the path
@@ -173,6 +213,164 @@ func (h *handler) readyz(w http.ResponseWriter, _ *http.Request) {
 		code = http.StatusServiceUnavailable
 	}
 	writeJSON(w, code, map[string]any{"ready": ready, "reason": reason})
+}
+
+// products answers GET /v1/products: this instance's page merged with the
+// same page of every other instance running tasks (unless the request was
+// forwarded to us), asked in parallel under one deadline (forwardTimeout).
+func (h *handler) products(w http.ResponseWriter, r *http.Request) {
+	limit := DefaultPageSize
+	if v := r.URL.Query().Get("limit"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 || n > MaxPageSize {
+			writeJSON(w, http.StatusBadRequest, map[string]string{"error": fmt.Sprintf("limit must be an integer from 1 to %d", MaxPageSize)})
+			return
+		}
+		limit = n
+	}
+	after := r.URL.Query().Get("after")
+	page, unavailable, err := h.list.Products(after, limit)
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	if !forwarded(r) {
+		page, unavailable = h.gather(r.Context(), page, unavailable, after, limit)
+	}
+	if page == nil {
+		page = []state.Total{}
+	}
+	resp := map[string]any{"products": page}
+	if len(page) == limit {
+		resp["next"] = page[len(page)-1].Product
+	}
+	if len(unavailable) > 0 {
+		resp["unavailable_tasks"] = unavailable
+	}
+	writeJSON(w, http.StatusOK, resp)
+}
+
+// gather merges this instance's page (and unavailable tasks) with the same
+// page of every other instance running tasks: the first limit products, and
+// the tasks missing from the page, sorted. An instance that does not answer
+// in time has all its tasks unavailable.
+func (h *handler) gather(ctx context.Context, page []state.Total, unavailable []string, after string, limit int) ([]state.Total, []string) {
+	ctx, cancel := context.WithTimeout(ctx, forwardTimeout)
+	defer cancel()
+	type result struct {
+		tasks       []string
+		page        []state.Total
+		unavailable []string
+		err         error
+	}
+	var peers []InstanceStatus
+	for _, is := range h.list.Instances() {
+		if !is.Self && len(is.Tasks) > 0 {
+			peers = append(peers, is)
+		}
+	}
+	results := make(chan result, len(peers))
+	for _, is := range peers {
+		go func() {
+			got, unav, err := h.fw.page(ctx, h.list.InstanceID(), is, after, limit)
+			results <- result{tasks: is.Tasks, page: got, unavailable: unav, err: err}
+		}()
+	}
+	for range peers {
+		res := <-results
+		if res.err != nil {
+			unavailable = append(unavailable, res.tasks...)
+			continue
+		}
+		page = append(page, res.page...)
+		unavailable = append(unavailable, res.unavailable...)
+	}
+	sort.Slice(page, func(i, j int) bool { return page[i].Product < page[j].Product })
+	if len(page) > limit {
+		page = page[:limit]
+	}
+	sort.Strings(unavailable)
+	return page, slices.Compact(unavailable)
+}
+
+// product answers GET /v1/products/{product}:
+//  1. from this instance's active task;
+//  2. else, unless the request was forwarded to us, by one hop to the
+//     owner, whose answer is decoded and written again (never relayed as
+//     it came) unless it could not give one (it did not answer, or
+//     answered 503: restoring);
+//  3. else from this instance's standby copy, within
+//     acceptable.recovery.lag, marked stale (StandbyLagHeader);
+//  4. else, unless forwarded, by one hop to an instance with a standby copy;
+//  5. else an error: the owner's 503, or 503 naming an owner that did not
+//     answer or advertises no usable address, or this instance's own answer
+//     (404 naming the owner, 503 while no owner is known).
+//
+// A forwarded request is answered where it lands (steps 1, 3, 5): never
+// forwarded again, so there are no loops.
+func (h *handler) product(w http.ResponseWriter, r *http.Request, product string) {
+	b := h.query
+	task := b.TaskOf(product)
+	servedBy := b.InstanceID() + "; task=" + task
+	total, ok, err := b.Total(product)
+	if err == nil {
+		w.Header().Set(ServedByHeader, servedBy)
+		writeTotal(w, product, total, ok, nil)
+		return
+	}
+	var nh *NotHostedError
+	var ownerAnswer *answer
+	ownerFailed := false
+	if errors.As(err, &nh) && nh.Server != "" && !forwarded(r) {
+		a, err := h.fw.ask(r.Context(), b.InstanceID(), nh.Owner, nh.Server, product, task)
+		if err != nil {
+			ownerFailed = true
+		} else if a.code != http.StatusServiceUnavailable {
+			a.write(w)
+			return
+		} else {
+			ownerAnswer = a
+		}
+	}
+	if st, ok, lag, serr := b.StandbyTotal(product); serr == nil {
+		w.Header().Set(ServedByHeader, servedBy+"; standby")
+		w.Header().Set(StandbyLagHeader, strconv.FormatInt(lag, 10))
+		writeTotal(w, product, st, ok, &lag)
+		return
+	}
+	if !forwarded(r) && h.askStandbys(w, r, product, task) {
+		return
+	}
+	switch {
+	case ownerAnswer != nil:
+		ownerAnswer.write(w)
+	case ownerFailed:
+		// What went wrong stays in this instance's log: the answer names
+		// the owner, not the dial error.
+		w.Header().Set(ServedByHeader, servedBy)
+		w.Header().Set("Retry-After", "1")
+		writeJSON(w, http.StatusServiceUnavailable, map[string]any{
+			"error": fmt.Sprintf("the owner of task %s, %s, did not answer", nh.Task, nh.Owner),
+			"task":  nh.Task, "partition": nh.Partition, "owner": nh.Owner,
+		})
+	default:
+		w.Header().Set(ServedByHeader, servedBy)
+		writeError(w, err)
+	}
+}
+
+// askStandbys forwards a product's query to the instances with a standby
+// copy of its task, in turn, and writes the first answer for the product
+// (its total, or 404 unknown); false when none gave one.
+func (h *handler) askStandbys(w http.ResponseWriter, r *http.Request, product, task string) bool {
+	for _, peer := range h.query.StandbyServers(product) {
+		a, err := h.fw.ask(r.Context(), h.query.InstanceID(), peer.Name, peer.Server, product, task)
+		if err == nil && (a.code == http.StatusOK || a.code == http.StatusNotFound) {
+			a.write(w)
+			return true
+		}
+	}
+	return false
 }
 
 // writeTotal writes a product's total (404 when unknown); staleBy, when not
