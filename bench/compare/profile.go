@@ -79,7 +79,7 @@ func startCPUProfile(ctx context.Context, in *instance, base, path string, secon
 			req, _ := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
 			resp, err := client.Do(req)
 			if err != nil {
-				if errors.Is(err, syscall.ECONNREFUSED) && in.Running() && ctx.Err() == nil {
+				if errors.Is(err, syscall.ECONNREFUSED) && in.Alive() && ctx.Err() == nil {
 					select {
 					case <-ctx.Done():
 					case <-time.After(20 * time.Millisecond):

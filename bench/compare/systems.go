@@ -538,7 +538,7 @@ func runOnce(ctx context.Context, e *env, d driver, res *systemResult, run strin
 			return m, err
 		}
 	}
-	if !in.Running() {
+	if !in.Alive() {
 		cpuProf.abandon()
 		finish()
 		return m, in.ExitError("before it was stopped")
@@ -577,7 +577,7 @@ func waitCaughtUp(ctx context.Context, e *env, d driver, in *instance, until tim
 				return now, processed, committed, true, nil
 			}
 		}
-		if !in.Running() {
+		if !in.Alive() {
 			return time.Time{}, time.Time{}, committed, false, in.ExitError("while processing")
 		}
 		if now.Sub(lastLog) >= 5*time.Second {
@@ -694,7 +694,7 @@ func (d *salesaggDriver) waitReady(ctx context.Context, in *instance) (time.Time
 			}
 			reason = strings.TrimSpace(string(body))
 		}
-		if !in.Running() {
+		if !in.Alive() {
 			return time.Time{}, in.ExitError("before it was ready")
 		}
 		if time.Since(lastLog) >= 5*time.Second {
@@ -925,7 +925,7 @@ func (d *referenceDriver) waitReady(ctx context.Context, in *instance) (time.Tim
 		if !at.IsZero() {
 			return at, nil
 		}
-		if !in.Running() {
+		if !in.Alive() {
 			return time.Time{}, in.ExitError("before it was RUNNING")
 		}
 		if time.Since(lastLog) >= 5*time.Second {

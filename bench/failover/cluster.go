@@ -75,7 +75,7 @@ func (in *instance) p() *kit.Proc {
 
 func (in *instance) running() bool {
 	p := in.p()
-	return p != nil && p.Running()
+	return p != nil && p.Alive()
 }
 
 // cluster is one run's group: its instances, topics and what their logs told.
@@ -229,7 +229,7 @@ func (c *cluster) kill9(in *instance) (time.Time, error) {
 	if p == nil {
 		return time.Time{}, fmt.Errorf("%s was never started", in.name)
 	}
-	return p.Kill9()
+	return p.Kill()
 }
 
 // stopAll stops every process still running (SIGTERM, SIGKILL after the
@@ -240,7 +240,7 @@ func (c *cluster) stopAll() {
 	c.mu.Unlock()
 	var wg sync.WaitGroup
 	for _, p := range procs {
-		if !p.Running() {
+		if !p.Alive() {
 			continue
 		}
 		wg.Add(1)
@@ -813,7 +813,7 @@ func alive(ins []*instance) error {
 		if p == nil {
 			return fmt.Errorf("%s was never started", in.name)
 		}
-		if !p.Running() {
+		if !p.Alive() {
 			return p.ExitError("unexpectedly")
 		}
 	}

@@ -59,7 +59,7 @@ func TestProc(t *testing.T) {
 		t.Fatal(err)
 	}
 	deadline := time.Now().Add(10 * time.Second)
-	for p.Running() && time.Now().Before(deadline) {
+	for p.Alive() && time.Now().Before(deadline) {
 		time.Sleep(10 * time.Millisecond)
 	}
 	if code, sig, _ := p.ExitInfo(); code != 3 || sig != "" {
@@ -84,8 +84,8 @@ func TestProc(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, killed := q.Stop(10 * time.Second); killed || q.Running() {
-		t.Errorf("sleep: killed %v, running %v after SIGTERM", killed, q.Running())
+	if _, killed := q.Stop(10 * time.Second); killed || q.Alive() {
+		t.Errorf("sleep: killed %v, running %v after SIGTERM", killed, q.Alive())
 	}
 	if _, sig, _ := q.ExitInfo(); sig != "terminated" {
 		t.Errorf("sleep ended by %q, want SIGTERM", sig)

@@ -1,18 +1,17 @@
 package kit
 
 import (
-	"bufio"
 	"errors"
 	"fmt"
-	"io"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/salesagg/salesagg/test/child"
 )
 
 // TailLines is how many of the last lines of each stream a Proc keeps for
@@ -41,19 +40,14 @@ type Spec struct {
 // Proc is one started process: its output goes to log files and, line by
 // line, to a callback. It runs in a process group of its own (a Ctrl-C
 // reaches only the benchmark, which stops it) and gets SIGTERM if the
-// benchmark dies.
+// benchmark dies. It is signalled, stopped and inspected through its
+// child.Process.
 type Proc struct {
-	// Name, PID, Started and LogDir are set by Start and not changed.
-	Name    string
-	PID     int
-	Started time.Time
-	LogDir  string
-
-	cmd  *exec.Cmd
-	done chan struct{} // closed once the process has exited and been reaped
+	*child.Process
+	// LogDir is set by Start and not changed.
+	LogDir string
 
 	mu      sync.Mutex
-	exited  time.Time           // guarded by mu
 	tail    map[string][]string // guarded by mu: last lines per stream
 	peakHWM int64               // guarded by mu: bytes, max VmHWM seen
 	peakRSS int64               // guarded by mu: bytes, max VmRSS seen
@@ -63,23 +57,10 @@ type Proc struct {
 
 // Start starts the process s describes.
 func Start(s Spec) (*Proc, error) {
-	cmd := exec.Command(s.Path, s.Args...)
-	cmd.Dir = s.Dir
-	cmd.Env = append(os.Environ(), s.Env...)
-	cmd.Stdin = nil
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGTERM}
-	stdout, err := cmd.StdoutPipe()
-	if err != nil {
-		return nil, err
-	}
-	stderr, err := cmd.StderrPipe()
-	if err != nil {
-		return nil, err
-	}
 	if err := os.MkdirAll(s.LogDir, 0o755); err != nil {
 		return nil, err
 	}
-	p := &Proc{Name: s.Name, LogDir: s.LogDir, cmd: cmd, done: make(chan struct{}), tail: map[string][]string{}, sample: s.SampleRSS}
+	p := &Proc{LogDir: s.LogDir, tail: map[string][]string{}, sample: s.SampleRSS}
 	files := map[string]*os.File{}
 	closeAll := func() {
 		for _, f := range files {
@@ -94,50 +75,32 @@ func Start(s Spec) (*Proc, error) {
 		}
 		files[stream] = f
 	}
-	if err := cmd.Start(); err != nil {
-		closeAll()
-		return nil, fmt.Errorf("starting %s: %w", s.Name, err)
-	}
-	p.Started = time.Now()
-	p.PID = cmd.Process.Pid
-
-	var readers sync.WaitGroup
-	for stream, r := range map[string]io.Reader{"stdout": stdout, "stderr": stderr} {
-		readers.Add(1)
-		go func() {
-			defer readers.Done()
-			defer files[stream].Close()
-			br := bufio.NewReaderSize(r, 1<<16)
-			for {
-				line, err := br.ReadString('\n')
-				if len(line) > 0 {
-					at := time.Now()
-					_, _ = files[stream].WriteString(line)
-					line = strings.TrimRight(line, "\r\n")
-					p.mu.Lock()
-					t := append(p.tail[stream], line)
-					if len(t) > TailLines {
-						t = t[len(t)-TailLines:]
-					}
-					p.tail[stream] = t
-					p.mu.Unlock()
-					if s.OnLine != nil {
-						s.OnLine(stream, at, line)
-					}
-				}
-				if err != nil {
-					return
-				}
+	var err error
+	p.Process, err = child.Start(child.Spec{
+		Name: s.Name, Path: s.Path, Args: s.Args, Dir: s.Dir,
+		Env:   append(os.Environ(), s.Env...),
+		Group: true, DeathSignal: syscall.SIGTERM,
+		OnLine: func(stream string, at time.Time, line string) {
+			_, _ = files[stream].WriteString(line + "\n")
+			p.mu.Lock()
+			t := append(p.tail[stream], line)
+			if len(t) > TailLines {
+				t = t[len(t)-TailLines:]
 			}
-		}()
+			p.tail[stream] = t
+			p.mu.Unlock()
+			if s.OnLine != nil {
+				s.OnLine(stream, at, line)
+			}
+		},
+	})
+	if err != nil {
+		closeAll()
+		return nil, err
 	}
 	go func() {
-		readers.Wait()
-		_ = cmd.Wait()
-		p.mu.Lock()
-		p.exited = time.Now()
-		p.mu.Unlock()
-		close(p.done)
+		<-p.Done()
+		closeAll()
 	}()
 	if p.sample {
 		go p.sampleRSS()
@@ -152,7 +115,7 @@ func (p *Proc) sampleRSS() {
 	for {
 		p.sampleOnce()
 		select {
-		case <-p.done:
+		case <-p.Done():
 			return
 		case <-tick.C:
 		}
@@ -214,85 +177,23 @@ func (p *Proc) Samples() int {
 	return p.samples
 }
 
-// Running reports whether the process has not exited yet.
-func (p *Proc) Running() bool {
-	select {
-	case <-p.done:
-		return false
-	default:
-		return true
-	}
-}
-
 // ExitInfo describes how the process ended: exit code (-1: killed by a
 // signal, or still running), the signal, user+system CPU time.
 func (p *Proc) ExitInfo() (code int, sig string, cpu time.Duration) {
-	if p.Running() {
-		return -1, "", 0
-	}
-	ps := p.cmd.ProcessState
+	ps := p.ExitState()
 	if ps == nil {
 		return -1, "", 0
 	}
-	cpu = ps.UserTime() + ps.SystemTime()
-	if ws, ok := ps.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
-		return -1, ws.Signal().String(), cpu
-	}
-	return ps.ExitCode(), "", cpu
+	return ps.ExitCode(), p.ExitSignal(), ps.UserTime() + ps.SystemTime()
 }
 
-// Stop sends SIGTERM and waits up to timeout for the exit, then SIGKILLs the
-// process group. It returns how long the exit took after SIGTERM and whether
-// SIGKILL was needed.
+// Stop samples the memory a last time (with Spec.SampleRSS), then stops the
+// process as child.Process.Stop does.
 func (p *Proc) Stop(timeout time.Duration) (took time.Duration, killed bool) {
-	if !p.Running() {
-		return 0, false
-	}
-	if p.sample {
+	if p.sample && p.Alive() {
 		p.sampleOnce()
 	}
-	t0 := time.Now()
-	_ = p.cmd.Process.Signal(syscall.SIGTERM)
-	select {
-	case <-p.done:
-		return p.ExitedAt().Sub(t0), false
-	case <-time.After(timeout):
-	}
-	_ = syscall.Kill(-p.PID, syscall.SIGKILL)
-	_ = p.cmd.Process.Kill()
-	select {
-	case <-p.done:
-	case <-time.After(10 * time.Second):
-	}
-	return time.Since(t0), true
-}
-
-// Kill9 sends SIGKILL to the process group and returns the time right after
-// the signal was sent; it waits (up to 10 s) for the process to be reaped.
-func (p *Proc) Kill9() (time.Time, error) {
-	if !p.Running() {
-		return time.Time{}, fmt.Errorf("%s is not running", p.Name)
-	}
-	if err := syscall.Kill(-p.PID, syscall.SIGKILL); err != nil {
-		_ = p.cmd.Process.Kill()
-	}
-	at := time.Now()
-	select {
-	case <-p.done:
-		return at, nil
-	case <-time.After(10 * time.Second):
-		return at, fmt.Errorf("%s (pid %d) not reaped 10 s after SIGKILL", p.Name, p.PID)
-	}
-}
-
-// Kill ends the process at once if it runs (cleanup after a failure).
-func (p *Proc) Kill() { _, _ = p.Kill9() }
-
-// ExitedAt is when the process exited (zero while it runs).
-func (p *Proc) ExitedAt() time.Time {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return p.exited
+	return p.Process.Stop(timeout)
 }
 
 // TailText returns the last n lines (at most TailLines) of a stream.

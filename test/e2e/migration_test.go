@@ -62,7 +62,7 @@ func startReference(t *testing.T, appID, stateDir, input, notif string) *referen
 		"--leave-group-on-close", "true",
 		"--commit-interval-ms", "200",
 	}})
-	t.Logf("started %s (pid %d, state dir %s)", name, p.PID(), stateDir)
+	t.Logf("started %s (pid %d, state dir %s)", name, p.PID, stateDir)
 	return &reference{p}
 }
 
@@ -110,7 +110,7 @@ func (r *reference) waitRunning(t *testing.T, timeout time.Duration) int64 {
 // STOPPED clean=true".
 func (r *reference) terminate(t *testing.T) {
 	t.Helper()
-	if !r.Stop(60 * time.Second) {
+	if _, killed := r.Stop(60 * time.Second); killed {
 		t.Fatalf("%s did not stop within 60 s of SIGTERM; killed", r.Name)
 	}
 	stopped := r.marker("STOPPED")

@@ -33,20 +33,6 @@ func TestPoll(t *testing.T) {
 	}
 }
 
-func TestLineWriter(t *testing.T) {
-	// Scenario: a LineWriter emits each complete line, without its line ending, whatever the writes' boundaries.
-	var got []string
-	w := &LineWriter{Emit: func(l string) { got = append(got, l) }}
-	for _, s := range []string{"a", "b\r\nc\n", "\nd"} {
-		if _, err := w.Write([]byte(s)); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if want := []string{"ab", "c", ""}; strings.Join(got, "|") != strings.Join(want, "|") {
-		t.Errorf("lines %q, want %q", got, want)
-	}
-}
-
 func TestLatestTotals(t *testing.T) {
 	// Scenario: the latest value of each key wins, a null value deletes the key, and a value that is not 8 bytes is an error.
 	v := func(n int64) []byte { return binary.BigEndian.AppendUint64(nil, uint64(n)) }
@@ -103,7 +89,7 @@ func TestProc(t *testing.T) {
 	if q.Exited() != nil {
 		t.Fatal("sleep exited at once")
 	}
-	if !q.Stop(10*time.Second) || !q.KilledBy(syscall.SIGTERM) {
+	if _, killed := q.Stop(10 * time.Second); killed || !q.KilledBy(syscall.SIGTERM) {
 		t.Errorf("sleep after Stop: %s", q.DescribeExit())
 	}
 }

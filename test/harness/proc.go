@@ -1,17 +1,15 @@
 package harness
 
 import (
-	"bytes"
 	"fmt"
 	"os"
-	"os/exec"
-	"os/signal"
 	"path/filepath"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
+
+	"github.com/salesagg/salesagg/test/child"
 )
 
 // StopGrace is how long a process is given to exit after SIGTERM: the
@@ -40,22 +38,17 @@ type Spec struct {
 // line by line, in memory and in a log file (timestamped, both streams); it
 // dies with the test process (Pdeathsig), and when its test ends it is
 // stopped (SIGTERM, then SIGKILL after StopGrace) and, if the test failed,
-// the last lines of its log are logged.
+// the last lines of its log are logged. It is signalled, stopped and
+// inspected through its child.Process.
 type Proc struct {
-	// Name names the process in messages.
-	Name string
+	*child.Process
 	// LogPath is its log file.
 	LogPath string
-	cmd     *exec.Cmd
 
 	mu     sync.Mutex
 	stdout []string // guarded by mu
 	stderr []string // guarded by mu
 	log    *os.File // guarded by mu
-
-	done  chan struct{} // closed once the process has exited and its output is read
-	state *os.ProcessState
-	job   bool // the leader of a process group of its own (Spec.Job)
 }
 
 // Start starts the process s describes; it does not wait for anything.
@@ -65,25 +58,15 @@ func Start(t testing.TB, s Spec) *Proc {
 	if err != nil {
 		t.Fatal(err)
 	}
-	p := &Proc{Name: s.Name, LogPath: path, log: f, done: make(chan struct{}), job: s.Job}
-	p.cmd = exec.Command(s.Path, s.Args...)
-	p.cmd.Dir = s.Dir
-	p.cmd.Env = ChildEnv(s.Env...)
-	p.cmd.Stdout = &LineWriter{Emit: func(l string) { p.line(&p.stdout, "out", l) }}
-	p.cmd.Stderr = &LineWriter{Emit: func(l string) { p.line(&p.stderr, "err", l) }}
-	// If the test process dies, its children die with it.
-	p.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL, Setpgid: s.Job}
-	if err := startCmd(p.cmd, s.Job); err != nil {
+	p := &Proc{LogPath: path, log: f}
+	p.Process, err = child.Start(child.Spec{
+		Name: s.Name, Path: s.Path, Args: s.Args, Dir: s.Dir,
+		Env: ChildEnv(s.Env...), Job: s.Job, OnLine: p.line,
+	})
+	if err != nil {
 		f.Close()
-		t.Fatalf("starting %s: %v", s.Name, err)
+		t.Fatal(err)
 	}
-	go func() {
-		_ = p.cmd.Wait() // also waits for the output to be copied
-		p.mu.Lock()
-		p.state = p.cmd.ProcessState
-		p.mu.Unlock()
-		close(p.done)
-	}()
 	t.Cleanup(func() {
 		p.Stop(StopGrace)
 		if t.Failed() {
@@ -98,20 +81,6 @@ func Start(t testing.TB, s Spec) *Proc {
 		p.mu.Unlock()
 	})
 	return p
-}
-
-// startCmd starts cmd. A job must not inherit an ignored SIGINT (this test
-// may run as a background job of a script, where SIGINT is ignored): a
-// shell could not trap it, and Ctrl-C would do nothing. While this process
-// handles SIGINT, a child starts with the default action instead.
-func startCmd(cmd *exec.Cmd, job bool) error {
-	if !job {
-		return cmd.Start()
-	}
-	sigs := make(chan os.Signal, 1)
-	signal.Notify(sigs, syscall.SIGINT)
-	defer signal.Stop(sigs)
-	return cmd.Start()
 }
 
 // createLog creates <dir>/<name>.log, or <name>-2.log and so on when a
@@ -129,11 +98,16 @@ func createLog(dir, name string) (*os.File, string, error) {
 	}
 }
 
-func (p *Proc) line(dst *[]string, stream, l string) {
+// line keeps a line of the process's output (stream "stdout" or "stderr").
+func (p *Proc) line(stream string, at time.Time, l string) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	dst, tag := &p.stdout, "out"
+	if stream == "stderr" {
+		dst, tag = &p.stderr, "err"
+	}
 	*dst = append(*dst, l)
-	fmt.Fprintf(p.log, "%s %s| %s\n", time.Now().Format("15:04:05.000"), stream, l)
+	fmt.Fprintf(p.log, "%s %s| %s\n", at.Format("15:04:05.000"), tag, l)
 }
 
 // LogDir returns where a test's process logs go: $E2E_LOG_DIR/<test> when
@@ -164,24 +138,6 @@ func ChildEnv(extra ...string) []string {
 	return append(env, extra...)
 }
 
-// PID is the process id.
-func (p *Proc) PID() int { return p.cmd.Process.Pid }
-
-// Signal sends sig to the process (SIGSTOP and SIGCONT pause and resume it).
-func (p *Proc) Signal(sig os.Signal) error { return p.cmd.Process.Signal(sig) }
-
-// SignalGroup sends sig to the process group of a Job, as a terminal sends
-// Ctrl-C (SIGINT) to its foreground job.
-func (p *Proc) SignalGroup(sig syscall.Signal) error {
-	if !p.job {
-		return fmt.Errorf("signalling %s's group: it is not a job (Spec.Job)", p.Name)
-	}
-	return syscall.Kill(-p.cmd.Process.Pid, sig)
-}
-
-// Done is closed once the process has exited.
-func (p *Proc) Done() <-chan struct{} { return p.done }
-
 // Exited returns nil while the process runs, then an error wrapping
 // ErrGiveUp that says how it ended: a condition given to WaitFor returns
 // it first when the process must stay up.
@@ -192,108 +148,17 @@ func (p *Proc) Exited() error {
 	return fmt.Errorf("%w: %s exited (%s)", ErrGiveUp, p.Name, p.DescribeExit())
 }
 
-// Alive reports whether the process has not exited.
-func (p *Proc) Alive() bool {
-	select {
-	case <-p.done:
-		return false
-	default:
-		return true
-	}
-}
-
-// WaitExit waits up to timeout for the process to exit by itself.
-func (p *Proc) WaitExit(timeout time.Duration) bool {
-	select {
-	case <-p.done:
-		return true
-	case <-time.After(timeout):
-		return false
-	}
-}
-
-// Stop sends SIGTERM, waits up to grace, then SIGKILLs. It reports whether
-// the process exited within grace (true also if it had exited already).
-func (p *Proc) Stop(grace time.Duration) bool {
-	if !p.Alive() {
-		return true
-	}
-	p.signalAll(syscall.SIGTERM)
-	if p.WaitExit(grace) {
-		return true
-	}
-	p.Kill()
-	return false
-}
-
-// Kill SIGKILLs the process and waits for it.
-func (p *Proc) Kill() {
-	if !p.Alive() {
-		return
-	}
-	p.signalAll(syscall.SIGKILL)
-	<-p.done
-}
-
-// signalAll sends sig to the process, and to its group if it is a job.
-func (p *Proc) signalAll(sig syscall.Signal) {
-	if p.job {
-		_ = syscall.Kill(-p.cmd.Process.Pid, sig)
-		return
-	}
-	_ = p.cmd.Process.Signal(sig)
-}
-
 // Terminate stops the process with SIGTERM and requires a clean exit (code
 // 0) within StopGrace.
 func (p *Proc) Terminate(t testing.TB) {
 	t.Helper()
-	if !p.Stop(StopGrace) {
+	if _, killed := p.Stop(StopGrace); killed {
 		t.Fatalf("%s did not stop within %s of SIGTERM; killed", p.Name, StopGrace)
 	}
 	if code := p.ExitCode(); code != 0 {
 		t.Fatalf("%s stopped with %s after SIGTERM, want exit code 0", p.Name, p.DescribeExit())
 	}
 	t.Logf("%s stopped cleanly", p.Name)
-}
-
-// ExitState returns how the process ended (nil while it runs).
-func (p *Proc) ExitState() *os.ProcessState {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return p.state
-}
-
-// ExitCode is the process's exit code: -1 while it runs or when a signal
-// ended it.
-func (p *Proc) ExitCode() int {
-	st := p.ExitState()
-	if st == nil {
-		return -1
-	}
-	return st.ExitCode()
-}
-
-// DescribeExit says how the process ended, for messages.
-func (p *Proc) DescribeExit() string {
-	st := p.ExitState()
-	if st == nil {
-		return "still running"
-	}
-	if ws, ok := st.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
-		return "killed by " + ws.Signal().String()
-	}
-	return fmt.Sprintf("exit code %d", st.ExitCode())
-}
-
-// KilledBy reports whether the signal sig ended the process.
-func (p *Proc) KilledBy(sig syscall.Signal) bool {
-	st := p.ExitState()
-	if st == nil {
-		return false
-	}
-	ws, ok := st.Sys().(syscall.WaitStatus)
-	return ok && ws.Signaled() && ws.Signal() == sig
 }
 
 // StdoutLines returns the lines of standard output so far.
@@ -336,27 +201,4 @@ func Tail(path string, n int) string {
 		lines = lines[len(lines)-n:]
 	}
 	return strings.Join(lines, "\n")
-}
-
-// LineWriter is an io.Writer that hands Emit each complete line written to
-// it, without its line ending. A process's output goes through one: exec
-// copies it from a goroutine of its own, so Emit must be safe to call from
-// another goroutine than the test's.
-type LineWriter struct {
-	Emit func(string)
-	buf  []byte
-}
-
-// Write buffers b and emits every line it completes.
-func (w *LineWriter) Write(b []byte) (int, error) {
-	w.buf = append(w.buf, b...)
-	for {
-		i := bytes.IndexByte(w.buf, '\n')
-		if i < 0 {
-			break
-		}
-		w.Emit(strings.TrimRight(string(w.buf[:i]), "\r"))
-		w.buf = w.buf[i+1:]
-	}
-	return len(b), nil
 }

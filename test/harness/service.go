@@ -244,7 +244,7 @@ func StartService(t testing.TB, cfg ServiceConfig) *Service {
 		crash = ", crash point " + cfg.CrashPoint
 	}
 	p := Start(t, Spec{Name: fmt.Sprintf("salesagg-%02d", n), Path: cfg.Bin, Args: args, Dir: cfg.Dir, Env: env})
-	t.Logf("started %s (pid %d, http %s%s)", p.Name, p.PID(), addr, crash)
+	t.Logf("started %s (pid %d, http %s%s)", p.Name, p.PID, addr, crash)
 	return &Service{Proc: p, API: NewAPI(addr)}
 }
 

@@ -20,6 +20,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 
+	"github.com/salesagg/salesagg/test/child"
 	"github.com/salesagg/salesagg/test/harness"
 )
 
@@ -75,8 +76,8 @@ func startContainer(t *testing.T, pod *Pod, sec *corev1.PodSecurityContext, bin 
 	if c.cmd.Dir == "" {
 		c.cmd.Dir = "/"
 	}
-	c.cmd.Stdout = &harness.LineWriter{Emit: func(l string) { c.line("out", l) }}
-	c.cmd.Stderr = &harness.LineWriter{Emit: func(l string) {
+	c.cmd.Stdout = &child.LineWriter{Emit: func(l string) { c.line("out", l) }}
+	c.cmd.Stderr = &child.LineWriter{Emit: func(l string) {
 		c.mu.Lock()
 		c.stderr = append(c.stderr, l)
 		c.mu.Unlock()
