@@ -14,7 +14,7 @@ import (
 )
 
 // listenHTTP binds the HTTP interface over rt (through streamview, which
-// adapts the runtime to httpapi's views), with the status page's log ring,
+// adapts the runtime to httpapi's Backend), with the status page's log ring,
 // pprof, the security of http.* and the metrics registry.
 func listenHTTP(cfg config.Config, rt *stream.Runtime, log *zap.Logger, recent *httpapi.RecentLog) (*httpapi.Server, error) {
 	reg, err := newRegistry(rt)

@@ -17,6 +17,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/salesagg/salesagg/internal/state"
+	"github.com/salesagg/salesagg/internal/status"
 )
 
 // Backend is everything the HTTP interface reads, as the union of what its
@@ -34,9 +35,9 @@ type Backend interface {
 // StatusReader is what GET /v1/tasks and GET /v1/instances serve.
 type StatusReader interface {
 	// Tasks is the status of every task of this instance, active or copy.
-	Tasks() []TaskStatus
+	Tasks() []status.Task
 	// Instances lists the group's members, their tasks and servers.
-	Instances() []InstanceStatus
+	Instances() []status.Instance
 }
 
 // Prober is what GET /healthz and GET /readyz answer.
@@ -61,7 +62,7 @@ type Querier interface {
 	StandbyTotal(product string) (total int64, ok bool, lag int64, err error)
 	// StandbyServers are the other instances keeping a standby copy of the
 	// product's task.
-	StandbyServers(product string) []Peer
+	StandbyServers(product string) []status.Peer
 	// TaskOf names the task owning a product.
 	TaskOf(product string) string
 	// InstanceID names this instance in X-Served-By.
@@ -76,7 +77,7 @@ type Lister interface {
 	// not running, whose products are missing.
 	Products(after string, limit int) (page []state.Total, unavailable []string, err error)
 	// Instances lists the group's members, their tasks and servers.
-	Instances() []InstanceStatus
+	Instances() []status.Instance
 	// InstanceID names this instance to those it asks.
 	InstanceID() string
 }
@@ -184,7 +185,7 @@ func (s *statusRecorder) WriteHeader(code int)        { s.code = code }
 func (h *handler) tasks(w http.ResponseWriter, _ *http.Request) {
 	ts := h.status.Tasks()
 	if ts == nil {
-		ts = []TaskStatus{}
+		ts = []status.Task{}
 	}
 	writeJSON(w, http.StatusOK, map[string]any{"tasks": ts})
 }
@@ -263,7 +264,7 @@ func (h *handler) gather(ctx context.Context, page []state.Total, unavailable []
 		unavailable []string
 		err         error
 	}
-	var peers []InstanceStatus
+	var peers []status.Instance
 	for _, is := range h.list.Instances() {
 		if !is.Self && len(is.Tasks) > 0 {
 			peers = append(peers, is)

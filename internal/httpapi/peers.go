@@ -18,6 +18,7 @@ import (
 
 	"github.com/salesagg/salesagg/internal/config"
 	"github.com/salesagg/salesagg/internal/state"
+	"github.com/salesagg/salesagg/internal/status"
 )
 
 // Forwarding between instances.
@@ -219,7 +220,7 @@ func (a *answer) write(w http.ResponseWriter) {
 }
 
 // page reads one page of GET /v1/products from another instance.
-func (f *forwarder) page(ctx context.Context, self string, is InstanceStatus, after string, limit int) ([]state.Total, []string, error) {
+func (f *forwarder) page(ctx context.Context, self string, is status.Instance, after string, limit int) ([]state.Total, []string, error) {
 	q := url.Values{"limit": {strconv.Itoa(limit)}}
 	if after != "" {
 		q.Set("after", after)

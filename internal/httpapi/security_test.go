@@ -28,6 +28,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/salesagg/salesagg/internal/config"
+	"github.com/salesagg/salesagg/internal/status"
 )
 
 // owned answers the products it holds, and names owner at server for the
@@ -38,7 +39,7 @@ type owned struct {
 	totals  map[string]int64
 	owner   string
 	server  string
-	standby []Peer
+	standby []status.Peer
 }
 
 func (o owned) InstanceID() string     { return o.name }
@@ -53,7 +54,7 @@ func (o owned) Total(p string) (int64, bool, error) {
 	}
 	return 0, false, &NotHostedError{Task: "0_1", Partition: 1, Owner: o.owner, Server: o.server}
 }
-func (o owned) StandbyServers(string) []Peer { return o.standby }
+func (o owned) StandbyServers(string) []status.Peer { return o.standby }
 
 func getJSON(t *testing.T, cl *http.Client, u string, header http.Header) (int, http.Header, map[string]any, string) {
 	t.Helper()
@@ -468,11 +469,11 @@ func TestUnroutableOwnerIsAnswered503(t *testing.T) {
 // gathering lists instances that each hang until their request is done.
 type gathering struct {
 	idle
-	peers []InstanceStatus
+	peers []status.Instance
 }
 
-func (g gathering) InstanceID() string          { return "a" }
-func (g gathering) Instances() []InstanceStatus { return g.peers }
+func (g gathering) InstanceID() string           { return "a" }
+func (g gathering) Instances() []status.Instance { return g.peers }
 
 func TestProductsGatheredInParallel(t *testing.T) {
 	// Scenario: GET /v1/products asks three other instances that never answer: they are asked
@@ -480,9 +481,9 @@ func TestProductsGatheredInParallel(t *testing.T) {
 	// listed as unavailable.
 	hang := httptest.NewServer(http.HandlerFunc(func(_ http.ResponseWriter, r *http.Request) { <-r.Context().Done() }))
 	defer hang.Close()
-	var peers []InstanceStatus
+	var peers []status.Instance
 	for i := range 3 {
-		peers = append(peers, InstanceStatus{Name: fmt.Sprintf("p%d", i), Server: hang.Listener.Addr().String(), Tasks: []string{fmt.Sprintf("0_%d", i)}})
+		peers = append(peers, status.Instance{Name: fmt.Sprintf("p%d", i), Server: hang.Listener.Addr().String(), Tasks: []string{fmt.Sprintf("0_%d", i)}})
 	}
 	srv := httptest.NewServer(Handler(gathering{peers: peers}))
 	defer srv.Close()

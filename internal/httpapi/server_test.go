@@ -16,6 +16,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/salesagg/salesagg/internal/state"
+	"github.com/salesagg/salesagg/internal/status"
 )
 
 // idle is a Backend with nothing assigned, for testing the server itself.
@@ -25,17 +26,17 @@ func (idle) Total(string) (int64, bool, error) {
 	return 0, false, Unavailable(errors.New("task not ready"))
 }
 func (idle) Products(string, int) ([]state.Total, []string, error) { return nil, nil, nil }
-func (idle) Tasks() []TaskStatus                                   { return nil }
+func (idle) Tasks() []status.Task                                  { return nil }
 func (idle) Ready() (bool, string)                                 { return false, "no partitions assigned yet" }
 func (idle) Healthy() (bool, string)                               { return true, "ok" }
 func (idle) BadEvents() int64                                      { return 0 }
 func (idle) InstanceID() string                                    { return "idle-0" }
 func (idle) TaskOf(string) string                                  { return "" }
-func (idle) Instances() []InstanceStatus                           { return nil }
+func (idle) Instances() []status.Instance                          { return nil }
 func (idle) StandbyTotal(string) (int64, bool, int64, error) {
 	return 0, false, 0, Unavailable(errors.New("partition not hosted by this instance"))
 }
-func (idle) StandbyServers(string) []Peer { return nil }
+func (idle) StandbyServers(string) []status.Peer { return nil }
 func (idle) ScanStore(task, _ string, _ int) ([]state.Total, error) {
 	return nil, errors.New("task " + task + " does not run here")
 }

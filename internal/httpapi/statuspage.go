@@ -19,6 +19,7 @@ import (
 
 	"github.com/salesagg/salesagg/internal/config"
 	"github.com/salesagg/salesagg/internal/state"
+	"github.com/salesagg/salesagg/internal/status"
 )
 
 // The status page at GET /: one server-rendered HTML page for people, from
@@ -40,8 +41,8 @@ const refreshEvery = 2 * time.Second
 // PageSource is what the status page shows: the tasks, the members, this
 // instance's readiness and bad events, and the top products of its stores.
 type PageSource interface {
-	Tasks() []TaskStatus
-	Instances() []InstanceStatus
+	Tasks() []status.Task
+	Instances() []status.Instance
 	Ready() (bool, string)
 	InstanceID() string
 	// BadEvents counts the events skipped as bad since the start.
@@ -260,7 +261,7 @@ func (p *statusPage) view(now time.Time) statusView {
 
 // taskRows renders the tasks and sums them up; running names the active
 // tasks that run (their stores are scanned for the top products).
-func taskRows(tasks []TaskStatus, rates map[string]taskRates) (rows []taskView, sum summaryView, running []string) {
+func taskRows(tasks []status.Task, rates map[string]taskRates) (rows []taskView, sum summaryView, running []string) {
 	var totalRate float64
 	rateKnown := false
 	for _, t := range tasks {
@@ -289,7 +290,7 @@ func taskRows(tasks []TaskStatus, rates map[string]taskRates) (rows []taskView, 
 }
 
 // taskRow renders one task; r are its rates when known.
-func taskRow(t TaskStatus, r taskRates, known bool) taskView {
+func taskRow(t status.Task, r taskRates, known bool) taskView {
 	tv := taskView{Task: t.Task, Role: t.Role, State: t.State, StateClass: stateClass(t.State)}
 	if t.Role == "active" {
 		tv.Active = true
@@ -309,7 +310,7 @@ func taskRow(t TaskStatus, r taskRates, known bool) taskView {
 
 // activeCounters are an active task's counters, its events/s and its
 // cache's hit ratio.
-func activeCounters(t TaskStatus, r taskRates, known bool) counterView {
+func activeCounters(t status.Task, r taskRates, known bool) counterView {
 	c := counterView{Lag: t.Lag, Processed: t.Processed, Bad: t.BadEvents}
 	if known {
 		c.Rate = formatRate(r.processed)
@@ -326,7 +327,7 @@ func activeCounters(t TaskStatus, r taskRates, known bool) counterView {
 
 // trouble says what keeps a task back and its class (warn, or bad once
 // unhealthy); "" when nothing.
-func trouble(t TaskStatus) (text, class string) {
+func trouble(t status.Task) (text, class string) {
 	switch {
 	case t.Failing != nil:
 		text = fmt.Sprintf("failing since %s (%d attempts, retrying with backoff): %s", readableTime(t.Failing.Since), t.Failing.Attempts, t.Failing.Error)
@@ -378,7 +379,7 @@ func (p *statusPage) lastErrors() ([]errorView, string) {
 // column's text. Progress is in changelog offsets (the checkpoint moves from
 // From to To as batches are applied); the rate is the checkpoint's over the
 // sampler's window, and the ETA what is left at that rate.
-func restoreProgress(t TaskStatus, r taskRates, known bool) (restoreBar, string) {
+func restoreProgress(t status.Task, r taskRates, known bool) (restoreBar, string) {
 	bar := restoreBar{On: true}
 	from, to := t.Restore.From, t.Restore.To
 	if to <= from {
@@ -411,7 +412,7 @@ func restoreProgress(t TaskStatus, r taskRates, known bool) (restoreBar, string)
 }
 
 // copyDetail describes a standby, warm-up or incoming copy.
-func copyDetail(t TaskStatus, r taskRates, known bool) string {
+func copyDetail(t status.Task, r taskRates, known bool) string {
 	var parts []string
 	if t.ChangelogLag != nil {
 		parts = append(parts, fmt.Sprintf("%s records behind", formatCount(*t.ChangelogLag)))
@@ -487,9 +488,9 @@ type taskRates struct {
 
 // sampleKey names a task's counters: its name and role (a standby copy and
 // the active task of one partition are different counters).
-func sampleKey(t TaskStatus) string { return t.Task + "/" + t.Role }
+func sampleKey(t status.Task) string { return t.Task + "/" + t.Role }
 
-func (s *rateSampler) observe(now time.Time, tasks []TaskStatus) map[string]taskRates {
+func (s *rateSampler) observe(now time.Time, tasks []status.Task) map[string]taskRates {
 	cur := make(map[string]counters, len(tasks))
 	for _, t := range tasks {
 		c := counters{processed: t.Processed, progress: t.Checkpoint, applied: t.Restore.Restored}

@@ -17,14 +17,15 @@ import (
 	"go.uber.org/zap/zapcore"
 
 	"github.com/salesagg/salesagg/internal/state"
+	"github.com/salesagg/salesagg/internal/status"
 )
 
 // pageBackend is a Backend with settable tasks, members and stores.
 type pageBackend struct {
 	idle
 	mu      sync.Mutex
-	tasks   []TaskStatus
-	members []InstanceStatus
+	tasks   []status.Task
+	members []status.Instance
 	ready   bool
 	reason  string
 	stores  map[string][]state.Total // sorted by product
@@ -32,16 +33,16 @@ type pageBackend struct {
 	scans   int
 }
 
-func (b *pageBackend) Tasks() []TaskStatus {
+func (b *pageBackend) Tasks() []status.Task {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	return append([]TaskStatus(nil), b.tasks...)
+	return append([]status.Task(nil), b.tasks...)
 }
-func (b *pageBackend) Instances() []InstanceStatus { return b.members }
-func (b *pageBackend) Ready() (bool, string)       { return b.ready, b.reason }
-func (b *pageBackend) Healthy() (bool, string)     { return true, "ok" }
-func (b *pageBackend) InstanceID() string          { return "salesagg-0" }
-func (b *pageBackend) BadEvents() int64            { return 3 }
+func (b *pageBackend) Instances() []status.Instance { return b.members }
+func (b *pageBackend) Ready() (bool, string)        { return b.ready, b.reason }
+func (b *pageBackend) Healthy() (bool, string)      { return true, "ok" }
+func (b *pageBackend) InstanceID() string           { return "salesagg-0" }
+func (b *pageBackend) BadEvents() int64             { return 3 }
 
 func (b *pageBackend) ScanStore(task, after string, limit int) ([]state.Total, error) {
 	b.mu.Lock()
@@ -97,17 +98,17 @@ func restoringPage() (*pageBackend, *statusPage) {
 	lag := int64(42)
 	b := &pageBackend{
 		reason: "task 0_1 is restoring",
-		tasks: []TaskStatus{
+		tasks: []status.Task{
 			{Task: "0_0", Role: "active", State: "running",
-				TaskCounters: TaskCounters{Processed: 1000, Lag: 7, BadEvents: 2, Cache: &CacheStatus{Hits: 39, Misses: 1}},
-				Restore:      RestoreStatus{Restored: 12, Done: true, DurationMs: 850}},
+				Counters: status.Counters{Processed: 1000, Lag: 7, BadEvents: 2, Cache: &status.Cache{Hits: 39, Misses: 1}},
+				Restore:  status.Restore{Restored: 12, Done: true, DurationMs: 850}},
 			{Task: "0_1", Role: "active", State: "restoring", Checkpoint: 400,
-				Restore: RestoreStatus{From: 100, To: 1100, Restored: 300}},
+				Restore: status.Restore{From: 100, To: 1100, Restored: 300}},
 			{Task: "0_2", Role: "active", State: "restoring", Checkpoint: -1},
 			{Task: "0_3", Role: "standby", State: "running", Checkpoint: 5000, ChangelogLag: &lag,
-				Restore: RestoreStatus{Restored: 5000}},
+				Restore: status.Restore{Restored: 5000}},
 		},
-		members: []InstanceStatus{
+		members: []status.Instance{
 			{Name: "salesagg-0", Server: "127.0.0.1:8080", Tasks: []string{"0_0", "0_1", "0_2"}, Standbys: []string{"0_3"}, Self: true},
 			{Name: `<b>evil</b>"member`, Server: `x"><script>alert(1)</script>`, Tasks: []string{"0_3"}},
 		},
@@ -288,8 +289,8 @@ func TestRateSamplerWindow(t *testing.T) {
 	// and a counter that went down (a new task) has no rate.
 	var s rateSampler
 	at := time.Unix(0, 0)
-	ts := func(p int64) []TaskStatus {
-		return []TaskStatus{{Task: "0_0", Role: "active", TaskCounters: TaskCounters{Processed: p}}}
+	ts := func(p int64) []status.Task {
+		return []status.Task{{Task: "0_0", Role: "active", Counters: status.Counters{Processed: p}}}
 	}
 	if r := s.observe(at, ts(0)); len(r) != 0 {
 		t.Fatalf("first observation has rates: %v", r)
@@ -313,9 +314,9 @@ func TestRateSamplerWindow(t *testing.T) {
 	}
 	// A restore resuming from offset 1,000,000: the checkpoint is -1 until the first batch lands,
 	// which must not read as a burst of a million offsets per second.
-	restoring := func(cp int64) []TaskStatus {
-		return []TaskStatus{{Task: "0_1", Role: "active", State: "restoring", Checkpoint: cp,
-			Restore: RestoreStatus{From: 1_000_000, To: 1_010_000}}}
+	restoring := func(cp int64) []status.Task {
+		return []status.Task{{Task: "0_1", Role: "active", State: "restoring", Checkpoint: cp,
+			Restore: status.Restore{From: 1_000_000, To: 1_010_000}}}
 	}
 	s.observe(at.Add(50*time.Second), restoring(-1))
 	if r := s.observe(at.Add(51*time.Second), restoring(1_000_500)); !r["0_1/active"].progressKnown || !near(r["0_1/active"].progress, 500) {
@@ -354,7 +355,7 @@ func TestStatusPageSaysWhatItRuns(t *testing.T) {
 	// the instance's name appears once in its card (not again as a fact); and every time shown
 	// (rendered at, a failing task's since, the log's entries) is in one format, UTC to the second.
 	b, _ := restoringPage()
-	b.tasks[2].Failing = &FailingStatus{Error: "broker down", Attempts: 3, Since: "2026-12-01T11:59:00Z"}
+	b.tasks[2].Failing = &status.Failing{Error: "broker down", Attempts: 3, Since: "2026-12-01T11:59:00Z"}
 	recent := NewRecentLog(10, zapcore.WarnLevel)
 	zap.New(recent).Warn("something")
 	page := newStatusPage(b, options{recent: recent, about: About{ApplicationID: "shop-totals", InputTopic: "sales-events-v1",

@@ -15,7 +15,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/salesagg/salesagg/internal/config"
-	"github.com/salesagg/salesagg/internal/stream"
+	"github.com/salesagg/salesagg/internal/status"
 	th "github.com/salesagg/salesagg/test/harness"
 )
 
@@ -108,13 +108,13 @@ func (in *instance) health() (int, string) {
 }
 
 // taskStatus returns task's active status from GET /v1/tasks.
-func (in *instance) taskStatus(task string) (stream.TaskStatus, bool) {
+func (in *instance) taskStatus(task string) (status.Task, bool) {
 	for _, ts := range in.rt.Tasks() {
 		if ts.Task == task && ts.Role == "active" {
 			return ts, true
 		}
 	}
-	return stream.TaskStatus{}, false
+	return status.Task{}, false
 }
 
 func TestRestoreErrorsAreRetriedAndReported(t *testing.T) {

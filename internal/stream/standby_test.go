@@ -13,14 +13,15 @@ import (
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/salesagg/salesagg/internal/status"
 	"github.com/salesagg/salesagg/internal/stream"
 	th "github.com/salesagg/salesagg/test/harness"
 )
 
 // copies returns the instance's standby copies by task: role and
 // changelog lag (-1 unknown).
-func (in *instance) copies() map[string]stream.TaskStatus {
-	out := map[string]stream.TaskStatus{}
+func (in *instance) copies() map[string]status.Task {
+	out := map[string]status.Task{}
 	for _, ts := range in.rt.Tasks() {
 		if ts.Role != "active" {
 			out[ts.Task] = ts

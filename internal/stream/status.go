@@ -9,6 +9,7 @@ import (
 
 	"github.com/salesagg/salesagg/internal/sales"
 	"github.com/salesagg/salesagg/internal/state"
+	"github.com/salesagg/salesagg/internal/status"
 )
 
 // Errors of queries.
@@ -84,9 +85,6 @@ type NotHostedError struct {
 	Unroutable string
 }
 
-// Peer is another instance: its name in the group and its application.server.
-type Peer struct{ Name, Server string }
-
 // StandbyTotal returns product's total from this instance's standby copy
 // of its task, when one runs here within acceptable.recovery.lag; lag is how
 // many changelog records the copy may be behind. It fails (ErrNotHosted,
@@ -101,17 +99,17 @@ func (rt *Runtime) StandbyTotal(product string) (total int64, ok bool, lag int64
 
 // StandbyServers returns the other members keeping a standby copy of
 // product's task (with a usable application.server), by name.
-func (rt *Runtime) StandbyServers(product string) []Peer {
+func (rt *Runtime) StandbyServers(product string) []status.Peer {
 	n := rt.reg.topology().partitions
 	if n == 0 {
 		return nil
 	}
 	p := sales.Partition([]byte(product), n)
 	info := rt.bal.assignment()
-	var out []Peer
+	var out []status.Peer
 	for name, tasks := range info.standbys {
 		if _, ok := tasks[p]; ok && name != rt.env.instanceID && info.servers[name] != "" {
-			out = append(out, Peer{Name: name, Server: info.servers[name]})
+			out = append(out, status.Peer{Name: name, Server: info.servers[name]})
 		}
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
@@ -151,29 +149,16 @@ func (rt *Runtime) TaskOf(product string) string {
 	return state.TaskName(sales.Partition([]byte(product), n))
 }
 
-// InstanceStatus is one member of the group as the latest assignment
-// describes it.
-type InstanceStatus struct {
-	// Name is the member's group.instance.id (member id when dynamic).
-	Name string `json:"instance"`
-	// Server is its application.server ("" when it advertised none).
-	Server string   `json:"server"`
-	Tasks  []string `json:"tasks"`
-	// Standbys are the tasks it keeps standby (or warm-up) copies of.
-	Standbys []string `json:"standbys"`
-	Self     bool     `json:"self"`
-}
-
 // Instances returns the group's members and their tasks from the latest
 // assignment, sorted by name; this instance is always listed.
-func (rt *Runtime) Instances() []InstanceStatus {
+func (rt *Runtime) Instances() []status.Instance {
 	info := rt.bal.assignment()
-	byName := map[string]*InstanceStatus{}
-	get := func(name string) *InstanceStatus {
+	byName := map[string]*status.Instance{}
+	get := func(name string) *status.Instance {
 		if is, ok := byName[name]; ok {
 			return is
 		}
-		is := &InstanceStatus{Name: name, Server: info.servers[name], Tasks: []string{}, Standbys: []string{}, Self: name == rt.env.instanceID}
+		is := &status.Instance{Name: name, Server: info.servers[name], Tasks: []string{}, Standbys: []string{}, Self: name == rt.env.instanceID}
 		byName[name] = is
 		return is
 	}
@@ -198,7 +183,7 @@ func (rt *Runtime) Instances() []InstanceStatus {
 		}
 		sort.Slice(is.Standbys, func(i, j int) bool { return taskLess(is.Standbys[i], is.Standbys[j]) })
 	}
-	out := make([]InstanceStatus, 0, len(byName))
+	out := make([]status.Instance, 0, len(byName))
 	for _, is := range byName {
 		out = append(out, *is)
 	}
@@ -214,76 +199,9 @@ func taskLess(a, b string) bool {
 	return a < b
 }
 
-// TaskStatus describes one task, active or standby copy, for operators.
-type TaskStatus struct {
-	Task      string `json:"task"`
-	Partition int32  `json:"partition"`
-	// Role is "active", "standby" or "warmup" (a standby built where the
-	// task should move once it caught up).
-	Role  string `json:"role"`
-	State string `json:"state"`
-	// Checkpoint is the next changelog offset the store reflects (-1: none yet).
-	Checkpoint int64         `json:"checkpoint"`
-	Restore    RestoreStatus `json:"restore"`
-	// Position is the next input offset to process (-1: none read yet);
-	// Lag is the input high watermark minus it.
-	Position int64 `json:"position"`
-	Lag      int64 `json:"lag"`
-	TaskCounters
-	// Cache is the task's entry cache: hits, misses, evictions, bytes.
-	Cache *CacheStatus `json:"cache,omitempty"`
-	// Waiting says what the task waits for (stable committed offsets, the
-	// changelog's offsets), absent when nothing.
-	Waiting string `json:"waiting,omitempty"`
-	// Failing is the failure the task retries with backoff (its restore,
-	// or producing its cycle's records), absent while none.
-	Failing *FailingStatus `json:"failing,omitempty"`
-	// Unhealthy: the wait or the failures lasted past task.timeout.ms;
-	// GET /healthz answers 503.
-	Unhealthy bool `json:"unhealthy,omitempty"`
-	// ChangelogLag is, for a standby copy, how many changelog records it
-	// is behind the last stable offset it saw (absent for an active task,
-	// or while unknown).
-	ChangelogLag *int64 `json:"changelog_lag,omitempty"`
-}
-
-// TaskCounters are what an active task has done since it started here. It
-// is embedded in TaskStatus, so its fields are served flat.
-type TaskCounters struct {
-	Processed  int64 `json:"processed"`
-	Duplicates int64 `json:"duplicates_skipped"`
-	BadEvents  int64 `json:"bad_events"`
-	Forwarded  int64 `json:"forwarded"`
-}
-
-// FailingStatus is a task's failure, retried with backoff.
-type FailingStatus struct {
-	Error    string `json:"error"`
-	Attempts int    `json:"attempts"`
-	// Since is when the failures began (RFC 3339, UTC).
-	Since string `json:"since"`
-}
-
-// CacheStatus is a task's entry cache.
-type CacheStatus struct {
-	Hits      int64 `json:"hits"`
-	Misses    int64 `json:"misses"`
-	Evictions int64 `json:"evictions"`
-	Bytes     int64 `json:"bytes"`
-}
-
-// RestoreStatus is a task's restore progress.
-type RestoreStatus struct {
-	From       int64 `json:"from"`
-	To         int64 `json:"to"`
-	Restored   int64 `json:"restored"`
-	Done       bool  `json:"done"`
-	DurationMs int64 `json:"duration_ms"`
-}
-
 // Tasks returns the status of every assigned task, by partition.
-func (rt *Runtime) Tasks() []TaskStatus {
-	var out []TaskStatus
+func (rt *Runtime) Tasks() []status.Task {
+	var out []status.Task
 	for _, t := range rt.reg.tasks() {
 		st := t.State()
 		pos, hwm := t.stats.inputPos.Load(), t.stats.inputHWM.Load()
@@ -291,46 +209,46 @@ func (rt *Runtime) Tasks() []TaskStatus {
 		if pos >= 0 && hwm > pos {
 			lag = hwm - pos
 		}
-		out = append(out, TaskStatus{
+		out = append(out, status.Task{
 			Task:       t.name,
 			Partition:  t.partition,
 			Role:       "active",
 			State:      st.String(),
 			Checkpoint: t.stats.checkpoint.Load(),
-			Restore: RestoreStatus{
+			Restore: status.Restore{
 				From:       t.stats.restoreFrom.Load(),
 				To:         t.stats.restoreTo.Load(),
 				Restored:   t.stats.restored.Load(),
 				Done:       st >= TaskRunning && st != TaskFailed,
 				DurationMs: t.stats.restoreMillis.Load(),
 			},
-			Position: pos,
-			Lag:      lag,
-			TaskCounters: TaskCounters{
+			Counters: status.Counters{
+				Position:   pos,
+				Lag:        lag,
 				Processed:  t.stats.processed.Load(),
 				Duplicates: t.stats.duplicates.Load(),
 				BadEvents:  t.stats.bad.Load(),
 				Forwarded:  t.stats.forwarded.Load(),
+				Cache: &status.Cache{Hits: t.fold.cache.stats.hits.Load(), Misses: t.fold.cache.stats.misses.Load(),
+					Evictions: t.fold.cache.stats.evictions.Load(), Bytes: t.fold.cache.stats.bytes.Load()},
 			},
-			Cache: &CacheStatus{Hits: t.fold.cache.stats.hits.Load(), Misses: t.fold.cache.stats.misses.Load(),
-				Evictions: t.fold.cache.stats.evictions.Load(), Bytes: t.fold.cache.stats.bytes.Load()},
 		})
 		ts := &out[len(out)-1]
 		waiting, ferr, attempts, since, overdue := t.trouble.snapshot(rt.env.cfg.TaskTimeout)
 		ts.Waiting, ts.Unhealthy = waiting, overdue
 		if ferr != "" {
-			ts.Failing = &FailingStatus{Error: ferr, Attempts: attempts, Since: since.UTC().Format(time.RFC3339)}
+			ts.Failing = &status.Failing{Error: ferr, Attempts: attempts, Since: since.UTC().Format(time.RFC3339)}
 		}
 	}
 	for _, sb := range rt.reg.standbys() {
-		ts := TaskStatus{
+		ts := status.Task{
 			Task:       sb.name,
 			Partition:  sb.partition,
 			Role:       sb.role(),
 			State:      sb.State().String(),
 			Checkpoint: sb.pos.position.Load(),
-			Restore:    RestoreStatus{Restored: sb.pos.applied.Load()},
-			Position:   -1,
+			Restore:    status.Restore{Restored: sb.pos.applied.Load()},
+			Counters:   status.Counters{Position: -1},
 		}
 		if lag := sb.lag(); lag >= 0 {
 			ts.ChangelogLag = &lag
@@ -408,3 +326,26 @@ func (rt *Runtime) Healthy() (bool, string) {
 
 // BadEvents returns the number of bad events skipped since start.
 func (rt *Runtime) BadEvents() int64 { return rt.env.badEvents.Load() }
+
+// ScanStore returns up to limit totals of the store of task (an active task
+// running on this instance), sorted by product, after the product after (""
+// starts at the first). The status page reads the stores with it in bounded
+// chunks to find the top products (see httpapi's topProducts); it reads the
+// committed totals, as Products does, and never blocks the task for longer
+// than one chunk's iteration.
+//
+// It fails with ErrNotHosted when the task does not run here and with
+// ErrNotReady while it is not running (restoring, stalled, stopping).
+func (rt *Runtime) ScanStore(task, after string, limit int) ([]state.Total, error) {
+	for _, t := range rt.reg.tasks() {
+		if t.name != task {
+			continue
+		}
+		s := t.store.Load()
+		if st := t.State(); st != TaskRunning || s == nil {
+			return nil, fmt.Errorf("%w: task %s is %s", ErrNotReady, task, st)
+		}
+		return s.Scan(after, limit)
+	}
+	return nil, fmt.Errorf("%w: task %s", ErrNotHosted, task)
+}

@@ -1,8 +1,8 @@
 // Package streamview serves a *stream.Runtime over httpapi: it adapts the
-// runtime's status and query errors to httpapi's views and errors, so that
-// httpapi reads the runtime at arm's length and never imports it. The
-// service's wiring and the runtime's tests build their HTTP interface with
-// it.
+// runtime's query errors to httpapi's errors (the status both read is
+// internal/status's), so that httpapi reads the runtime at arm's length and
+// never imports it. The service's wiring and the runtime's tests build
+// their HTTP interface with it.
 package streamview
 
 import (
@@ -10,6 +10,7 @@ import (
 
 	"github.com/salesagg/salesagg/internal/httpapi"
 	"github.com/salesagg/salesagg/internal/state"
+	"github.com/salesagg/salesagg/internal/status"
 	"github.com/salesagg/salesagg/internal/stream"
 )
 
@@ -34,17 +35,7 @@ func (b Backend) StandbyTotal(product string) (int64, bool, int64, error) {
 }
 
 // StandbyServers is rt's StandbyServers.
-func (b Backend) StandbyServers(product string) []httpapi.Peer {
-	peers := b.rt.StandbyServers(product)
-	if peers == nil {
-		return nil
-	}
-	out := make([]httpapi.Peer, len(peers))
-	for i, p := range peers {
-		out[i] = httpapi.Peer{Name: p.Name, Server: p.Server}
-	}
-	return out
-}
+func (b Backend) StandbyServers(product string) []status.Peer { return b.rt.StandbyServers(product) }
 
 // TaskOf is rt's TaskOf.
 func (b Backend) TaskOf(product string) string { return b.rt.TaskOf(product) }
@@ -72,61 +63,11 @@ func (b Backend) ScanStore(task, after string, limit int) ([]state.Total, error)
 	return b.rt.ScanStore(task, after, limit)
 }
 
-// Tasks is rt's Tasks as httpapi's views (nil when it has none).
-func (b Backend) Tasks() []httpapi.TaskStatus {
-	ts := b.rt.Tasks()
-	if ts == nil {
-		return nil
-	}
-	out := make([]httpapi.TaskStatus, len(ts))
-	for i, t := range ts {
-		out[i] = taskView(t)
-	}
-	return out
-}
+// Tasks is rt's Tasks.
+func (b Backend) Tasks() []status.Task { return b.rt.Tasks() }
 
-// Instances is rt's Instances as httpapi's views (nil when it has none).
-func (b Backend) Instances() []httpapi.InstanceStatus {
-	is := b.rt.Instances()
-	if is == nil {
-		return nil
-	}
-	out := make([]httpapi.InstanceStatus, len(is))
-	for i, s := range is {
-		out[i] = instanceView(s)
-	}
-	return out
-}
-
-// instanceView is s as httpapi's view; its slices are s's (nil stays nil,
-// empty stays empty: they are served as null and []).
-func instanceView(s stream.InstanceStatus) httpapi.InstanceStatus {
-	return httpapi.InstanceStatus{Name: s.Name, Server: s.Server, Tasks: s.Tasks, Standbys: s.Standbys, Self: s.Self}
-}
-
-// taskView is t as httpapi's view.
-func taskView(t stream.TaskStatus) httpapi.TaskStatus {
-	v := httpapi.TaskStatus{
-		Task:       t.Task,
-		Partition:  t.Partition,
-		Role:       t.Role,
-		State:      t.State,
-		Checkpoint: t.Checkpoint,
-		Restore: httpapi.RestoreStatus{From: t.Restore.From, To: t.Restore.To, Restored: t.Restore.Restored,
-			Done: t.Restore.Done, DurationMs: t.Restore.DurationMs},
-		TaskCounters: httpapi.TaskCounters{Position: t.Position, Lag: t.Lag, Processed: t.Processed,
-			Duplicates: t.Duplicates, BadEvents: t.BadEvents, Forwarded: t.Forwarded},
-		TaskTrouble:  httpapi.TaskTrouble{Waiting: t.Waiting, Unhealthy: t.Unhealthy},
-		ChangelogLag: t.ChangelogLag,
-	}
-	if c := t.Cache; c != nil {
-		v.Cache = &httpapi.CacheStatus{Hits: c.Hits, Misses: c.Misses, Evictions: c.Evictions, Bytes: c.Bytes}
-	}
-	if f := t.Failing; f != nil {
-		v.Failing = &httpapi.FailingStatus{Error: f.Error, Attempts: f.Attempts, Since: f.Since}
-	}
-	return v
-}
+// Instances is rt's Instances.
+func (b Backend) Instances() []status.Instance { return b.rt.Instances() }
 
 // queryError is err as httpapi answers it: a *stream.NotHostedError becomes
 // an *httpapi.NotHostedError naming the same owner; stream.ErrNotReady and
