@@ -26,6 +26,13 @@ const (
 	ReasonTooLarge    = "too_large"
 )
 
+// Reasons returns every reason Decode, DecodeKey and Add report, so that a
+// counter by reason can show each at 0 before the first bad event.
+func Reasons() []string {
+	return []string{ReasonEmpty, ReasonNotJSON, ReasonNotObject, ReasonNoValue, ReasonBadValue, ReasonRange,
+		ReasonNoKey, ReasonBadProduct, ReasonInvalidUTF8, ReasonOverflow, ReasonTooLarge}
+}
+
 // MaxEventSize is the largest event value accepted, in bytes. A sales event is
 // a few dozen bytes; anything this large is a producer bug and is rejected
 // before parsing.

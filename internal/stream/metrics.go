@@ -2,12 +2,13 @@ package stream
 
 import (
 	"sort"
-	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/salesagg/salesagg/internal/sales"
 )
 
 // Metrics.
@@ -18,7 +19,8 @@ import (
 // happens (cycle and transaction latencies, records produced, transactions
 // by outcome) is observed into the instruments below.
 
-// Kinds of records produced, the label of salesagg_records_produced_total.
+// Kinds of records produced, by the role of their topic: the role label of
+// salesagg_records_produced_total.
 const (
 	producedChangelog = iota
 	producedNotification
@@ -59,6 +61,14 @@ func newInstruments(guarantee string) *instruments {
 	}
 }
 
+// reasonBadForward is the reason of a repartition record without the
+// headers naming its source.
+const reasonBadForward = "bad_forward"
+
+// knownBadReasons are the reasons salesagg_events_skipped_total shows from
+// the start, at 0 until an event is skipped for them.
+var knownBadReasons = append(sales.Reasons(), reasonBadForward)
+
 // badReasons counts a task's bad events by reason.
 type badReasons struct {
 	mu sync.Mutex
@@ -74,10 +84,14 @@ func (b *badReasons) add(reason string) {
 	b.n[reason]++
 }
 
+// snapshot returns the counts by reason, every known reason included.
 func (b *badReasons) snapshot() map[string]int64 {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	out := make(map[string]int64, len(b.n))
+	out := make(map[string]int64, len(knownBadReasons)+len(b.n))
+	for _, r := range knownBadReasons {
+		out[r] = 0
+	}
 	for k, v := range b.n {
 		out[k] = v
 	}
@@ -100,7 +114,7 @@ var (
 	descForwarded  = newDesc("salesagg_events_forwarded_total", "Events forwarded to the task owning their product, through the repartition topic.", prometheus.CounterValue, "task")
 	descSkipped    = newDesc("salesagg_events_skipped_total", "Bad events skipped (dead-lettered when dlq.topic is set), by reason.", prometheus.CounterValue, "task", "reason")
 	descTaskState  = newDesc("salesagg_task_state", "1 for the state each task and standby copy is in.", prometheus.GaugeValue, "task", "role", "state")
-	descLag        = newDesc("salesagg_input_lag_records", "Input records of the task's partition not processed yet: high watermark minus position.", prometheus.GaugeValue, "task", "partition")
+	descLag        = newDesc("salesagg_input_lag_records", "Input records of the task's partition not processed yet: high watermark minus position.", prometheus.GaugeValue, "task")
 	descCheckpoint = newDesc("salesagg_checkpoint_offset", "Next changelog offset the task's store reflects.", prometheus.GaugeValue, "task", "role")
 	descRestored   = newDesc("salesagg_restore_records", "Changelog records restored by the task's latest restore.", prometheus.GaugeValue, "task")
 	descRemaining  = newDesc("salesagg_restore_remaining_records", "Changelog offsets the task still has to restore (0 once running).", prometheus.GaugeValue, "task")
@@ -111,7 +125,7 @@ var (
 	descCacheEvict = newDesc("salesagg_cache_evictions_total", "Entries evicted from the cache to stay within cache.max.bytes.", prometheus.CounterValue, "task")
 	descCacheBytes = newDesc("salesagg_cache_bytes", "Estimated bytes the task's entry cache holds.", prometheus.GaugeValue, "task")
 	descStandbyLag = newDesc("salesagg_standby_lag_records", "Changelog records a standby copy is behind the last stable offset it saw.", prometheus.GaugeValue, "task", "kind")
-	descProduced   = newDesc("salesagg_records_produced_total", "Records acknowledged by Kafka, by the topic they went to.", prometheus.CounterValue, "topic")
+	descProduced   = newDesc("salesagg_records_produced_total", "Records acknowledged by Kafka, by the role of the topic they went to (changelog, notification, repartition, dead_letter).", prometheus.CounterValue, "role")
 	descTxns       = newDesc("salesagg_transactions_total", "Transactions ended, by result (exactly-once only).", prometheus.CounterValue, "result")
 	descBadTotal   = newDesc("salesagg_bad_events_total", "Bad events skipped since start, all tasks.", prometheus.CounterValue)
 	descHealthy    = newDesc("salesagg_healthy", "1 unless a task kept failing longer than task.timeout.ms (GET /healthz 503).", prometheus.GaugeValue)
@@ -190,7 +204,7 @@ func collectTask(emit func(d desc, v float64, labels ...string), t *task) {
 	if pos, hwm := t.stats.inputPos.Load(), t.stats.inputHWM.Load(); pos >= 0 && hwm > pos {
 		lag = hwm - pos
 	}
-	emit(descLag, float64(lag), t.name, strconv.Itoa(int(t.partition)))
+	emit(descLag, float64(lag), t.name)
 	emit(descCheckpoint, float64(t.stats.checkpoint.Load()), t.name, "active")
 	emit(descRestored, float64(t.stats.restored.Load()), t.name)
 	remaining := int64(0)

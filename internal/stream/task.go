@@ -561,7 +561,7 @@ func (t *task) process(ctx context.Context, topic string, r *kgo.Record) error {
 		t.fold.repartNext = r.Offset + 1
 		var ok bool
 		if srcPart, srcOff, srcTopic, ok = t.sourceOf(r); !ok {
-			t.badEvent(ctx, topic, r, errors.New("forwarded record without source headers"), "bad_forward")
+			t.badEvent(ctx, topic, r, errors.New("forwarded record without source headers"), reasonBadForward)
 			return nil
 		}
 	}
