@@ -18,7 +18,7 @@ func BenchmarkDecodeKey(b *testing.B) {
 	key, value := []byte("product42"), []byte(`{"product":"product42","value":1000}`)
 	b.ReportAllocs()
 	for b.Loop() {
-		if _, _, err := DecodeKey(key, value); err != nil {
+		if _, _, _, err := DecodeKey(key, value); err != nil {
 			b.Fatal(err)
 		}
 	}

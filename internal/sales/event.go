@@ -26,6 +26,12 @@ const (
 	ReasonTooLarge    = "too_large"
 )
 
+// WarnKeyProductMismatch names an event whose record key and product field
+// are both set and differ. It is not a bad event: the event is folded under
+// its record key, as Kafka Streams' groupByKey does; it is counted and
+// logged so that a producer writing the wrong key can be found.
+const WarnKeyProductMismatch = "key_product_mismatch"
+
 // Reasons returns every reason Decode, DecodeKey and Add report, so that a
 // counter by reason can show each at 0 before the first bad event.
 func Reasons() []string {
@@ -80,6 +86,10 @@ type Event struct {
 	Value int64
 }
 
+// KeyMismatch reports whether the record key and the product field are both
+// set and differ (see WarnKeyProductMismatch): the key wins.
+func (e Event) KeyMismatch() bool { return e.Product != "" && e.Key != e.Product }
+
 // Decode validates a record's key and value and returns the event. The value
 // must be a JSON object with an integer "value" and a string "product"
 // (the product may be omitted when the key is set). Any other shape is a
@@ -95,14 +105,15 @@ func Decode(key, value []byte) (Event, error) {
 	return decodeJSON(key, value)
 }
 
-// DecodeKey is Decode for the hot path: it returns only the group key and
-// the amount, and for the canonical shape it copies nothing (the key is a
-// slice of the record's key or value, valid as long as they are). Every
-// input gives what Decode gives: the same key bytes, amount and error.
-func DecodeKey(key, value []byte) ([]byte, int64, error) {
-	value, err := precheck(key, value)
+// DecodeKey is Decode for the hot path: it returns only the group key, the
+// amount and whether the key and the product disagree (Event.KeyMismatch),
+// and for the canonical shape it copies nothing (the key is a slice of the
+// record's key or value, valid as long as they are). Every input gives what
+// Decode gives: the same key bytes, amount, mismatch and error.
+func DecodeKey(key, value []byte) (groupKey []byte, amount int64, mismatch bool, err error) {
+	value, err = precheck(key, value)
 	if err != nil {
-		return nil, 0, err
+		return nil, 0, false, err
 	}
 	if product, n, ok := decodeCanonical(value); ok {
 		k := key
@@ -110,15 +121,15 @@ func DecodeKey(key, value []byte) ([]byte, int64, error) {
 			k = product
 		}
 		if err := checkKey(len(k)); err != nil {
-			return nil, 0, err
+			return nil, 0, false, err
 		}
-		return k, n, nil
+		return k, n, len(product) > 0 && !bytes.Equal(k, product), nil
 	}
 	ev, err := decodeJSON(key, value)
 	if err != nil {
-		return nil, 0, err
+		return nil, 0, false, err
 	}
-	return []byte(ev.Key), ev.Value, nil
+	return []byte(ev.Key), ev.Value, ev.KeyMismatch(), nil
 }
 
 // precheck returns the trimmed value, or the error of a value or key that

@@ -36,6 +36,13 @@ func TestDecodeGoodEvents(t *testing.T) {
 			if got != tt.want {
 				t.Fatalf("got %+v, want %+v", got, tt.want)
 			}
+			// Only a key and a product that are both set and differ disagree.
+			if want := tt.name == "key wins over product"; got.KeyMismatch() != want {
+				t.Fatalf("KeyMismatch() = %v, want %v", got.KeyMismatch(), want)
+			}
+			if _, _, mismatch, _ := DecodeKey([]byte(tt.key), []byte(tt.value)); mismatch != got.KeyMismatch() {
+				t.Fatalf("DecodeKey's mismatch = %v, Decode's %v", mismatch, got.KeyMismatch())
+			}
 		})
 	}
 }
@@ -197,9 +204,11 @@ func sameDecode(t *testing.T, key, value []byte) {
 	if (gotErr == nil) != (wantErr == nil) || (gotErr != nil && Reason(gotErr) != Reason(wantErr)) || got != want {
 		t.Fatalf("Decode(%q, %q) = %+v, %v; the general decoder gives %+v, %v", key, value, got, gotErr, want, wantErr)
 	}
-	k, n, err := DecodeKey(key, value)
-	if (err == nil) != (wantErr == nil) || (err != nil && Reason(err) != Reason(wantErr)) || string(k) != want.Key || n != want.Value {
-		t.Fatalf("DecodeKey(%q, %q) = %q, %d, %v; the general decoder gives %+v, %v", key, value, k, n, err, want, wantErr)
+	k, n, mismatch, err := DecodeKey(key, value)
+	if (err == nil) != (wantErr == nil) || (err != nil && Reason(err) != Reason(wantErr)) || string(k) != want.Key || n != want.Value ||
+		mismatch != want.KeyMismatch() {
+		t.Fatalf("DecodeKey(%q, %q) = %q, %d, mismatch %v, %v; the general decoder gives %+v (mismatch %v), %v", key, value, k, n, mismatch, err,
+			want, want.KeyMismatch(), wantErr)
 	}
 }
 

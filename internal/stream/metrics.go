@@ -113,6 +113,7 @@ var (
 	descDuplicates = newDesc("salesagg_events_duplicates_skipped_total", "Redelivered events recognised and skipped.", prometheus.CounterValue, "task")
 	descForwarded  = newDesc("salesagg_events_forwarded_total", "Events forwarded to the task owning their product, through the repartition topic.", prometheus.CounterValue, "task")
 	descSkipped    = newDesc("salesagg_events_skipped_total", "Bad events skipped (dead-lettered when dlq.topic is set), by reason.", prometheus.CounterValue, "task", "reason")
+	descWarned     = newDesc("salesagg_events_folded_with_warning_total", "Events folded although something about them is off, by reason (key_product_mismatch: folded under the record key, which differs from the product field).", prometheus.CounterValue, "task", "reason")
 	descTaskState  = newDesc("salesagg_task_state", "1 for the state each task and standby copy is in.", prometheus.GaugeValue, "task", "role", "state")
 	descLag        = newDesc("salesagg_input_lag_records", "Input records of the task's partition not processed yet: high watermark minus position.", prometheus.GaugeValue, "task")
 	descCheckpoint = newDesc("salesagg_checkpoint_offset", "Next changelog offset the task's store reflects.", prometheus.GaugeValue, "task", "role")
@@ -132,7 +133,7 @@ var (
 	descFailures   = newDesc("salesagg_task_failures_total", "Failed attempts retried with backoff: restores that errored, commit cycles whose records could not be produced.", prometheus.CounterValue, "kind")
 )
 
-var allDescs = []desc{descReady, descProcessed, descDuplicates, descForwarded, descSkipped, descTaskState, descLag, descCheckpoint,
+var allDescs = []desc{descReady, descProcessed, descDuplicates, descForwarded, descSkipped, descWarned, descTaskState, descLag, descCheckpoint,
 	descRestored, descRemaining, descRestoreSec, descStoreBytes, descCacheHits, descCacheMiss, descCacheEvict, descCacheBytes,
 	descStandbyLag, descProduced, descTxns, descBadTotal, descHealthy, descFailures}
 
@@ -199,6 +200,7 @@ func collectTask(emit func(d desc, v float64, labels ...string), t *task) {
 	for _, r := range names {
 		emit(descSkipped, float64(reasons[r]), t.name, r)
 	}
+	emit(descWarned, float64(t.stats.keyMismatches.Load()), t.name, sales.WarnKeyProductMismatch)
 	emit(descTaskState, 1, t.name, "active", st.String())
 	lag := int64(0)
 	if pos, hwm := t.stats.inputPos.Load(), t.stats.inputHWM.Load(); pos >= 0 && hwm > pos {

@@ -119,8 +119,9 @@ type foldState struct {
 	reported, first [2]int64
 	// processed counts the events folded of the batch being folded.
 	processed int64
-	// badLog rate-limits the bad-event warnings.
-	badLog rateLimiter
+	// badLog rate-limits the bad-event warnings, mismatchLog those of
+	// events folded under a key their product field disagrees with.
+	badLog, mismatchLog rateLimiter
 }
 
 // outputs are the records a cycle produces.
@@ -274,6 +275,9 @@ type taskStats struct {
 	restoreMillis atomic.Int64
 	checkpoint    atomic.Int64
 	badReasons    badReasons
+	// keyMismatches counts the events folded under a record key their
+	// product field disagrees with (see keyMismatch).
+	keyMismatches atomic.Int64
 }
 
 func newTask(deps taskDeps, partition int32) *task {
@@ -288,7 +292,8 @@ func newTask(deps taskDeps, partition int32) *task {
 			cache:     newEntryCache(deps.env.cacheBytesPerTask(deps.topo.partitions)),
 			inputNext: -1, repartNext: -1,
 			reported: [2]int64{-1, -1}, first: [2]int64{-1, -1},
-			badLog: rateLimiter{every: 10 * time.Second, burst: 5},
+			badLog:      rateLimiter{every: 10 * time.Second, burst: 5},
+			mismatchLog: rateLimiter{every: 10 * time.Second, burst: 5},
 		},
 		out:   outputs{fdLog: rateLimiter{every: 30 * time.Second, burst: 1}},
 		stall: stallState{retryLog: rateLimiter{every: 30 * time.Second, burst: 1}},
@@ -565,7 +570,7 @@ func (t *task) process(ctx context.Context, topic string, r *kgo.Record) error {
 			return nil
 		}
 	}
-	key, value, err := sales.DecodeKey(r.Key, r.Value)
+	key, value, mismatch, err := sales.DecodeKey(r.Key, r.Value)
 	if err != nil {
 		t.badEvent(ctx, topic, r, err, sales.Reason(err))
 		return nil
@@ -613,6 +618,9 @@ func (t *task) process(ctx context.Context, topic string, r *kgo.Record) error {
 	// the current topic and let their redeliveries count twice.
 	if !owned {
 		t.fold.dirty[string(key)] = e
+	}
+	if mismatch {
+		t.keyMismatch(topic, r)
 	}
 	t.fold.processed++
 	return nil
