@@ -113,6 +113,9 @@ type Config struct {
 	// LogFormat is json or console; empty chooses console when standard
 	// error is a terminal, json otherwise.
 	LogFormat string
+	// LogSummaryInterval is how often the runtime logs what it processed
+	// since the last summary (log.summary.interval.ms).
+	LogSummaryInterval time.Duration
 
 	// Warnings are problems of the configuration that do not stop the
 	// start (a password given where other users can read it), for the

@@ -177,6 +177,9 @@ var keys = []key{
 	{name: "log.format",
 		help: "json or console (default: console on a terminal, json otherwise)",
 		bind: text(func(c *Config) *string { return &c.LogFormat }).folded(strings.ToLower).allow("json", "console")},
+	{name: "log.summary.interval.ms", def: "120000",
+		help: "how often the \"Processed N total records\" summary (records, rate, committed tasks, input lag) is logged, as Kafka Streams' key; an interval that read nothing with no lag logs nothing",
+		bind: millis(1, 24*3_600_000, func(c *Config) *time.Duration { return &c.LogSummaryInterval })},
 }
 
 // defaultCommitInterval is Kafka Streams' default: 100 ms under

@@ -42,6 +42,11 @@ type instruments struct {
 	// cycles that committed nothing because a record failed to produce.
 	restoreFailures atomic.Int64
 	produceFailures atomic.Int64
+	// records counts the records tasks took from the input and
+	// repartition topics, taskCommits the commit cycles that wrote a
+	// task's store: the periodic summary's figures (summary.go).
+	records     atomic.Int64
+	taskCommits atomic.Int64
 }
 
 func newInstruments(guarantee string) *instruments {
@@ -202,11 +207,7 @@ func collectTask(emit func(d desc, v float64, labels ...string), t *task) {
 	}
 	emit(descWarned, float64(t.stats.keyMismatches.Load()), t.name, sales.WarnKeyProductMismatch)
 	emit(descTaskState, 1, t.name, "active", st.String())
-	lag := int64(0)
-	if pos, hwm := t.stats.inputPos.Load(), t.stats.inputHWM.Load(); pos >= 0 && hwm > pos {
-		lag = hwm - pos
-	}
-	emit(descLag, float64(lag), t.name)
+	emit(descLag, float64(t.inputLag()), t.name)
 	emit(descCheckpoint, float64(t.stats.checkpoint.Load()), t.name, "active")
 	emit(descRestored, float64(t.stats.restored.Load()), t.name)
 	remaining := int64(0)
@@ -222,6 +223,15 @@ func collectTask(emit func(d desc, v float64, labels ...string), t *task) {
 	emit(descCacheMiss, float64(t.fold.cache.stats.misses.Load()), t.name)
 	emit(descCacheEvict, float64(t.fold.cache.stats.evictions.Load()), t.name)
 	emit(descCacheBytes, float64(t.fold.cache.stats.bytes.Load()), t.name)
+}
+
+// inputLag is the task's input high watermark minus its position, as of the
+// last batch it processed (0 before the first).
+func (t *task) inputLag() int64 {
+	if pos, hwm := t.stats.inputPos.Load(), t.stats.inputHWM.Load(); pos >= 0 && hwm > pos {
+		return hwm - pos
+	}
+	return 0
 }
 
 func b2f(b bool) float64 {

@@ -53,6 +53,9 @@ type Knobs struct {
 	// MaxDirty overrides how many changed products and records to
 	// produce a task keeps before it flushes early (default 100,000).
 	MaxDirty int
+	// AfterSummary, if set, is called at the end of each
+	// log.summary.interval.ms with whether the summary was logged.
+	AfterSummary func(logged bool)
 }
 
 // Runtime runs salesagg's tasks for one process. Create it with New and run
@@ -165,6 +168,17 @@ func (rt *Runtime) Run(ctx context.Context) error {
 	defer adminClient.Close()
 	e.admin = kadm.NewClient(adminClient)
 	rt.local.scan(e.dir, e.log)
+	if e.cfg.LogSummaryInterval > 0 {
+		stopSummary, summaryDone := make(chan struct{}), make(chan struct{})
+		go func() {
+			defer close(summaryDone)
+			rt.runSummary(e.cfg.LogSummaryInterval, stopSummary)
+		}()
+		defer func() {
+			close(stopSummary)
+			<-summaryDone
+		}()
+	}
 
 	var fencings []time.Time
 	for {

@@ -524,6 +524,7 @@ func (t *task) processBatch(ctx context.Context, b batch) error {
 		}
 	}
 	// The status's counters move once a batch, not once an event.
+	t.deps.env.metrics.records.Add(int64(len(b.recs)))
 	t.stats.processed.Add(t.fold.processed)
 	t.fold.processed = 0
 	if b.topic == t.deps.env.cfg.InputTopic {
@@ -816,6 +817,7 @@ func (t *task) apply(updates []state.Update, maxOffset, inputNext int64) error {
 	}
 	t.fold.cp = cp
 	t.stats.checkpoint.Store(cp.ChangelogOffset)
+	t.deps.env.metrics.taskCommits.Add(1)
 	return nil
 }
 
