@@ -316,8 +316,8 @@ func readString(b []byte) (string, []byte, bool) {
 // member's metadata into assign.Member and balances with assign.Tasks; every
 // member parses its assignment and keeps the owners map it carries.
 type taskBalancer struct {
-	input, repartition string
-	log                *zap.Logger
+	input, repartition, changelog string
+	log                           *zap.Logger
 	// name is this member's name in the assignment's owners and servers
 	// (its group.instance.id).
 	name string
@@ -546,8 +546,11 @@ func (mb *memberBalancer) BalanceOrError(topics map[string]int32) (kgo.IntoSyncA
 		switch {
 		case errors.Is(err, kerr.UnknownTopicOrPartition) || errors.Is(err, kerr.LeaderNotAvailable):
 			// A changelog created moments ago (the first start): no
-			// member holds any of it, so no placement is lost.
-			b.log.Info("The changelog's end offsets are not known yet (a new topic); assigning without caught-up-first placement this round", zap.Error(err))
+			// member holds any of it, so no placement is lost. Expected,
+			// not an error: the broker's answer is for debugging only.
+			b.log.Info(fmt.Sprintf("Changelog %s is new (its end offsets are not listed yet): no member holds any of it; assigning without caught-up-first placement this round", b.changelog),
+				zap.String("changelog", b.changelog))
+			b.log.Debug("Listing the new changelog's end offsets", zap.String("changelog", b.changelog), zap.Error(err))
 		case err != nil:
 			// Without the ends nobody can be told caught up: a plain
 			// sticky balance this round.

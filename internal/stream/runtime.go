@@ -86,7 +86,7 @@ func New(cfg config.Config, log *zap.Logger, dir *state.Dir, knobs Knobs) *Runti
 		e.instanceID = DefaultInstanceID(cfg.ApplicationID, dir.ProcessID())
 	}
 	rt := &Runtime{env: e, reg: newRegistry(), local: newLocalStores(), appServer: cfg.AdvertisedServer("")}
-	rt.bal = &taskBalancer{input: cfg.InputTopic, repartition: cfg.RepartitionTopic(), log: log.Named("balancer"), name: e.instanceID,
+	rt.bal = &taskBalancer{input: cfg.InputTopic, repartition: cfg.RepartitionTopic(), changelog: cfg.ChangelogTopic(), log: log.Named("balancer"), name: e.instanceID,
 		opts: assign.Options{AcceptableLag: cfg.AcceptableRecoveryLag, Standbys: cfg.NumStandbyReplicas, MaxWarmups: cfg.MaxWarmupReplicas}}
 	rt.bal.offsets = func() (map[int32]int64, map[int32]int64) {
 		if s := rt.current.Load(); s != nil {
