@@ -73,6 +73,8 @@ func allowed[S comparable](moves map[S][]S, from, to S) bool {
 // by the task goroutine only and read by anyone.
 type lifecycle struct {
 	state atomic.Int32
+	// visited has bit 1<<s set for each state s the task has been in.
+	visited atomic.Uint32
 	// quit is closed by requestStop; flushOnStop says how to close: flush
 	// before closing (revoked at-least-once, shutdown) or drop (lost, and
 	// always exactly-once).
@@ -99,9 +101,13 @@ func (l *lifecycle) move(s TaskState) (TaskState, bool) {
 	if !allowed(taskMoves, from, s) {
 		return from, false
 	}
+	l.visited.Or(1 << uint32(s))
 	l.state.Store(int32(s))
 	return from, true
 }
+
+// reached reports whether the task has ever been in state s.
+func (l *lifecycle) reached(s TaskState) bool { return l.visited.Load()&(1<<uint32(s)) != 0 }
 
 func (l *lifecycle) requestStop(flush bool) {
 	l.quitOnce.Do(func() {

@@ -391,10 +391,16 @@ func (s *session) stopTasks(ps []int32, flush bool, outcome string) error {
 	var errs []error
 	for _, t := range ts {
 		<-t.life.done
-		if t.State() == TaskFailed {
+		switch {
+		case t.State() == TaskFailed:
 			errs = append(errs, fmt.Errorf("task %s failed", t.name))
 			t.log.Info(fmt.Sprintf("task [%s] Closed after a failure", t.name))
-		} else {
+		case !t.life.reached(TaskRunning):
+			// Stopped before its restore ended: it folded nothing, so the
+			// session's outcome (committed, flushed) is not its own.
+			t.log.Info(fmt.Sprintf("task [%s] Closed while restoring: it processed no events, so it had nothing to commit", t.name),
+				zap.String("outcome", "nothing to commit: stopped while restoring"))
+		default:
 			t.log.Info(fmt.Sprintf("task [%s] Closed: %s", t.name, outcome), zap.String("outcome", outcome))
 		}
 		if t.State() == TaskClosed && t.fold.cp.ChangelogTopicID == s.topo.changelogID && t.stats.checkpoint.Load() >= 0 {
