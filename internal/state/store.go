@@ -68,7 +68,9 @@ type Checkpoint struct {
 	// recognised per product by Entry.Offsets.
 	InputOffset int64
 	// ChangelogTopicID is the id of the changelog topic the offsets refer to;
-	// a different id means the topic was recreated and the store is void.
+	// a different id means the topic was recreated, or the store was written
+	// against another changelog (another application.id or store.name):
+	// either way the store is void.
 	ChangelogTopicID [16]byte
 }
 

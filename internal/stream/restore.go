@@ -374,7 +374,7 @@ func (t *task) restoreRange(ctx context.Context, tp string) (from, to int64, emp
 		return 0, 0, false, err
 	}
 	changelogID := t.deps.topo.changelogID
-	if from, ok := checkCheckpoint(t.log, t.deps.env.cfg.StoreName, t.name, tp, cp, found, logStart, end, changelogID); ok {
+	if from, ok := checkCheckpoint(t.log, t.deps.env.cfg.StoreName, t.name, tp, cp, found, logStart, end, t.deps.env.changelogIdentity(ctx, changelogID)); ok {
 		t.fold.cp = cp
 		t.stats.checkpoint.Store(cp.ChangelogOffset)
 		return from, end, false, nil
@@ -393,15 +393,21 @@ func (t *task) restoreRange(ctx context.Context, tp string) (from, to int64, emp
 // checkCheckpoint tells whether a store's checkpoint can be resumed from
 // against the changelog's [logStart, end): ok with the offset to resume
 // at, or not, logged (a store without checkpoint starts at the log start; a
-// checkpoint of a recreated changelog, beyond its end or below its start
-// makes the store void: wipe it).
-func checkCheckpoint(log *zap.Logger, storeName, name, tp string, cp state.Checkpoint, found bool, logStart, end int64, changelogID [16]byte) (int64, bool) {
+// checkpoint of another changelog (see changelogIdentity) or of a recreated
+// one, beyond its end or below its start makes the store void: wipe it).
+func checkCheckpoint(log *zap.Logger, storeName, name, tp string, cp state.Checkpoint, found bool, logStart, end int64, changelog changelogIdentity) (int64, bool) {
 	var zeroID [16]byte
 	switch {
 	case !found:
 		log.Info(fmt.Sprintf("task [%s] State store %s did not find checkpoint offset, hence would default to the starting offset at changelog %s",
 			name, storeName, tp))
-	case cp.ChangelogTopicID != zeroID && cp.ChangelogTopicID != changelogID:
+	case cp.ChangelogTopicID != zeroID && cp.ChangelogTopicID != changelog.id:
+		if other := changelog.nameOf(cp.ChangelogTopicID); other != "" && other != changelog.topic {
+			log.Warn(fmt.Sprintf("task [%s] The checkpoint is of changelog %s, not %s: the store was written under another application.id or store.name; wiping the store and restoring from the start",
+				name, other, changelog.topic),
+				zap.Int64("checkpoint", cp.ChangelogOffset), zap.String("checkpoint_changelog", other))
+			break
+		}
 		log.Warn(fmt.Sprintf("task [%s] Changelog %s was recreated since the checkpoint was written; wiping the store and restoring from the start", name, tp),
 			zap.Int64("checkpoint", cp.ChangelogOffset))
 	case cp.ChangelogOffset > end:

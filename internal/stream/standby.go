@@ -220,7 +220,7 @@ func (s *standby) tail(ctx context.Context) error {
 	} else if err != nil {
 		return err
 	}
-	from, ok := checkCheckpoint(s.log, e.cfg.StoreName, s.name, tp, cp, found, logStart, end, s.deps.topo.changelogID)
+	from, ok := checkCheckpoint(s.log, e.cfg.StoreName, s.name, tp, cp, found, logStart, end, e.changelogIdentity(ctx, s.deps.topo.changelogID))
 	if !ok && found {
 		if err := s.wipe(); err != nil {
 			return err
