@@ -474,8 +474,15 @@ func (t *task) close(ctx context.Context, flush bool, cause error) error {
 		errs = append(errs, cause)
 	}
 	if flush && cause == nil && !t.deps.env.eos && t.stall.batch == nil {
+		// An early flush of the drain (maxDirty) that the store refuses
+		// stalls the task: its cycle is in the changelog, not in the store,
+		// so a batch folded after it would count its products without that
+		// cycle's events, and a flush would write them and report offsets
+		// past it. The drain ends there and nothing more is flushed: the
+		// rest is read again from the offsets reported, and the changelog
+		// restores the stalled cycle.
 	drain:
-		for {
+		for t.stall.batch == nil {
 			select {
 			case b := <-t.mail.inbox:
 				if err := t.processBatch(ctx, b); err != nil {
@@ -486,7 +493,7 @@ func (t *task) close(ctx context.Context, flush bool, cause error) error {
 				break drain
 			}
 		}
-		if len(errs) == 0 {
+		if len(errs) == 0 && t.stall.batch == nil {
 			errs = append(errs, t.flush(ctx))
 		}
 	}
