@@ -250,6 +250,38 @@ const (
 	readmeHTTP   = "127.0.0.1:8080"
 )
 
+// walkthroughLock names the abstract unix socket that lets one walkthrough
+// at a time run on this machine. Every checkout's walkthrough binds the same
+// fixed addresses above, so two at once (several worktrees, or CI beside a
+// developer, each running `make test`) answer each other's commands: one
+// took the other's /readyz for its own service while it was still building,
+// and ran `bin/salesagg produce` before its binary existed. An abstract
+// socket has the scope of those addresses (the network namespace), needs no
+// file whatever TMPDIR is, and is released when its holder exits, even by
+// SIGKILL.
+const walkthroughLock = "@salesagg-readme-walkthrough"
+
+// walkthroughWait bounds the wait for another checkout's walkthrough to end
+// (one takes one to three minutes on a loaded 2-core machine).
+const walkthroughWait = 5 * time.Minute
+
+// lockWalkthrough holds walkthroughLock for the rest of the test, waiting up
+// to walkthroughWait for another walkthrough to release it; the test is
+// skipped when it does not.
+func lockWalkthrough(t *testing.T) {
+	t.Helper()
+	var l net.Listener
+	err := harness.Poll(walkthroughWait, func() error {
+		var err error
+		l, err = net.Listen("unix", walkthroughLock)
+		return err
+	})
+	if err != nil {
+		t.Skipf("another walkthrough on this machine holds %s (it names the same fixed addresses) after %s: %v", walkthroughLock, walkthroughWait, err)
+	}
+	t.Cleanup(func() { l.Close() })
+}
+
 func TestReadmeWalkthrough(t *testing.T) {
 	// Scenario: README.md's Walkthrough and "Offline state tools", run as a new user pastes them
 	// into a fresh checkout: the commands are read from the README (none is written here), and
@@ -316,6 +348,7 @@ func newReadmeUser(t *testing.T) *readmeUser {
 			t.Skipf("the walkthrough needs %s: %v", tool, err)
 		}
 	}
+	lockWalkthrough(t)
 	for _, addr := range []string{readmeBroker, readmeHTTP} {
 		l, err := net.Listen("tcp", addr)
 		if err != nil {
@@ -400,6 +433,11 @@ func (u *readmeUser) start(c readmeCommand) *harness.Proc {
 	harness.WaitFor(u.t, 5*time.Minute, fmt.Sprintf("%q to build and serve %s/readyz", c.line, readmeHTTP), func() error {
 		if err := p.Exited(); err != nil {
 			return err
+		}
+		// Only this job's service counts: an answer at the fixed address
+		// before it logged its start comes from another process.
+		if !strings.Contains(p.Stderr(), "Starting salesagg") {
+			return errors.New("the service of this job has not started yet")
 		}
 		return u.api.Ready()
 	})
