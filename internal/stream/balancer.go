@@ -66,8 +66,8 @@ import (
 // so that every member knows which member owns each task (queries to a
 // non-owner name the owner).
 
-// ProtocolName is the group protocol salesagg members speak.
-const ProtocolName = "salesagg-tasks"
+// protocolName is the group protocol salesagg members speak.
+const protocolName = "salesagg-tasks"
 
 // memberInfo is what a member reports in its JoinGroup metadata.
 type memberInfo struct {
@@ -384,7 +384,7 @@ func (b *taskBalancer) synced() map[string][]int32 {
 
 var _ kgo.GroupBalancer = (*taskBalancer)(nil)
 
-func (b *taskBalancer) ProtocolName() string { return ProtocolName }
+func (b *taskBalancer) ProtocolName() string { return protocolName }
 func (b *taskBalancer) IsCooperative() bool  { return true }
 
 // JoinGroupMetadata reports the topics, the partitions this member holds

@@ -107,7 +107,7 @@ func standbyTotal(sb *standby, acceptable int64, product string) (total int64, o
 	}
 	lag = sb.lag()
 	st := sb.store.Load()
-	if sb.State() != CopyTailing || st == nil || lag < 0 {
+	if sb.State() != copyTailing || st == nil || lag < 0 {
 		return 0, false, lag, fmt.Errorf("%w: the standby copy of task %s is not tailing yet", ErrNotReady, sb.name)
 	}
 	if lag > acceptable {
@@ -186,7 +186,7 @@ func (s *session) storeOffsets() (map[int32]int64, map[int32]int64) {
 	}
 	for _, t := range s.reg.tasks() {
 		switch st := t.State(); {
-		case st == TaskRunning || st == TaskStalled:
+		case st == taskRunning || st == taskStalled:
 			out[t.partition] = assign.Running
 		case t.stats.checkpoint.Load() >= 0:
 			out[t.partition] = t.stats.checkpoint.Load()

@@ -265,7 +265,7 @@ func (e *exactlyOnce) transact(ctx context.Context) error {
 	defer func() { s.env.metrics.commitSeconds.Observe(time.Since(began).Seconds()) }()
 	var ts []*task
 	for _, t := range s.reg.tasks() {
-		if t.State() == TaskRunning {
+		if t.State() == taskRunning {
 			ts = append(ts, t)
 		}
 	}
@@ -417,7 +417,7 @@ var errTaskStopped = errors.New("stream: task stopped")
 func (t *task) send(ctx context.Context, req cycleReq) error {
 	req.done = make(chan error, 1)
 	stopped := func() error {
-		if t.State() == TaskFailed {
+		if t.State() == taskFailed {
 			return fmt.Errorf("task %s failed", t.name)
 		}
 		return fmt.Errorf("task %s: %w", t.name, errTaskStopped)

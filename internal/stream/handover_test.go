@@ -59,7 +59,7 @@ func TestReplacedTaskWaitsForTheCopyItsPredecessorTookOver(t *testing.T) {
 	copyHolding, release := make(chan struct{}), make(chan struct{})
 	var holdOnce, releaseOnce sync.Once
 	defer releaseOnce.Do(func() { close(release) })
-	knobs := Knobs{BeforeCopyClose: func(ctx context.Context, p int32) {
+	knobs := Knobs{beforeCopyClose: func(ctx context.Context, p int32) {
 		if p != 0 {
 			return
 		}
@@ -131,7 +131,7 @@ func TestReplacedTaskWaitsForTheCopyItsPredecessorTookOver(t *testing.T) {
 		sb.run(ctx)
 	})
 	th.WaitFor(t, 30*time.Second, "the copy of task 0 at the changelog end", th.Holds(func() bool {
-		return sb.State() == CopyTailing && sb.pos.position.Load() == end.Offset
+		return sb.State() == copyTailing && sb.pos.position.Load() == end.Offset
 	}))
 
 	// Task 0 starts here and takes the copy over; the copy is slow to close.
@@ -159,7 +159,7 @@ func TestReplacedTaskWaitsForTheCopyItsPredecessorTookOver(t *testing.T) {
 		return errors.New("neither waiting nor failed")
 	})
 	releaseOnce.Do(func() { close(release) })
-	th.WaitFor(t, 30*time.Second, "the second task 0 to run", th.Holds(func() bool { return second.State() == TaskRunning }))
+	th.WaitFor(t, 30*time.Second, "the second task 0 to run", th.Holds(func() bool { return second.State() == taskRunning }))
 	th.WaitFor(t, 30*time.Second, "exact totals after the handover", exact)
 
 	for _, what := range []string{"Store is corrupted", "task [0_0] Restore failed"} {

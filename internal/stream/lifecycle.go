@@ -12,51 +12,51 @@ import (
 // one table, and one function that moves (refusing a move the table does
 // not allow). TestTaskMoves and TestCopyMoves walk the tables.
 
-// TaskState is where a task is in its life.
-type TaskState int32
+// taskState is where a task is in its life.
+type taskState int32
 
 // Task states, in the order a task goes through them.
 const (
-	TaskCreated TaskState = iota
-	TaskRestoring
-	TaskRunning
-	TaskStopping
-	TaskClosed
-	TaskFailed
-	// TaskStalled: the store cannot take writes (disk full, read-only);
+	taskCreated taskState = iota
+	taskRestoring
+	taskRunning
+	taskStopping
+	taskClosed
+	taskFailed
+	// taskStalled: the store cannot take writes (disk full, read-only);
 	// the task stopped processing and checks again every second.
-	TaskStalled
+	taskStalled
 )
 
-func (s TaskState) String() string {
+func (s taskState) String() string {
 	switch s {
-	case TaskCreated:
+	case taskCreated:
 		return "created"
-	case TaskRestoring:
+	case taskRestoring:
 		return "restoring"
-	case TaskRunning:
+	case taskRunning:
 		return "running"
-	case TaskStopping:
+	case taskStopping:
 		return "stopping"
-	case TaskClosed:
+	case taskClosed:
 		return "closed"
-	case TaskFailed:
+	case taskFailed:
 		return "failed"
-	case TaskStalled:
+	case taskStalled:
 		return "stalled"
 	}
-	return fmt.Sprintf("TaskState(%d)", int32(s))
+	return fmt.Sprintf("taskState(%d)", int32(s))
 }
 
 // taskMoves are the moves a task may make: it restores, then runs (stalling
 // while its store cannot take writes), then stops; a stop during the
 // restore abandons it (closed); closed and failed are final.
-var taskMoves = map[TaskState][]TaskState{
-	TaskCreated:   {TaskRestoring},
-	TaskRestoring: {TaskRunning, TaskStopping, TaskClosed, TaskFailed},
-	TaskRunning:   {TaskStalled, TaskStopping, TaskFailed},
-	TaskStalled:   {TaskRunning, TaskStopping, TaskFailed},
-	TaskStopping:  {TaskClosed, TaskFailed},
+var taskMoves = map[taskState][]taskState{
+	taskCreated:   {taskRestoring},
+	taskRestoring: {taskRunning, taskStopping, taskClosed, taskFailed},
+	taskRunning:   {taskStalled, taskStopping, taskFailed},
+	taskStalled:   {taskRunning, taskStopping, taskFailed},
+	taskStopping:  {taskClosed, taskFailed},
 }
 
 // allowed reports whether the table allows from -> to.
@@ -89,11 +89,11 @@ func newLifecycle() lifecycle {
 	return lifecycle{quit: make(chan struct{}), done: make(chan struct{})}
 }
 
-func (l *lifecycle) get() TaskState { return TaskState(l.state.Load()) }
+func (l *lifecycle) get() taskState { return taskState(l.state.Load()) }
 
 // move makes the move to s when the table allows it; it reports the state
 // it was in and whether it moved. Staying in the same state is a no-op.
-func (l *lifecycle) move(s TaskState) (TaskState, bool) {
+func (l *lifecycle) move(s taskState) (taskState, bool) {
 	from := l.get()
 	if from == s {
 		return from, true
@@ -107,7 +107,7 @@ func (l *lifecycle) move(s TaskState) (TaskState, bool) {
 }
 
 // reached reports whether the task has ever been in state s.
-func (l *lifecycle) reached(s TaskState) bool { return l.visited.Load()&(1<<uint32(s)) != 0 }
+func (l *lifecycle) reached(s taskState) bool { return l.visited.Load()&(1<<uint32(s)) != 0 }
 
 func (l *lifecycle) requestStop(flush bool) {
 	l.quitOnce.Do(func() {
@@ -116,54 +116,54 @@ func (l *lifecycle) requestStop(flush bool) {
 	})
 }
 
-// CopyState is where a standby copy is in its life.
-type CopyState int32
+// copyState is where a standby copy is in its life.
+type copyState int32
 
 // Copy states. Their names in the status are those of the task states
 // they resemble (a copy opening its store is "restoring", one tailing the
 // changelog "running").
 const (
-	CopyCreated CopyState = iota
-	CopyOpening
-	CopyTailing
-	// CopyRetrying: the copy failed and starts over after standbyRetry.
-	CopyRetrying
-	CopyClosed
+	copyCreated copyState = iota
+	copyOpening
+	copyTailing
+	// copyRetrying: the copy failed and starts over after standbyRetry.
+	copyRetrying
+	copyClosed
 )
 
-func (s CopyState) String() string {
+func (s copyState) String() string {
 	switch s {
-	case CopyCreated:
+	case copyCreated:
 		return "created"
-	case CopyOpening:
+	case copyOpening:
 		return "restoring"
-	case CopyTailing:
+	case copyTailing:
 		return "running"
-	case CopyRetrying:
+	case copyRetrying:
 		return "failed"
-	case CopyClosed:
+	case copyClosed:
 		return "closed"
 	}
-	return fmt.Sprintf("CopyState(%d)", int32(s))
+	return fmt.Sprintf("copyState(%d)", int32(s))
 }
 
 // copyMoves are the moves a copy may make: it opens its store and tails the
 // changelog; a failure waits and opens again; a stop closes it from any
 // state.
-var copyMoves = map[CopyState][]CopyState{
-	CopyCreated:  {CopyOpening, CopyClosed},
-	CopyOpening:  {CopyTailing, CopyRetrying, CopyClosed},
-	CopyTailing:  {CopyRetrying, CopyClosed},
-	CopyRetrying: {CopyOpening, CopyClosed},
+var copyMoves = map[copyState][]copyState{
+	copyCreated:  {copyOpening, copyClosed},
+	copyOpening:  {copyTailing, copyRetrying, copyClosed},
+	copyTailing:  {copyRetrying, copyClosed},
+	copyRetrying: {copyOpening, copyClosed},
 }
 
-// copyState is a copy's state, written by its goroutine, read by anyone.
-type copyState struct{ v atomic.Int32 }
+// atomicCopyState is a copy's state, written by its goroutine, read by anyone.
+type atomicCopyState struct{ v atomic.Int32 }
 
-func (c *copyState) get() CopyState { return CopyState(c.v.Load()) }
+func (c *atomicCopyState) get() copyState { return copyState(c.v.Load()) }
 
 // move makes the move to s when the table allows it (see lifecycle.move).
-func (c *copyState) move(s CopyState) (CopyState, bool) {
+func (c *atomicCopyState) move(s copyState) (copyState, bool) {
 	from := c.get()
 	if from == s {
 		return from, true

@@ -211,7 +211,7 @@ func collectTask(emit func(d desc, v float64, labels ...string), t *task) {
 	emit(descCheckpoint, float64(t.stats.checkpoint.Load()), t.name, "active")
 	emit(descRestored, float64(t.stats.restored.Load()), t.name)
 	remaining := int64(0)
-	if st == TaskRestoring {
+	if st == taskRestoring {
 		remaining = max(0, t.stats.restoreTo.Load()-max(t.stats.checkpoint.Load(), t.stats.restoreFrom.Load()))
 	}
 	emit(descRemaining, float64(remaining), t.name)

@@ -88,7 +88,7 @@ func TestRewoundTaskCatchingUpFoldsNoOlderBatch(t *testing.T) {
 	defer cancel()
 	l := newLone(t, ctx)
 	const bound = 1000
-	l.task.deps.env.knobs.MaxDirty = bound
+	l.task.deps.env.knobs.maxDirty = bound
 	var full, failing atomic.Bool
 	l.task.deps.env.knobs.StoreWritable = func(int32) error {
 		if full.Load() {
@@ -123,7 +123,7 @@ func TestRewoundTaskCatchingUpFoldsNoOlderBatch(t *testing.T) {
 	if err := l.task.flush(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if s := l.task.State(); s != TaskStalled {
+	if s := l.task.State(); s != taskStalled {
 		t.Fatalf("task %s with its store refusing writes, want stalled", s)
 	}
 	for _, recs := range [][]*kgo.Record{large, after} {
@@ -242,8 +242,8 @@ func (l *lone) withDeadLetters(t *testing.T, ctx context.Context) string {
 
 // running moves the task to running, as its restore does.
 func (l *lone) running() {
-	l.task.setState(TaskRestoring)
-	l.task.setState(TaskRunning)
+	l.task.setState(taskRestoring)
+	l.task.setState(taskRunning)
 }
 
 // mustHaveFailed checks that the task's last cycle failed to produce.
@@ -281,8 +281,8 @@ func (l *lone) successor(t *testing.T) *task {
 	}
 	next.fold.cp = cp
 	next.store.Store(st)
-	next.setState(TaskRestoring)
-	next.setState(TaskRunning)
+	next.setState(taskRestoring)
+	next.setState(taskRunning)
 	return next
 }
 

@@ -30,10 +30,10 @@ type Knobs struct {
 	// a test holds a task in the restoring state by blocking in it (until
 	// ctx is done: the task was stopped).
 	BeforeRestore func(ctx context.Context, partition int32)
-	// BeforeCopyClose, if set, is called by each standby copy that was
+	// beforeCopyClose, if set, is called by each standby copy that was
 	// asked to stop, before it closes its store; a test keeps the store
 	// open by blocking in it (until ctx is done: the grace period ran out).
-	BeforeCopyClose func(ctx context.Context, partition int32)
+	beforeCopyClose func(ctx context.Context, partition int32)
 	// StoreWritable, if set, replaces the check made before each store
 	// write (state.Dir.CheckWritable); tests make it fail.
 	StoreWritable func(partition int32) error
@@ -50,9 +50,9 @@ type Knobs struct {
 	// TopologyCheckEvery overrides how often the input topic's identity
 	// and partition count are checked while running (default 5 s).
 	TopologyCheckEvery time.Duration
-	// MaxDirty overrides how many changed products and records to
+	// maxDirty overrides how many changed products and records to
 	// produce a task keeps before it flushes early (default 100,000).
-	MaxDirty int
+	maxDirty int
 	// AfterSummary, if set, is called at the end of each
 	// log.summary.interval.ms with whether the summary was logged.
 	AfterSummary func(logged bool)
@@ -83,7 +83,7 @@ func New(cfg config.Config, log *zap.Logger, dir *state.Dir, knobs Knobs) *Runti
 	e := &env{cfg: cfg, log: log, dir: dir, knobs: knobs, eos: cfg.ProcessingGuarantee == config.ExactlyOnceV2, reach: newReachability(log),
 		metrics: newInstruments(cfg.ProcessingGuarantee), instanceID: cfg.GroupInstanceID}
 	if e.instanceID == "" {
-		e.instanceID = DefaultInstanceID(cfg.ApplicationID, dir.ProcessID())
+		e.instanceID = defaultInstanceID(cfg.ApplicationID, dir.ProcessID())
 	}
 	rt := &Runtime{env: e, reg: newRegistry(), local: newLocalStores(), appServer: cfg.AdvertisedServer("")}
 	rt.bal = &taskBalancer{input: cfg.InputTopic, repartition: cfg.RepartitionTopic(), changelog: cfg.ChangelogTopic(), log: log.Named("balancer"), name: e.instanceID,
@@ -107,11 +107,11 @@ func New(cfg config.Config, log *zap.Logger, dir *state.Dir, knobs Knobs) *Runti
 	return rt
 }
 
-// DefaultInstanceID is the group.instance.id of a process whose config sets
+// defaultInstanceID is the group.instance.id of a process whose config sets
 // none: derived from the state dir's process id, so it follows the volume (a
 // restart on it replaces the dead member at once) and no two processes
 // share it (one process per state dir).
-func DefaultInstanceID(appID, processID string) string {
+func defaultInstanceID(appID, processID string) string {
 	id := appID + "-" + processID
 	if len(id) > 249 {
 		id = id[len(id)-249:]

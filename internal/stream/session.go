@@ -265,7 +265,7 @@ func (s *session) dispatch(ctx context.Context, fetches kgo.Fetches, skip map[in
 			return
 		}
 		t := s.reg.task(p.Partition)
-		if t == nil || (s.env.eos && t.State() != TaskRunning) {
+		if t == nil || (s.env.eos && t.State() != taskRunning) {
 			// Revoked meanwhile (the session aborts and the new owner reads
 			// from the committed offset), or not processing: nothing of
 			// these records is committed.
@@ -392,10 +392,10 @@ func (s *session) stopTasks(ps []int32, flush bool, outcome string) error {
 	for _, t := range ts {
 		<-t.life.done
 		switch {
-		case t.State() == TaskFailed:
+		case t.State() == taskFailed:
 			errs = append(errs, fmt.Errorf("task %s failed", t.name))
 			t.log.Info(fmt.Sprintf("task [%s] Closed after a failure", t.name))
-		case !t.life.reached(TaskRunning):
+		case !t.life.reached(taskRunning):
 			// Stopped before its restore ended: it folded nothing, so the
 			// session's outcome (committed, flushed) is not its own.
 			t.log.Info(fmt.Sprintf("task [%s] Closed while restoring: it processed no events, so it had nothing to commit", t.name),
@@ -403,7 +403,7 @@ func (s *session) stopTasks(ps []int32, flush bool, outcome string) error {
 		default:
 			t.log.Info(fmt.Sprintf("task [%s] Closed: %s", t.name, outcome), zap.String("outcome", outcome))
 		}
-		if t.State() == TaskClosed && t.fold.cp.ChangelogTopicID == s.topo.changelogID && t.stats.checkpoint.Load() >= 0 {
+		if t.State() == taskClosed && t.fold.cp.ChangelogTopicID == s.topo.changelogID && t.stats.checkpoint.Load() >= 0 {
 			// The task goroutine is done: its checkpoint is final.
 			s.local.note(t.partition, t.fold.cp)
 		}

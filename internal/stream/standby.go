@@ -84,7 +84,7 @@ type probeMark struct {
 
 // copyLife is a copy's state and its stop request.
 type copyLife struct {
-	state    copyState
+	state    atomicCopyState
 	quit     chan struct{}
 	quitOnce sync.Once
 	// done is closed when the copy's goroutine has ended (its store
@@ -116,11 +116,11 @@ func (s *standby) role() string { return copyKind(s.kind.Load()).String() }
 func (s *standby) isWarmup() bool { return copyKind(s.kind.Load()) == kindWarmup }
 
 // State returns the copy's state.
-func (s *standby) State() CopyState { return s.life.state.get() }
+func (s *standby) State() copyState { return s.life.state.get() }
 
 // setState moves the copy to st (see copyMoves), logging a move the table
 // does not allow (and not making it).
-func (s *standby) setState(st CopyState) {
+func (s *standby) setState(st copyState) {
 	if from, ok := s.life.state.move(st); !ok {
 		s.log.Error(fmt.Sprintf("task [%s] Refusing the copy state change %s -> %s: not an allowed move (a bug)", s.name, from, st))
 	}
@@ -155,10 +155,10 @@ func (s *standby) run(ctx context.Context) {
 		select {
 		case <-after:
 		case <-s.life.quit:
-			s.setState(CopyClosed)
+			s.setState(copyClosed)
 			return
 		case <-ctx.Done():
-			s.setState(CopyClosed)
+			s.setState(copyClosed)
 			return
 		}
 	}
@@ -168,7 +168,7 @@ func (s *standby) run(ctx context.Context) {
 	s.log.Info(fmt.Sprintf("task [%s] Starting %s copy", s.name, s.role()))
 	for {
 		err := s.tail(ctx)
-		if hook := s.deps.env.knobs.BeforeCopyClose; hook != nil && ctx.Err() != nil {
+		if hook := s.deps.env.knobs.beforeCopyClose; hook != nil && ctx.Err() != nil {
 			hook(outer, s.partition)
 		}
 		if st := s.store.Swap(nil); st != nil {
@@ -179,16 +179,16 @@ func (s *standby) run(ctx context.Context) {
 			}
 		}
 		if ctx.Err() != nil {
-			s.setState(CopyClosed)
+			s.setState(copyClosed)
 			s.log.Info(fmt.Sprintf("task [%s] Closed %s copy at changelog offset %d", s.name, s.role(), s.pos.position.Load()),
 				zap.Int64("checkpoint", s.pos.position.Load()), zap.Int64("applied", s.pos.applied.Load()))
 			return
 		}
-		s.setState(CopyRetrying)
+		s.setState(copyRetrying)
 		s.log.Warn(fmt.Sprintf("task [%s] Standby copy failed; starting over in %s", s.name, standbyRetry), zap.Error(err))
 		select {
 		case <-ctx.Done():
-			s.setState(CopyClosed)
+			s.setState(copyClosed)
 			return
 		case <-time.After(standbyRetry):
 		}
@@ -199,7 +199,7 @@ func (s *standby) run(ctx context.Context) {
 // applies the changelog from there until ctx is done.
 func (s *standby) tail(ctx context.Context) error {
 	e := s.deps.env
-	s.setState(CopyOpening)
+	s.setState(copyOpening)
 	st, err := e.openStore(s.partition, s.log)
 	if err != nil {
 		return err
@@ -240,7 +240,7 @@ func (s *standby) tail(ctx context.Context) error {
 		return err
 	}
 	defer r.Close()
-	s.setState(CopyTailing)
+	s.setState(copyTailing)
 	s.log.Info(fmt.Sprintf("task [%s] %s copy tailing changelog %s from offset %d (%d behind)", s.name, s.role(), tp, from, max(0, end-from)),
 		zap.Int64("from", from), zap.Int64("end_offset", end))
 	s.checkCaughtUp()

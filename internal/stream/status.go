@@ -34,7 +34,7 @@ func (rt *Runtime) Total(product string) (int64, bool, error) {
 	if t == nil {
 		return 0, false, rt.notHosted(p)
 	}
-	if t.State() != TaskRunning {
+	if t.State() != taskRunning {
 		return 0, false, fmt.Errorf("%w: task %s is %s", ErrNotReady, t.name, t.State())
 	}
 	s := t.store.Load()
@@ -51,7 +51,7 @@ func (rt *Runtime) Total(product string) (int64, bool, error) {
 func (rt *Runtime) Products(after string, limit int) (page []state.Total, unavailable []string, err error) {
 	for _, t := range rt.reg.tasks() {
 		s := t.store.Load()
-		if t.State() != TaskRunning || s == nil {
+		if t.State() != taskRunning || s == nil {
 			unavailable = append(unavailable, t.name)
 			continue
 		}
@@ -219,7 +219,7 @@ func (rt *Runtime) Tasks() []status.Task {
 				From:       t.stats.restoreFrom.Load(),
 				To:         t.stats.restoreTo.Load(),
 				Restored:   t.stats.restored.Load(),
-				Done:       st >= TaskRunning && st != TaskFailed,
+				Done:       st >= taskRunning && st != taskFailed,
 				DurationMs: t.stats.restoreMillis.Load(),
 			},
 			Counters: status.Counters{
@@ -278,7 +278,7 @@ func (rt *Runtime) Ready() (bool, string) {
 		return false, "Kafka unreachable: the open transaction is being aborted"
 	}
 	for _, t := range rt.reg.tasks() {
-		if st := t.State(); st != TaskRunning {
+		if st := t.State(); st != taskRunning {
 			reason := fmt.Sprintf("task %s is %s", t.name, st)
 			waiting, ferr, attempts, _, _ := t.trouble.snapshot(rt.env.cfg.TaskTimeout)
 			switch {
@@ -342,7 +342,7 @@ func (rt *Runtime) ScanStore(task, after string, limit int) ([]state.Total, erro
 			continue
 		}
 		s := t.store.Load()
-		if st := t.State(); st != TaskRunning || s == nil {
+		if st := t.State(); st != taskRunning || s == nil {
 			return nil, fmt.Errorf("%w: task %s is %s", ErrNotReady, task, st)
 		}
 		return s.Scan(after, limit)

@@ -28,7 +28,7 @@ func TestStoppingTaskStalledInItsDrainFoldsNothingMore(t *testing.T) {
 	defer cancel()
 	l := newLone(t, ctx)
 	const bound = 1000
-	l.task.deps.env.knobs.MaxDirty = bound
+	l.task.deps.env.knobs.maxDirty = bound
 	var writes atomic.Int32
 	l.task.deps.env.knobs.StoreWritable = func(int32) error {
 		if writes.Add(1) == 1 {

@@ -25,8 +25,8 @@ import (
 // until that cycle prepares add at most the task's inbox).
 const maxDirty = 100_000
 
-// dirtyBound is the task's maxDirty (Knobs.MaxDirty lowers it in tests).
-func (t *task) dirtyBound() int { return cmp.Or(t.deps.env.knobs.MaxDirty, maxDirty) }
+// dirtyBound is the task's maxDirty (Knobs.maxDirty lowers it in tests).
+func (t *task) dirtyBound() int { return cmp.Or(t.deps.env.knobs.maxDirty, maxDirty) }
 
 // inboxDepth is how many polled batches (up to 10,000 records each) wait for
 // a task: enough to keep it busy while the poll loop fetches, few enough
@@ -315,11 +315,11 @@ func newTask(deps taskDeps, partition int32) *task {
 func (t *task) requestStop(flush bool) { t.life.requestStop(flush) }
 
 // State returns the task's state.
-func (t *task) State() TaskState { return t.life.get() }
+func (t *task) State() taskState { return t.life.get() }
 
 // setState moves the task to s (see taskMoves), logging a move the table
 // does not allow (and not making it).
-func (t *task) setState(s TaskState) {
+func (t *task) setState(s taskState) {
 	if from, ok := t.life.move(s); !ok {
 		t.log.Error(fmt.Sprintf("task [%s] Refusing the state change %s -> %s: not an allowed move (a bug)", t.name, from, s))
 	}
@@ -340,10 +340,10 @@ func (t *task) run(ctx context.Context) (err error) {
 			}
 		}
 		if err != nil {
-			t.setState(TaskFailed)
+			t.setState(taskFailed)
 			t.log.Error("Task failed", zap.Error(err))
 		} else {
-			t.setState(TaskClosed)
+			t.setState(taskClosed)
 		}
 	}()
 	if !t.restoreUntilStopped(ctx) {
@@ -355,7 +355,7 @@ func (t *task) run(ctx context.Context) (err error) {
 	default:
 	}
 	t.fold.filter.reset(t.storeEmpty())
-	t.setState(TaskRunning)
+	t.setState(taskRunning)
 	t.deps.restored(t)
 	return t.loop(ctx)
 }
@@ -365,7 +365,7 @@ func (t *task) run(ctx context.Context) (err error) {
 // canceled when the task is stopped, so a revoked task lets go at once,
 // however long its restore.
 func (t *task) restoreUntilStopped(ctx context.Context) bool {
-	t.setState(TaskRestoring)
+	t.setState(taskRestoring)
 	rctx, cancelRestore := cancelOn(ctx, t.life.quit, nil)
 	defer cancelRestore()
 	if err := t.restoreRetrying(rctx); err != nil {
@@ -468,7 +468,7 @@ func (t *task) retryPaused(ctx context.Context) error {
 // close drains what the poll loop already handed over, flushes when asked,
 // and closes the store.
 func (t *task) close(ctx context.Context, flush bool, cause error) error {
-	t.setState(TaskStopping)
+	t.setState(taskStopping)
 	var errs []error
 	if cause != nil {
 		errs = append(errs, cause)
@@ -1003,7 +1003,7 @@ func (t *task) stallOn(b stalledBatch, err error) error {
 		return err
 	}
 	t.stall.batch = &b
-	t.setState(TaskStalled)
+	t.setState(taskStalled)
 	t.deps.client.PauseFetchPartitions(t.deps.env.topicsOf([]int32{t.partition}))
 	t.log.Error(fmt.Sprintf("task [%s] Cannot write its store; stopped processing until it can", t.name), zap.Error(err))
 	return nil
@@ -1022,7 +1022,7 @@ func (t *task) retryStalled(ctx context.Context) error {
 		return nil
 	}
 	t.stall.batch = nil
-	t.setState(TaskRunning)
+	t.setState(taskRunning)
 	t.reportOffsets(b)
 	t.log.Info(fmt.Sprintf("task [%s] Store writable again; processing resumes", t.name), zap.Int("held_batches", len(t.stall.held)))
 	held := t.stall.held
