@@ -232,10 +232,12 @@ type loopback struct {
 	addr string
 	fmt  *kmsg.RequestFormatter
 
+	// mu guards the connection and makes the requests one at a time: it is
+	// held for a whole round trip (roundTrip runs under it).
 	mu   sync.Mutex
-	conn net.Conn
-	rd   *bufio.Reader
-	corr int32
+	conn net.Conn      // guarded by mu; nil until dialled and after a failure
+	rd   *bufio.Reader // guarded by mu
+	corr int32         // guarded by mu: the last correlation id sent
 }
 
 func (l *loopback) close() {
@@ -258,6 +260,7 @@ func (l *loopback) do(req kmsg.Request) (kmsg.Response, error) {
 	return resp, err
 }
 
+// roundTrip sends req and reads its answer; l.mu is held.
 func (l *loopback) roundTrip(req kmsg.Request) (kmsg.Response, error) {
 	if l.conn == nil {
 		conn, err := net.DialTimeout("tcp", l.addr, 5*time.Second)

@@ -39,10 +39,10 @@ const reloadCheck = time.Second
 // watched is a file read again when its modification time or size change.
 type watched struct {
 	path    string
-	mu      sync.Mutex
-	checked time.Time // guarded by mu
-	mod     time.Time // guarded by mu
-	size    int64     // guarded by mu
+	mu      sync.Mutex // guards checked, mod and size
+	checked time.Time  // guarded by mu
+	mod     time.Time  // guarded by mu
+	size    int64      // guarded by mu
 }
 
 // changed reports whether the file changed since the last call that
@@ -72,7 +72,7 @@ type keyPair struct {
 	cert, key watched
 	log       *zap.Logger
 	what      string
-	mu        sync.Mutex
+	mu        sync.Mutex       // guards current
 	current   *tls.Certificate // guarded by mu
 }
 
@@ -134,7 +134,7 @@ func caPool(file string) (*x509.CertPool, error) {
 type tokenSet struct {
 	file  watched
 	log   *zap.Logger
-	mu    sync.Mutex
+	mu    sync.Mutex          // guards hash and first
 	hash  [][sha256.Size]byte // guarded by mu
 	first string              // guarded by mu: what this instance forwards with
 }

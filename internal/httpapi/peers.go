@@ -38,7 +38,7 @@ type forwarder struct {
 	g      *guard
 	scheme string
 	log    *zap.Logger
-	mu     sync.Mutex
+	mu     sync.Mutex           // guards logged
 	logged map[string]time.Time // guarded by mu: when a peer's failure was last logged
 }
 

@@ -43,11 +43,11 @@ type LogEntry struct {
 const maxRecentText = 1024
 
 type recentRing struct {
-	mu    sync.Mutex
-	buf   []LogEntry
-	next  int // where the next entry goes
-	full  bool
-	total uint64
+	mu    sync.Mutex // guards buf's entries, next, full and total
+	buf   []LogEntry // guarded by mu (its length is fixed at creation)
+	next  int        // guarded by mu: where the next entry goes
+	full  bool       // guarded by mu
+	total uint64     // guarded by mu
 }
 
 // NewRecentLog returns a core keeping the last size entries enabled by

@@ -456,8 +456,8 @@ func levelClass(l string) string {
 // most maxSamples samples, so its memory is bounded by the task count. The
 // first render has nothing to compare with and shows no rates.
 type rateSampler struct {
-	mu      sync.Mutex
-	samples []sample // oldest first
+	mu      sync.Mutex // guards samples
+	samples []sample   // guarded by mu; oldest first
 }
 
 const (
@@ -572,9 +572,9 @@ func (s *rateSampler) observe(now time.Time, tasks []status.Task) map[string]tas
 // writes (exact and cheaper, but it needs a hook in the task's commit path
 // and a way to recover the top after a restore, which is this scan anyway).
 type topProducts struct {
-	mu    sync.Mutex
-	last  time.Time
-	tasks map[string]*taskTop
+	mu    sync.Mutex          // guards last, tasks and the taskTops in it
+	last  time.Time           // guarded by mu: when the last scan step ran
+	tasks map[string]*taskTop // guarded by mu, and so is each taskTop
 }
 
 const (

@@ -20,17 +20,20 @@ import (
 	"github.com/salesagg/salesagg/internal/status"
 )
 
-// pageBackend is a Backend with settable tasks, members and stores.
+// pageBackend is a Backend with settable tasks, members and stores. Its mu
+// guards what a test may change while the page reads it; the rest is set
+// before the page runs (a test that scans reads scanned on its own
+// goroutine, the one that scans).
 type pageBackend struct {
 	idle
-	mu      sync.Mutex
-	tasks   []status.Task
+	mu      sync.Mutex    // guards tasks, stores, scanned and scans
+	tasks   []status.Task // guarded by mu
 	members []status.Instance
 	ready   bool
 	reason  string
-	stores  map[string][]state.Total // sorted by product
-	scanned int                      // products returned by ScanStore
-	scans   int
+	stores  map[string][]state.Total // guarded by mu; sorted by product
+	scanned int                      // guarded by mu: products returned by ScanStore
+	scans   int                      // guarded by mu
 }
 
 func (b *pageBackend) Tasks() []status.Task {

@@ -50,8 +50,8 @@ func removeBulkLeftovers(path string) {
 // an equal share of it, recomputed as loads begin and end.
 type BulkBudget struct {
 	bytes int64
-	mu    sync.Mutex
-	loads int
+	mu    sync.Mutex // guards loads
+	loads int        // guarded by mu: the loads under way
 }
 
 // NewBulkBudget makes a budget of bytes for the bulk loads under way.

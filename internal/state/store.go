@@ -139,7 +139,7 @@ var ErrStoreLocked = errors.New("state: store is open elsewhere")
 // second open in one process is ErrStoreLocked before Pebble is asked.
 // Process-wide like Pebble's own lock table.
 var openStores = struct {
-	mu    sync.Mutex
+	mu    sync.Mutex      // guards paths
 	paths map[string]bool // guarded by mu
 }{paths: map[string]bool{}}
 
@@ -183,20 +183,22 @@ type Store struct {
 	// opts are the database's options, for the tables a bulk load writes.
 	opts *pebble.Options
 
+	// mu guards db, the field inside it. Get, Checkpoint, Apply, Scan and
+	// Count hold the read lock while they use db, Close the write lock: a
+	// read costs one RLock, and Close waits for the reads and writes under
+	// way.
 	mu struct {
-		// Get, Checkpoint, Apply, Scan and Count hold the read lock while
-		// they use db, Close the write lock: a read costs one RLock, and
-		// Close waits for the reads and writes under way.
 		sync.RWMutex
 		db *pebble.DB // nil once closed
 	}
 	// lookup is the owner's iterator for Lookup (nil: none open), and the
 	// key buffer it seeks with. An iterator sees the database as it was when
-	// it was made: every write drops it.
+	// it was made: every write drops it. Its mutex guards it and key
+	// (Lookup takes it inside mu's read lock, ReleaseLookup on its own).
 	lookup struct {
 		sync.Mutex
-		it  *pebble.Iterator
-		key []byte
+		it  *pebble.Iterator // guarded by lookup's mutex
+		key []byte           // guarded by lookup's mutex
 	}
 }
 

@@ -33,13 +33,13 @@ type atLeastOnce struct {
 	s         *session
 	committer committer
 	// rewinds are the tasks waiting for the poll loop to move their
-	// position back (see task.rewind); guarded by mu. kick (buffered 1)
-	// cuts the poll short for them.
+	// position back (see task.rewind). kick (buffered 1) cuts the poll
+	// short for them.
 	rewinds struct {
-		mu   sync.Mutex
-		todo map[int32]*task
+		mu   sync.Mutex      // guards todo and fromCommitted
+		todo map[int32]*task // guarded by mu
 		// fromCommitted are the partitions of replaced tasks, to move
-		// back to the group's committed offsets.
+		// back to the group's committed offsets. Guarded by mu.
 		fromCommitted map[int32]bool
 		kick          chan struct{}
 	}
@@ -258,14 +258,13 @@ func (a *atLeastOnce) commitLoop(ctx context.Context) {
 // committer holds the offsets tasks made safe to commit (their changelog is
 // acknowledged and their store written) until they are committed.
 type committer struct {
-	mu      sync.Mutex
+	mu      sync.Mutex                           // guards pending, gen and forgot
 	pending map[string]map[int32]kgo.EpochOffset // guarded by mu
 	// gen counts forgets; forgot is the gen at which each partition was
 	// last forgotten (its task stopped or was lost), so that a commit that
 	// failed does not put back offsets of a partition forgotten meanwhile.
-	// Guarded by mu.
-	gen    uint64
-	forgot map[string]map[int32]uint64
+	gen    uint64                      // guarded by mu
+	forgot map[string]map[int32]uint64 // guarded by mu
 	onDone func()
 	kick   chan struct{} // signalled by report; buffered 1
 	// held, if set, tells whether this member holds a partition now: only
@@ -324,7 +323,8 @@ func (c *committer) markForgotLocked(topic string, p int32) {
 	c.forgot[topic][p] = c.gen
 }
 
-// forgottenSince reports whether topic/p was forgotten after gen.
+// forgottenSince reports whether topic/p was forgotten after gen; c.mu is
+// held.
 func (c *committer) forgottenSince(topic string, p int32, gen uint64) bool {
 	return c.forgot[topic][p] > gen || c.forgot[""][-1] > gen
 }

@@ -337,6 +337,7 @@ type taskBalancer struct {
 	// the leader's caught-up-first placement.
 	endOffsets func(context.Context) (map[int32]int64, error)
 
+	// mu guards every field inside it.
 	mu struct {
 		sync.Mutex
 		// self is what this member reports: its partition count and

@@ -121,7 +121,7 @@ func standbyTotal(sb *standby, acceptable int64, product string) (total int64, o
 // with, for the offsets this member reports to the balancer. It outlives
 // the sessions.
 type localStores struct {
-	mu  sync.Mutex
+	mu  sync.Mutex                 // guards cps
 	cps map[int32]state.Checkpoint // guarded by mu
 }
 
@@ -197,11 +197,11 @@ func (s *session) storeOffsets() (map[int32]int64, map[int32]int64) {
 }
 
 // prober is the rebalances this member asks for (it rejoins), at most one
-// per probeGap. last is guarded by mu.
+// per probeGap.
 type prober struct {
-	interval time.Duration // probing.rebalance.interval.ms
-	mu       sync.Mutex
-	last     time.Time
+	interval time.Duration // probing.rebalance.interval.ms; set before the session runs
+	mu       sync.Mutex    // guards last
+	last     time.Time     // guarded by mu: when this member last asked
 }
 
 // probeGap is the least time between two rebalances this member asks for.

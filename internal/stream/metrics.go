@@ -76,8 +76,8 @@ var knownBadReasons = append(sales.Reasons(), reasonBadForward)
 
 // badReasons counts a task's bad events by reason.
 type badReasons struct {
-	mu sync.Mutex
-	n  map[string]int64
+	mu sync.Mutex       // guards n
+	n  map[string]int64 // guarded by mu: the counts by reason (nil: none yet)
 }
 
 func (b *badReasons) add(reason string) {

@@ -27,13 +27,14 @@ type reachability struct {
 	log *zap.Logger
 	now func() time.Time
 
-	mu sync.Mutex
+	mu sync.Mutex // guards brokers and the brokerReach values in it
 	// brokers holds the latest connect outcome per broker address; guarded
-	// by mu.
+	// by mu, and so is each *brokerReach it points to.
 	brokers map[string]*brokerReach
 }
 
-// brokerReach is one broker's latest connect outcome.
+// brokerReach is one broker's latest connect outcome; its fields are
+// guarded by the reachability's mu.
 type brokerReach struct {
 	ok bool
 	// since is when the broker's current run of failures began.

@@ -24,10 +24,10 @@ type steadyProducer struct {
 	stop     chan struct{}
 	done     chan struct{}
 
-	mu   sync.Mutex
-	sent map[string]int64
-	n    int
-	err  error
+	mu   sync.Mutex       // guards sent, n and err
+	sent map[string]int64 // guarded by mu
+	n    int              // guarded by mu: the records sent
+	err  error            // guarded by mu: the failure that stopped it
 }
 
 func startSteadyProducer(h *harness, products []string) *steadyProducer {
@@ -96,8 +96,8 @@ func (sp *steadyProducer) count() int {
 type fleet struct {
 	h    *harness
 	cfg  func(name string) config.Config
-	mu   sync.Mutex
-	live map[string]*instance
+	mu   sync.Mutex           // guards live
+	live map[string]*instance // guarded by mu
 }
 
 func newFleet(h *harness, cfg func(name string) config.Config) *fleet {

@@ -12,6 +12,7 @@ import (
 // it. Nothing slow runs under mu: stopping a task or a copy happens after it
 // was taken out.
 type registry struct {
+	// mu guards every field inside it.
 	mu struct {
 		sync.Mutex
 		// topo is the topology of the current group session (zero before

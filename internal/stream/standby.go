@@ -75,11 +75,11 @@ type copyDeps struct {
 	spawn func(func())
 }
 
-// probeMark is a warm-up's last caught-up probe. Guarded by mu.
+// probeMark is a warm-up's last caught-up probe.
 type probeMark struct {
-	mu          sync.Mutex
-	at          time.Time
-	offset, end int64
+	mu          sync.Mutex // guards at, offset and end
+	at          time.Time  // guarded by mu
+	offset, end int64      // guarded by mu
 }
 
 // copyLife is a copy's state and its stop request.

@@ -203,7 +203,7 @@ type handover struct {
 // retries with backoff (a restore that errors, a cycle whose records could
 // not be produced). Written by the task goroutine, read by status queries.
 type trouble struct {
-	mu sync.Mutex
+	mu sync.Mutex // guards waiting, err, attempts, since and began
 	// waiting says what the task waits for, "" when nothing; guarded by mu.
 	waiting string
 	// err is the latest failure, "" when the last attempt succeeded;
