@@ -66,13 +66,21 @@ func (w *watched) changed(now time.Time) (bool, error) {
 	return true, nil
 }
 
+// forget makes the next look past reloadCheck report a change, whatever the
+// file holds then.
+func (w *watched) forget() {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.mod = time.Time{}
+}
+
 // keyPair is a certificate and key read from files, read again when either
 // changes. A pair that fails to load keeps the previous one (logged).
 type keyPair struct {
 	cert, key watched
 	log       *zap.Logger
 	what      string
-	mu        sync.Mutex       // guards current
+	mu        sync.Mutex       // guards current; held while get forgets cert and key (this order only)
 	current   *tls.Certificate // guarded by mu
 }
 
@@ -105,7 +113,8 @@ func (kp *keyPair) get() (*tls.Certificate, error) {
 		// Mid-rotation (one file written, not the other): keep serving the
 		// previous pair; the next look loads the new one.
 		kp.log.Warn("Loading the rotated "+kp.what+" failed; still using the previous one", zap.String("cert", kp.cert.path), zap.Error(err))
-		kp.cert.mod, kp.key.mod = time.Time{}, time.Time{}
+		kp.cert.forget()
+		kp.key.forget()
 		return kp.current, nil
 	}
 	if kp.current != nil {

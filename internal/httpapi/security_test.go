@@ -448,6 +448,50 @@ func TestCertificateRotatedWhileServing(t *testing.T) {
 	}
 }
 
+func TestHTTPSCertificateMidRotation(t *testing.T) {
+	// Scenario: the certificate was rewritten and its key not yet (mid-rotation) while
+	// handshakes look at the files: the pair that fails to load leaves the previous one
+	// served and the files to be read again, and marking them does not race the looks
+	// (go test -race reports the race this guards against).
+	pki := newTestPKI(t)
+	cert, key, first := pki.issue(t, "server")
+	kp, err := newKeyPair(cert, key, "HTTPS certificate", zap.NewNop())
+	if err != nil {
+		t.Fatal(err)
+	}
+	next, _, _ := pki.issue(t, "next")
+	if err := os.Rename(next, cert); err != nil { // a new certificate, the old key
+		t.Fatal(err)
+	}
+	// Same size and, to the file system's clock, the same time are possible:
+	// make the change one a look sees.
+	if later := time.Now().Add(time.Minute); os.Chtimes(cert, later, later) != nil {
+		t.Fatal("touching the certificate")
+	}
+	kp.cert.checked = time.Time{} // look at the certificate now, not after reloadCheck
+	done := make(chan struct{})
+	go func() {
+		// Another handshake's looks at the key file, each past reloadCheck
+		// after the one before.
+		defer close(done)
+		start := time.Now()
+		for i := 1; time.Since(start) < 200*time.Millisecond; i++ {
+			if _, err := kp.key.changed(start.Add(time.Duration(i) * time.Hour)); err != nil {
+				t.Error(err)
+				return
+			}
+		}
+	}()
+	got, err := kp.get()
+	<-done
+	if err != nil {
+		t.Fatalf("mid-rotation: %v, want the previous pair", err)
+	}
+	if serial := got.Leaf.SerialNumber.Int64(); serial != first {
+		t.Fatalf("mid-rotation: serving serial %d, want the previous %d", serial, first)
+	}
+}
+
 // unroutable names an owner that advertises no usable address.
 type unroutable struct{ idle }
 
