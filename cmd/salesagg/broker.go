@@ -12,8 +12,12 @@ import (
 	"strconv"
 	"strings"
 	"syscall"
+	"time"
 
 	"github.com/spf13/pflag"
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kgo"
 	"go.uber.org/zap"
 
 	"github.com/salesagg/salesagg/internal/config"
@@ -32,6 +36,9 @@ func runBroker(args []string) error {
 	listen := fs.String("listen", "127.0.0.1:9092", "host:port to listen on")
 	level := fs.String("log.level", "info", "debug, info, warn or error")
 	format := fs.String("log.format", "", "json or console (default: console on a terminal, json otherwise)")
+	def := config.Default()
+	topics := fs.StringSlice("topics", []string{def.InputTopic}, "topics created at start when missing, comma separated (empty: none): salesagg run creates no input topic unless asked (topics.input.create)")
+	partitions := fs.Int32("partitions", def.TopicsPartitions, "partitions of each of --topics")
 	if err := config.ParseFlags(fs, args); err != nil {
 		return usageError{err}
 	}
@@ -44,6 +51,10 @@ func runBroker(args []string) error {
 	if err != nil {
 		return explainBind(*listen, err)
 	}
+	if err := seedTopics(b.Addr(), *topics, *partitions, log); err != nil {
+		b.Close()
+		return err
+	}
 	log.Info("Embedded dev broker started", zap.String("addr", b.Addr()), zap.String("data_dir", *dataDir))
 	fmt.Fprintf(os.Stdout, "broker listening on %s\n", b.Addr())
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
@@ -52,6 +63,41 @@ func runBroker(args []string) error {
 	log.Info("Stopping embedded dev broker")
 	b.Close()
 	log.Info("Embedded dev broker stopped")
+	return nil
+}
+
+// seedTopics creates those of topics the broker at addr lacks, so that a
+// fresh dev broker has the service's input topic: the service refuses to
+// start on a missing one (and creates it only when told to).
+func seedTopics(addr string, topics []string, partitions int32, log *zap.Logger) error {
+	if len(topics) == 0 {
+		return nil
+	}
+	cl, err := kgo.NewClient(kgo.SeedBrokers(addr))
+	if err != nil {
+		return err
+	}
+	defer cl.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	adm := kadm.NewClient(cl)
+	listed, err := adm.ListTopics(ctx, topics...)
+	if err != nil {
+		return fmt.Errorf("listing the dev broker's topics: %w", err)
+	}
+	for _, t := range topics {
+		if d, ok := listed[t]; ok && d.Err == nil {
+			continue
+		}
+		resp, err := adm.CreateTopic(ctx, partitions, 1, nil, t)
+		if err == nil {
+			err = resp.Err
+		}
+		if err != nil && !errors.Is(err, kerr.TopicAlreadyExists) {
+			return fmt.Errorf("creating topic %s on the dev broker: %w", t, err)
+		}
+		log.Info("Created topic", zap.String("topic", t), zap.Int32("partitions", partitions))
+	}
 	return nil
 }
 

@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"slices"
 	"strings"
 	"syscall"
 	"time"
@@ -173,9 +172,8 @@ func checkKafka(ctx context.Context, cl *kgo.Client, cfg config.Config, what, to
 }
 
 // otherTopics is the hint for a topic that does not exist, from the topics
-// broker b has: the nearest one's name when it is close (a typo), else
-// those there are (up to 10), or that there are none yet (the service
-// creates its topics when it starts).
+// broker b has (stream.MissingTopicHint: the nearest one's name when it is
+// close, a typo, else those there are).
 func otherTopics(ctx context.Context, b *kgo.Broker, topic string) string {
 	resp, err := b.Request(ctx, kmsg.NewPtrMetadataRequest()) // nil topics: all of them
 	if err != nil {
@@ -183,19 +181,9 @@ func otherTopics(ctx context.Context, b *kgo.Broker, topic string) string {
 	}
 	var names []string
 	for _, t := range resp.(*kmsg.MetadataResponse).Topics {
-		if t.Topic != nil && !t.IsInternal && !strings.HasPrefix(*t.Topic, "__") {
+		if t.Topic != nil && !t.IsInternal {
 			names = append(names, *t.Topic)
 		}
 	}
-	slices.Sort(names)
-	switch s := config.Suggest(topic, names); {
-	case s != "":
-		return ": did you mean " + s + "?"
-	case len(names) == 0:
-		return " (it has no topics yet: salesagg run creates its topics when it starts)"
-	case len(names) > 10:
-		return fmt.Sprintf(" (it has %d topics: %s, ...)", len(names), strings.Join(names[:10], ", "))
-	default:
-		return " (its topics: " + strings.Join(names, ", ") + ")"
-	}
+	return stream.MissingTopicHint(topic, names)
 }

@@ -37,9 +37,12 @@ type Config struct {
 	AutoOffsetReset       string
 	CommitInterval        time.Duration
 	TopicsCreate          bool
-	TopicsPartitions      int32
-	ReplicationFactor     int16
-	HTTPAddr              string
+	// TopicsCreateInput creates a missing input topic; without it a
+	// missing input topic stops the start.
+	TopicsCreateInput bool
+	TopicsPartitions  int32
+	ReplicationFactor int16
+	HTTPAddr          string
 	// HTTPPprof serves Go's profiles (net/http/pprof) under /debug/pprof/
 	// on the HTTP server.
 	HTTPPprof bool

@@ -52,8 +52,11 @@ var keys = []key{
 		bind: millis(1, 3_600_000, func(c *Config) *time.Duration { return &c.CommitInterval }).positive().
 			derivedBy(defaultCommitInterval)},
 	{name: "topics.create", def: "true",
-		help: "create missing input, notification, changelog and repartition topics",
+		help: "create missing notification, dead-letter, changelog and repartition topics",
 		bind: toggle(func(c *Config) *bool { return &c.TopicsCreate })},
+	{name: "topics.input.create", def: "false",
+		help: "create the input topic (topics.partitions partitions) when it is missing; false: a missing input topic stops the start, naming the nearest existing topic (Kafka Streams' MissingSourceTopicException)",
+		bind: toggle(func(c *Config) *bool { return &c.TopicsCreateInput })},
 	{name: "topics.partitions", def: "3",
 		help: "partitions of a created input topic",
 		bind: number(1, 10_000, func(c *Config) *int32 { return &c.TopicsPartitions }).positive()},

@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"slices"
+	"strings"
 	"syscall"
 	"time"
 
@@ -31,13 +33,14 @@ type topicInfo struct {
 	partitions int32
 }
 
-// ensureTopics creates the topics that are missing (when topics.create is on)
-// and checks the internal ones against the input: the changelog and the
-// repartition topic must have as many partitions as the input, or a task
-// would read another partition's state.
+// ensureTopics creates the topics that are missing (the input topic when
+// topics.input.create is on, the others when topics.create is) and checks the
+// internal ones against the input: the changelog and the repartition topic
+// must have as many partitions as the input, or a task would read another
+// partition's state.
 func ensureTopics(ctx context.Context, adm *kadm.Client, cfg config.Config, log *zap.Logger) (topology, error) {
 	var topo topology
-	input, err := ensure(ctx, adm, cfg, log, cfg.InputTopic, cfg.TopicsPartitions, nil)
+	input, err := ensureInput(ctx, adm, cfg, log)
 	if err != nil {
 		return topo, err
 	}
@@ -81,6 +84,53 @@ func ensureTopics(ctx context.Context, adm *kadm.Client, cfg config.Config, log 
 	return topo, nil
 }
 
+// ensureInput returns the input topic's id and partition count. A missing
+// input topic is created only when topics.input.create is on: otherwise it
+// is an error (not retried) naming the nearest existing topic, as Kafka
+// Streams refuses a missing source topic, rather than a mistyped
+// input.topic created empty and waited on forever.
+func ensureInput(ctx context.Context, adm *kadm.Client, cfg config.Config, log *zap.Logger) (topicInfo, error) {
+	create := cfg
+	create.TopicsCreate = cfg.TopicsCreateInput
+	info, err := ensure(ctx, adm, create, log, cfg.InputTopic, cfg.TopicsPartitions, nil)
+	if !errors.Is(err, errTopicMissing) {
+		return info, err
+	}
+	var names []string
+	if listed, err := adm.ListTopics(ctx); err == nil {
+		names = listed.Names()
+	}
+	return topicInfo{}, fmt.Errorf("input topic %s does not exist at %s%s; salesagg creates its input topic only when topics.input.create is true: fix input.topic, create the topic, or set topics.input.create",
+		cfg.InputTopic, strings.Join(cfg.BootstrapServers, ","), MissingTopicHint(cfg.InputTopic, names))
+}
+
+// errTopicMissing is ensure's error for a missing topic it is not to create.
+var errTopicMissing = errors.New("stream: topic does not exist")
+
+// MissingTopicHint is the hint for a topic that does not exist, from the
+// topics the broker has (Kafka's internal __ topics are left out): ": did
+// you mean X?" when one is near (a typo), else those there are (up to 10),
+// or that there are none.
+func MissingTopicHint(topic string, names []string) string {
+	var user []string
+	for _, n := range names {
+		if !strings.HasPrefix(n, "__") {
+			user = append(user, n)
+		}
+	}
+	slices.Sort(user)
+	switch s := config.Suggest(topic, user); {
+	case s != "":
+		return ": did you mean " + s + "?"
+	case len(user) == 0:
+		return " (the broker has no topics yet)"
+	case len(user) > 10:
+		return fmt.Sprintf(" (it has %d topics: %s, ...)", len(user), strings.Join(user[:10], ", "))
+	default:
+		return " (its topics: " + strings.Join(user, ", ") + ")"
+	}
+}
+
 // Waiting for a topic that another client created meanwhile: describeFresh
 // tries up to alreadyExistsAttempts times, backing off from
 // alreadyExistsBackoff, doubling up to alreadyExistsMaxBackoff (about 1.4 s
@@ -107,7 +157,7 @@ func ensure(ctx context.Context, adm *kadm.Client, cfg config.Config, log *zap.L
 		return topicInfo{}, fmt.Errorf("describing topic %s: %w", topic, d.Err)
 	}
 	if !cfg.TopicsCreate {
-		return topicInfo{}, fmt.Errorf("topic %s does not exist and topics.create is false: create it with %d partitions", topic, partitions)
+		return topicInfo{}, fmt.Errorf("topic %s does not exist and topics.create is false: create it with %d partitions: %w", topic, partitions, errTopicMissing)
 	}
 	resp, err := adm.CreateTopic(ctx, partitions, cfg.ReplicationFactor, configs, topic)
 	if err == nil {

@@ -31,7 +31,41 @@ func topicsCluster(t *testing.T) (*kfake.Cluster, config.Config) {
 	cfg := config.Default()
 	cfg.BootstrapServers = c.ListenAddrs()
 	cfg.TopicsCreate = true
+	cfg.TopicsCreateInput = true
 	return c, cfg
+}
+
+func TestMissingInputTopicIsNotCreated(t *testing.T) {
+	// Scenario: input.topic names no topic (a typo of one the broker has). Without
+	// topics.input.create, ensureTopics creates nothing and fails, not retriably, naming the
+	// topic and the nearest existing one; with it, the input topic is created.
+	_, cfg := topicsCluster(t)
+	cfg.TopicsCreateInput = false
+	ctx := context.Background()
+	adm := topicsAdmin(t, cfg)
+	if _, err := adm.CreateTopic(ctx, 3, 1, nil, "sales-events-v1"); err != nil {
+		t.Fatal(err)
+	}
+	cfg.InputTopic = "sales-event-v1"
+	_, err := ensureTopics(ctx, adm, cfg, zap.NewNop())
+	if err == nil || !strings.Contains(err.Error(), "input topic sales-event-v1 does not exist") ||
+		!strings.Contains(err.Error(), "did you mean sales-events-v1?") || !strings.Contains(err.Error(), "topics.input.create") {
+		t.Fatalf("error %v, want one naming the missing input topic, the nearest one and topics.input.create", err)
+	}
+	if retriable(err) {
+		t.Errorf("error %v is retriable: prepareTopics would wait forever", err)
+	}
+	listed, err := adm.ListTopics(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if listed.Has("sales-event-v1") || listed.Has(cfg.ChangelogTopic()) {
+		t.Errorf("topics were created: %v", listed.Names())
+	}
+	cfg.TopicsCreateInput = true
+	if _, err := ensureTopics(ctx, adm, cfg, zap.NewNop()); err != nil {
+		t.Fatalf("with topics.input.create: %v", err)
+	}
 }
 
 // topicsAdmin is an admin client with default kgo options, as the runtime's

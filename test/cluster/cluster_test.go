@@ -541,6 +541,7 @@ input.topic: %s
 notification.topic: notifications-events-v1
 processing.guarantee: exactly_once_v2
 topics.create: true
+topics.input.create: true
 topics.partitions: 3
 replication.factor: -1
 leave.group.on.close: true

@@ -113,11 +113,13 @@ func requireOwnBroker(t *testing.T) {
 // The test/harness helpers, on this run's binary and broker.
 
 // startService starts `salesagg run` (this run's binary, in the repository
-// root) against the broker, with JSON logs, on a free loopback port. It
-// does not wait for anything.
+// root) against the broker, with JSON logs, on a free loopback port. Each
+// test's input topic is new: the service creates it (topics.input.create;
+// a flag of cfg.Flags wins). It does not wait for anything.
 func startService(t *testing.T, cfg harness.ServiceConfig) *harness.Service {
 	t.Helper()
 	cfg.Bin, cfg.Broker, cfg.Dir = binPath, bootstrap, repoRoot
+	cfg.Flags = append([]string{"--topics.input.create"}, cfg.Flags...)
 	return harness.StartService(t, cfg)
 }
 
