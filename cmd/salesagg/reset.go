@@ -14,6 +14,7 @@ import (
 
 	"github.com/spf13/pflag"
 	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kerr"
 	"golang.org/x/term"
 
 	"github.com/salesagg/salesagg/internal/config"
@@ -21,16 +22,15 @@ import (
 	"github.com/salesagg/salesagg/internal/state"
 )
 
-const resetUsage = `usage: salesagg reset --application.id A [--bootstrap.servers B] [--input-topics T,...]
-                      [--to-earliest | --to-datetime RFC3339 | --to-latest] [--state.dir D] [--yes] [--dry-run]
-
-Does for salesagg what kafka-streams-application-reset does, and the local part too: with every
+const resetAbout = `Does for salesagg what kafka-streams-application-reset does, and the local part too: with every
 instance of the application stopped, it moves the group's committed input offsets (to the start
 by default), deletes the application's internal topics (<application.id>-*-changelog and
 -repartition) with the group's offsets on them, and wipes the task stores under
 <state.dir>/<application.id>. The next start restores nothing and reprocesses the input from
-there. It refuses while the group has members, asks before it acts (on a terminal; --yes
-otherwise) and --dry-run prints what it would do.`
+there. application.id and input.topic are read as run reads them (--config, SALESAGG_*, the
+flags); application.id must be given. It refuses while the group has members, asks before it
+acts (on a terminal; --yes otherwise) and --dry-run prints what it would do. An application
+whose group is gone still has its internal topics deleted and its local state wiped.`
 
 // resetOptions are the flags of `salesagg reset`.
 type resetOptions struct {
@@ -50,6 +50,10 @@ type resetPlan struct {
 	dropped  kadm.TopicsSet
 	dir      *state.Dir // the locked local state, nil when there is none
 	tasks    []int32    // its task stores
+	// noGroup: the broker knows no group of the application (deleted, or
+	// it never committed): there are no offsets to move, and the internal
+	// topics and the local state are cleaned up all the same.
+	noGroup bool
 }
 
 // runReset implements `salesagg reset`.
@@ -85,35 +89,37 @@ func runReset(args []string, in *os.File, out io.Writer) error {
 }
 
 // parseReset parses and checks the flags, every problem at once.
+// application.id, input.topic, state.dir and the Kafka keys are read as
+// run reads them; application.id must be set (by a flag, SALESAGG_* or the
+// file): a reset of the default application by omission would be a
+// surprise. The old --input-topics still works, hidden.
 func parseReset(args []string) (resetOptions, error) {
 	var o resetOptions
 	fs := pflag.NewFlagSet("reset", pflag.ContinueOnError)
-	fs.Usage = func() { fmt.Fprintln(fs.Output(), resetUsage); fs.PrintDefaults() }
-	def := config.Default()
-	fs.StringVar(&o.appID, "application.id", "", "the application (consumer group, prefix of its internal topics); required")
-	// The brokers and their TLS and SASL, read as run reads them (--config,
-	// SALESAGG_*, the key flags).
-	config.RegisterKeyFlags(fs, config.ClientKeys()...)
-	fs.StringSliceVar(&o.inputs, "input-topics", []string{def.InputTopic}, "the input topics whose offsets are reset, comma separated")
+	config.RegisterKeyFlags(fs, append([]string{"application.id", "input.topic", "state.dir"}, config.ClientKeys()...)...)
+	config.AliasFlag(fs, "input-topics", "input.topic")
 	fs.BoolVar(&o.toEarliest, "to-earliest", false, "reset the input offsets to the start of each partition (the default)")
 	fs.StringVar(&o.toDatetime, "to-datetime", "", "reset the input offsets to the first record at or after this RFC 3339 time, e.g. 2026-01-02T15:04:05Z")
 	fs.BoolVar(&o.toLatest, "to-latest", false, "reset the input offsets to the end: skip what the input holds now")
-	fs.StringVar(&o.stateDir, "state.dir", def.StateDir, "the service's state.dir: <state.dir>/<application.id> is wiped")
 	fs.BoolVar(&o.yes, "yes", false, "do not ask for confirmation (needed without a terminal)")
 	fs.BoolVar(&o.dryRun, "dry-run", false, "print what would be done, change nothing")
-	cfg, err := loadCommandConfig(fs, args)
-	if err != nil {
+	commandUsage(fs, "reset --application.id A [--input.topic T] [--to-earliest | --to-datetime RFC3339 | --to-latest] [--state.dir D] [--yes] [--dry-run]", resetAbout)
+	var problems []error
+	if err := config.ParseFlags(fs, args); errors.Is(err, pflag.ErrHelp) {
 		return o, err
+	} else if err != nil {
+		problems = append(problems, err)
+	}
+	cfg, settings, err := config.Resolve(fs, os.Environ())
+	if err != nil {
+		problems = append(problems, err)
 	}
 	o.cfg, o.servers = cfg, strings.Join(cfg.BootstrapServers, ",")
-	var problems []error
-	if o.appID == "" {
-		problems = append(problems, errors.New("--application.id is required (the service's application.id; it names the group and the internal topics)"))
-	} else if err := state.CheckSegment(o.appID); err != nil {
-		problems = append(problems, fmt.Errorf("--application.id = %q: %w", o.appID, err))
-	}
-	if len(o.inputs) == 0 {
-		problems = append(problems, errors.New("--input-topics is empty: name the input topic(s)"))
+	o.appID, o.stateDir, o.inputs = cfg.ApplicationID, cfg.StateDir, []string{cfg.InputTopic}
+	for _, st := range settings {
+		if st.Key == "application.id" && st.Origin.Source == config.FromDefault {
+			problems = append(problems, errors.New("--application.id is required (the service's application.id, or SALESAGG_APPLICATION_ID or the file's; it names the group and the internal topics)"))
+		}
 	}
 	targets := 0
 	for _, set := range []bool{o.toEarliest, o.toDatetime != "", o.toLatest} {
@@ -143,11 +149,19 @@ func parseReset(args []string) (resetOptions, error) {
 // starts on it meanwhile.
 func planReset(ctx context.Context, adm *kadm.Client, o resetOptions) (resetPlan, error) {
 	var plan resetPlan
-	if err := checkNoMembers(ctx, adm, o.appID, o.servers); err != nil {
+	exists, err := checkNoMembers(ctx, adm, o.appID, o.servers)
+	if err != nil {
+		return plan, err
+	}
+	if !exists {
+		plan.noGroup = true
+		if plan.internal, err = internalTopics(ctx, adm, o.appID); err != nil {
+			return plan, err
+		}
+		plan.dir, plan.tasks, err = lockLocalState(o.stateDir, o.appID)
 		return plan, err
 	}
 	var listed kadm.ListedOffsets
-	var err error
 	switch {
 	case o.toLatest:
 		plan.target = "the latest offsets (the end: what the input holds now is skipped)"
@@ -187,8 +201,10 @@ func planReset(ctx context.Context, adm *kadm.Client, o resetOptions) (resetPlan
 	return plan, err
 }
 
-// checkNoMembers refuses while the group has members, naming them.
-func checkNoMembers(ctx context.Context, adm *kadm.Client, group, servers string) error {
+// checkNoMembers refuses while the group has members, naming them. It
+// reports whether the group exists: a group the broker does not know
+// (GROUP_ID_NOT_FOUND, or Kafka's Dead state) has no members either.
+func checkNoMembers(ctx context.Context, adm *kadm.Client, group, servers string) (bool, error) {
 	// The first request: bounded tighter, so that a broker that cannot be
 	// reached is reported within seconds.
 	ctx, cancel := context.WithTimeout(ctx, 15*time.Second)
@@ -197,12 +213,18 @@ func checkNoMembers(ctx context.Context, adm *kadm.Client, group, servers string
 	if err == nil {
 		err = groups.Error()
 	}
+	if errors.Is(err, kerr.GroupIDNotFound) {
+		return false, nil
+	}
 	if err != nil {
-		return fmt.Errorf("describing group %s at %s: %w", group, servers, err)
+		return false, fmt.Errorf("describing group %s at %s: %w", group, servers, err)
 	}
 	g := groups[group]
+	if g.State == "Dead" {
+		return false, nil
+	}
 	if len(g.Members) == 0 {
-		return nil
+		return true, nil
 	}
 	names := make([]string, 0, len(g.Members))
 	for _, m := range g.Members {
@@ -212,7 +234,7 @@ func checkNoMembers(ctx context.Context, adm *kadm.Client, group, servers string
 		}
 		names = append(names, name+" at "+m.ClientHost)
 	}
-	return fmt.Errorf("refusing: group %s has %d active members (state %s): %s; stop every instance of the application first",
+	return true, fmt.Errorf("refusing: group %s has %d active members (state %s): %s; stop every instance of the application first",
 		group, len(g.Members), g.State, strings.Join(names, ", "))
 }
 
@@ -251,7 +273,12 @@ func lockLocalState(stateDir, appID string) (*state.Dir, []int32, error) {
 // printPlan says what the reset does (or would do).
 func printPlan(out io.Writer, o resetOptions, plan resetPlan) {
 	fmt.Fprintf(out, "Reset of application %s (group %s at %s):\n", o.appID, o.appID, o.servers)
-	fmt.Fprintf(out, "  input offsets to %s:\n", plan.target)
+	if plan.noGroup {
+		fmt.Fprintf(out, "  input offsets: none to move, group %s does not exist at %s (the next start reads %s from auto.offset.reset)\n",
+			o.appID, o.servers, strings.Join(o.inputs, ", "))
+	} else {
+		fmt.Fprintf(out, "  input offsets to %s:\n", plan.target)
+	}
 	for _, off := range plan.offsets.Sorted() {
 		was := "none"
 		if cur, ok := plan.current.Lookup(off.Topic, off.Partition); ok {
@@ -303,6 +330,36 @@ func confirmReset(in *os.File, out io.Writer, o resetOptions) error {
 // (waiting until the metadata no longer lists them, so that a start right
 // after creates them anew) and the task stores wiped.
 func applyReset(ctx context.Context, adm *kadm.Client, o resetOptions, plan resetPlan, out io.Writer) error {
+	if !plan.noGroup {
+		if err := resetOffsets(ctx, adm, o, plan, out); err != nil {
+			return err
+		}
+	}
+	if len(plan.internal) > 0 {
+		if err := deleteTopics(ctx, adm, plan.internal); err != nil {
+			return err
+		}
+		fmt.Fprintf(out, "Deleted %s.\n", strings.Join(plan.internal, ", "))
+	}
+	for _, p := range plan.tasks {
+		if err := plan.dir.Wipe(p); err != nil {
+			return err
+		}
+	}
+	if len(plan.tasks) > 0 {
+		fmt.Fprintf(out, "Wiped %d task stores in %s.\n", len(plan.tasks), plan.dir.Path())
+	}
+	if plan.noGroup {
+		fmt.Fprintf(out, "Done: the next start of %s restores nothing and reads the input from auto.offset.reset.\n", o.appID)
+		return nil
+	}
+	fmt.Fprintf(out, "Done: the next start of %s restores nothing and processes the input from the offsets above.\n", o.appID)
+	return nil
+}
+
+// resetOffsets deletes the group's offsets on the internal topics and
+// commits the planned input offsets.
+func resetOffsets(ctx context.Context, adm *kadm.Client, o resetOptions, plan resetPlan, out io.Writer) error {
 	if len(plan.dropped) > 0 {
 		resp, err := adm.DeleteOffsets(ctx, o.appID, plan.dropped)
 		if err == nil {
@@ -320,21 +377,6 @@ func applyReset(ctx context.Context, adm *kadm.Client, o resetOptions, plan rese
 		return fmt.Errorf("committing group %s's input offsets: %w", o.appID, err)
 	}
 	fmt.Fprintf(out, "Committed the input offsets of group %s.\n", o.appID)
-	if len(plan.internal) > 0 {
-		if err := deleteTopics(ctx, adm, plan.internal); err != nil {
-			return err
-		}
-		fmt.Fprintf(out, "Deleted %s.\n", strings.Join(plan.internal, ", "))
-	}
-	for _, p := range plan.tasks {
-		if err := plan.dir.Wipe(p); err != nil {
-			return err
-		}
-	}
-	if len(plan.tasks) > 0 {
-		fmt.Fprintf(out, "Wiped %d task stores in %s.\n", len(plan.tasks), plan.dir.Path())
-	}
-	fmt.Fprintf(out, "Done: the next start of %s restores nothing and processes the input from the offsets above.\n", o.appID)
 	return nil
 }
 
