@@ -75,6 +75,9 @@ func runService(args []string) error {
 	resolved.GroupInstanceID = rt.InstanceID()
 	resolved.ApplicationServer = cfg.AdvertisedServer(srv.Addr())
 	logStart(log, resolved, format)
+	for _, n := range cfg.Notes {
+		log.Info(n)
+	}
 	for _, w := range cfg.Warnings {
 		log.Warn(w)
 	}

@@ -124,6 +124,10 @@ type Config struct {
 	// start (a password given where other users can read it), for the
 	// start-up log.
 	Warnings []string
+	// Notes are what loading did that an operator may wonder about but
+	// that is not a problem (Kubernetes service-link variables ignored),
+	// for the start-up log at info level.
+	Notes []string
 }
 
 // HTTPSecurity is how the HTTP server is protected. The zero value serves

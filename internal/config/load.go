@@ -94,7 +94,8 @@ func Resolve(fs *pflag.FlagSet, environ []string) (Config, []Setting, error) {
 		problems = append(problems, setFromFile(v.Set, from, f.Value.String())...)
 	}
 	env := environment(environ)
-	problems = append(problems, setFromEnv(v, from, env)...)
+	envProblems, links := setFromEnv(v, from, env)
+	problems = append(problems, envProblems...)
 	for _, k := range keys {
 		if f := fs.Lookup(k.name); f != nil && f.Changed {
 			v.Set(k.name, f.Value.String())
@@ -108,6 +109,9 @@ func Resolve(fs *pflag.FlagSet, environ []string) (Config, []Setting, error) {
 	c, failed, errs := decode(source{v})
 	problems = append(problems, errs...)
 	settings := c.settings(source{v}, from, failed)
+	if len(links) > 0 {
+		c.Notes = append(c.Notes, "Ignoring Kubernetes service-link environment variables (a Service named like the SALESAGG_ prefix; enableServiceLinks: false in the pod spec turns them off): "+strings.Join(links, ", "))
+	}
 	if f := fs.Lookup("sasl.password"); f != nil && f.Changed {
 		c.Warnings = append(c.Warnings, "sasl.password is given as a command-line flag: every user of the machine can read it (ps, /proc/<pid>/cmdline); put it in a file and give sasl.password.file instead")
 	} else if _, ok := env[EnvName("sasl.password")]; ok {
@@ -138,20 +142,26 @@ func environment(environ []string) map[string]string {
 // setFromEnv sets on v the keys given in env, and records them in from:
 // KAFKA_BOOTSTRAP_SERVERS, then EnvName of each key over it. It returns a
 // problem for each SALESAGG_ variable that names no key, with the nearest
-// variable when one is close.
-func setFromEnv(v *viper.Viper, from map[string]Origin, env map[string]string) []error {
+// variable when one is close, and the names of the variables it ignored as
+// Kubernetes service links (serviceLink).
+func setFromEnv(v *viper.Viper, from map[string]Origin, env map[string]string) ([]error, []string) {
 	var problems []error
 	var names []string
 	for _, k := range keys {
 		names = append(names, EnvName(k.name))
 	}
-	var unknown []string
-	for name := range env {
-		if strings.HasPrefix(name, "SALESAGG_") && !slices.Contains(names, name) {
+	var unknown, links []string
+	for name, val := range env {
+		switch {
+		case !strings.HasPrefix(name, "SALESAGG_") || slices.Contains(names, name):
+		case serviceLink(name, val):
+			links = append(links, name)
+		default:
 			unknown = append(unknown, name)
 		}
 	}
 	sort.Strings(unknown)
+	sort.Strings(links)
 	for _, name := range unknown {
 		key := strings.ToLower(strings.ReplaceAll(strings.TrimPrefix(name, "SALESAGG_"), "_", "."))
 		msg := fmt.Sprintf("config: unknown environment variable %s (no key %q)", name, key)
@@ -170,7 +180,7 @@ func setFromEnv(v *viper.Viper, from map[string]Origin, env map[string]string) [
 			from[k.name] = Origin{Source: FromEnv, Name: EnvName(k.name)}
 		}
 	}
-	return problems
+	return problems, links
 }
 
 // Default returns the configuration with every key at its default.
