@@ -50,7 +50,10 @@ func runService(args []string) error {
 
 	// Signals are caught from the first line on: a SIGTERM right after the
 	// start-up line stops the service cleanly instead of killing it.
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	// SIGHUP (the terminal closed, a supervisor's "reload") stops it the
+	// same way: nothing of the configuration is reloaded in place, and a
+	// restart on the same state dir restores nothing.
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP)
 	defer stop()
 	if _, set := os.LookupEnv("GOMEMLIMIT"); !set && cfg.MemoryLimit() > 0 {
 		debug.SetMemoryLimit(cfg.MemoryLimit())
