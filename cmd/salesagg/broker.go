@@ -39,7 +39,12 @@ func runBroker(args []string) error {
 	def := config.Default()
 	topics := fs.StringSlice("topics", []string{def.InputTopic}, "topics created at start when missing, comma separated (empty: none): salesagg run creates no input topic unless asked (topics.input.create)")
 	partitions := fs.Int32("partitions", def.TopicsPartitions, "partitions of each of --topics")
-	if err := config.ParseFlags(fs, args); err != nil {
+	setHelp(fs, "broker [--data-dir DIR] [--listen ADDR] [--topics T,...]",
+		"Runs the embedded dev broker (franz-go's kfake, persisting to --data-dir) until SIGTERM or SIGINT,\n"+
+			"with the input topic created; for a laptop without Kafka.", false)
+	if err := config.ParseFlags(fs, args); errors.Is(err, pflag.ErrHelp) {
+		return err
+	} else if err != nil {
 		return usageError{err}
 	}
 	log, _, err := newLogger(*level, *format)

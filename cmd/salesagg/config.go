@@ -13,9 +13,10 @@ import (
 	"github.com/salesagg/salesagg/internal/config"
 )
 
-const configUsage = `usage:
-  salesagg config check [--config FILE] [--KEY VALUE ...]   validate the file, SALESAGG_* and the flags; print the resolved config
-  salesagg config print [--config FILE] [--KEY VALUE ...]   every key, its value and where it came from (default, file, env, flag)
+const configUsage = `Usage: salesagg config check|print [--config FILE] [--KEY VALUE ...]
+
+  salesagg config check   validate the file, SALESAGG_* and the flags; print the resolved config
+  salesagg config print   every key, its value and where it came from (default, derived, file, env, flag)
 
 Neither connects to Kafka. Both exit 0 when the configuration is valid, 2 with its problems when not.`
 
@@ -98,14 +99,7 @@ func yamlValue(s config.Setting) string {
 // commandUsage sets fs's --help (to standard output): the usage line of
 // "salesagg <line>", what the command does, how the configuration is read,
 // and the flags with their types and defaults.
-func commandUsage(fs *pflag.FlagSet, line, about string) {
-	fs.SetOutput(os.Stdout)
-	fs.Usage = func() {
-		fmt.Fprintf(fs.Output(), "Usage: salesagg %s\n\n%s\n\n"+
-			"The configuration is read as salesagg run reads it: the YAML file (--config), then\n"+
-			"SALESAGG_<KEY> (dots as underscores, upper case), then the flags.\n\n%s", line, about, fs.FlagUsages())
-	}
-}
+func commandUsage(fs *pflag.FlagSet, line, about string) { setHelp(fs, line, about, true) }
 
 // loadCommandConfig parses args into fs (config.RegisterKeyFlags' flags
 // and the command's own) and loads the configuration as run does, so that

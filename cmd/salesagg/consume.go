@@ -23,10 +23,10 @@ import (
 	"github.com/salesagg/salesagg/internal/sales"
 )
 
-const consumeUsage = `usage: salesagg consume --topic T [--from-beginning] [--max-messages N] [--timeout D]
-                        [--bootstrap.servers B] [--changelog] [--print.headers] [--print.partition] [--print.offset]
+const consumeLine = `consume --topic T [--from-beginning] [--max-messages N] [--timeout D] [--bootstrap.servers B]
+                        [--changelog] [--print.headers] [--print.partition] [--print.offset]`
 
-Prints a topic's committed records (read_committed), one per line, as kafka-console-consumer
+const consumeAbout = `Prints a topic's committed records (read_committed), one per line, as kafka-console-consumer
 does: [Partition:P<TAB>][Offset:O<TAB>][HEADERS<TAB>]KEY<TAB>VALUE. A changelog (--changelog, or
 a topic whose name ends in -changelog) has its int64 totals decoded, tombstones shown as
 (tombstone) and the salesagg.offsets header decoded; dead letters show their salesagg.dlq.*
@@ -49,7 +49,6 @@ type consumeOptions struct {
 func runConsume(args []string) error {
 	var o consumeOptions
 	fs := pflag.NewFlagSet("consume", pflag.ContinueOnError)
-	fs.Usage = func() { fmt.Fprintln(fs.Output(), consumeUsage); fs.PrintDefaults() }
 	fs.StringVar(&o.topic, "topic", "", "topic to read (required)")
 	// The brokers and their TLS and SASL, read as run reads them (--config,
 	// SALESAGG_*, the key flags).
@@ -61,6 +60,7 @@ func runConsume(args []string) error {
 	fs.BoolVar(&o.headers, "print.headers", false, "print each record's headers (key:value,...; NO_HEADERS when none)")
 	fs.BoolVar(&o.partition, "print.partition", false, "print each record's partition")
 	fs.BoolVar(&o.offset, "print.offset", false, "print each record's offset")
+	commandUsage(fs, consumeLine, consumeAbout)
 	cfg, err := loadCommandConfig(fs, args)
 	if err != nil {
 		return err

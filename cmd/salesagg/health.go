@@ -28,9 +28,9 @@ const (
 	healthUnhealthy = 1
 )
 
-const healthUsage = `Usage: salesagg health [--url URL | --path PATH] [--timeout D] [--config FILE] [--http.addr ADDR]
+const healthLine = "health [--url URL | --path PATH] [--timeout D] [--config FILE] [--http.addr ADDR]"
 
-Probes the service's HTTP endpoint once: exit 0 when it answers 200, 1 otherwise
+const healthAbout = `Probes the service's HTTP endpoint once: exit 0 when it answers 200, 1 otherwise
 with the reason on one line of stderr. For Docker HEALTHCHECK and compose
 healthcheck (the image has no shell or curl).
 
@@ -39,8 +39,7 @@ reads it (--config file, SALESAGG_HTTP_ADDR, --http.addr); an empty or wildcard
 host (":8080", "0.0.0.0:8080", "[::]:8080") probes 127.0.0.1. With
 http.tls.cert.file set (read the same way) it probes https: the certificate is
 checked against http.tls.peer.ca.file (or the certificate file itself) but not
-its name, since the probe asks this process on loopback.
-`
+its name, since the probe asks this process on loopback.`
 
 // runHealth implements "salesagg health". It returns the process exit code.
 func runHealth(args []string, environ []string, stdout, stderr io.Writer) int {
@@ -57,8 +56,7 @@ func runHealth(args []string, environ []string, stdout, stderr io.Writer) int {
 	}
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, pflag.ErrHelp) {
-			fmt.Fprint(stdout, healthUsage)
-			fmt.Fprint(stdout, fs.FlagUsages())
+			fmt.Fprint(stdout, helpText(fs, healthLine, healthAbout, false))
 			return healthOK
 		}
 		return fail("%v (see salesagg health --help)", err)

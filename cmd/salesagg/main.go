@@ -18,6 +18,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"strings"
 	"syscall"
 
 	"github.com/spf13/pflag"
@@ -50,16 +51,17 @@ Usage:
   salesagg state verify --state.dir DIR [--bootstrap.servers B]
                                                      compare each stopped task's store with its changelog, key by key
   salesagg state reset --state.dir DIR --task 0_N    wipe a task's store: the next start restores it from the changelog
-
-produce and state take --config FILE, SALESAGG_<KEY> and the key flags as run does (salesagg <command> --help).
   salesagg health [--url URL] [--timeout D]          probe the service (default /readyz at http.addr): exit 0 on 200, else 1
   salesagg version (or --version)                    the build: module version, commit, Go version
   salesagg consume --topic T [--from-beginning] [--max-messages N] [--timeout D]
                                                      print what the service wrote: notifications, the changelog (totals
                                                      decoded), dead letters (with their headers)
-  salesagg reset --application.id A [--to-earliest | --to-datetime T | --to-latest] [--state.dir D] [--yes] [--dry-run]
+  salesagg reset --application.id A [--input.topic T] [--to-earliest | --to-datetime T | --to-latest] [--state.dir D] [--yes] [--dry-run]
                                                      with the application stopped: input offsets moved, internal topics
                                                      deleted, local state wiped (as kafka-streams-application-reset)
+
+Every command but broker, health and version reads --config FILE, SALESAGG_<KEY> and the key flags as
+run does; salesagg <command> --help lists its flags.
 `
 
 func main() {
@@ -97,12 +99,7 @@ func run(args []string) int {
 		// Its own exit codes: Docker's HEALTHCHECK reserves 2.
 		return healthMain(args[1:])
 	case "version", "--version":
-		if len(args) > 1 {
-			fmt.Fprintf(os.Stderr, "salesagg %s: takes no arguments, got %q\n", args[0], args[1:])
-			return exitUsage
-		}
-		printVersion(os.Stdout)
-		return exitOK
+		err = runVersion(args[1:])
 	case "help", "-h", "--help":
 		fmt.Fprint(os.Stdout, usage)
 		return exitOK
@@ -114,10 +111,22 @@ func run(args []string) int {
 	case err == nil, errors.Is(err, pflag.ErrHelp):
 		return exitOK
 	case errors.As(err, new(usageError)):
-		fmt.Fprintf(os.Stderr, "salesagg %s: %v\n", args[0], err)
+		fmt.Fprintf(os.Stderr, "salesagg %s: %s\n", args[0], onePrefix(err))
 		return exitUsage
 	default:
-		fmt.Fprintf(os.Stderr, "salesagg %s: %v\n", args[0], err)
+		fmt.Fprintf(os.Stderr, "salesagg %s: %s\n", args[0], onePrefix(err))
 		return exitError
 	}
+}
+
+// onePrefix is err's message without the "config: " that each of the
+// configuration's problems starts with (its package's prefix, for callers
+// other than main): the command's own "salesagg <command>: " names the
+// context once.
+func onePrefix(err error) string {
+	lines := strings.Split(err.Error(), "\n")
+	for i, l := range lines {
+		lines[i] = strings.TrimPrefix(l, "config: ")
+	}
+	return strings.Join(lines, "\n")
 }

@@ -23,13 +23,8 @@ import (
 func runService(args []string) error {
 	fs := pflag.NewFlagSet("run", pflag.ContinueOnError)
 	config.RegisterFlags(fs)
-	fs.SetOutput(os.Stdout) // --help
-	fs.Usage = func() {
-		fmt.Fprintf(fs.Output(), "Usage: salesagg run [--config FILE] [--KEY VALUE ...]\n\n"+
-			"Each key can also be set in the YAML file (--config) or as SALESAGG_<KEY> (dots as\n"+
-			"underscores, upper case); flags win over the environment, which wins over the file.\n\n%s",
-			fs.FlagUsages())
-	}
+	setHelp(fs, "run [--config FILE] [--KEY VALUE ...]", "Runs the service. Each key can also be set in the YAML file (--config) or as SALESAGG_<KEY>\n"+
+		"(dots as underscores, upper case); flags win over the environment, which wins over the file.", false)
 	// Flag problems (an unknown flag, a flag without its value) and
 	// configuration problems are reported together.
 	cfg, err := config.LoadArgs(fs, args, os.Environ())

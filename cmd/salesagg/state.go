@@ -20,7 +20,8 @@ import (
 	"github.com/salesagg/salesagg/internal/state"
 )
 
-const stateUsage = `usage:
+const stateUsage = `Usage: salesagg state inspect|verify|reset [--state.dir DIR] [--application.id ID] ...
+
   salesagg state inspect [--state.dir DIR] [--application.id ID] [--json]
   salesagg state verify  [--state.dir DIR] [--application.id ID] [--bootstrap.servers B] [--task 0_N ...]
   salesagg state reset   [--state.dir DIR] [--application.id ID] --task 0_N [--task ...]

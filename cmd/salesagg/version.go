@@ -1,12 +1,17 @@
 package main
 
 import (
+	"errors"
 	"fmt"
 	"io"
+	"os"
 	"runtime"
 	"runtime/debug"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/spf13/pflag"
+
+	"github.com/salesagg/salesagg/internal/config"
 )
 
 // buildInfo is what the binary knows of its own build (from
@@ -43,6 +48,20 @@ func readBuildInfo() buildInfo {
 		}
 	}
 	return bi
+}
+
+// runVersion implements "salesagg version": no arguments but --help.
+func runVersion(args []string) error {
+	fs := pflag.NewFlagSet("version", pflag.ContinueOnError)
+	setHelp(fs, "version", "Prints the build: the module version on the first line, then the VCS commit, its time,\n"+
+		"whether the tree was modified, the Go version and the platform.", false)
+	if err := config.ParseFlags(fs, args); errors.Is(err, pflag.ErrHelp) {
+		return err
+	} else if err != nil {
+		return usageError{err}
+	}
+	printVersion(os.Stdout)
+	return nil
 }
 
 // printVersion writes `salesagg version`'s answer: the version on the first
