@@ -5,12 +5,15 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"path/filepath"
 	"strconv"
 	"text/tabwriter"
 
 	"github.com/spf13/pflag"
 
 	"github.com/salesagg/salesagg/internal/config"
+	"github.com/salesagg/salesagg/internal/state"
+	"github.com/salesagg/salesagg/internal/stream"
 )
 
 const configUsage = `Usage: salesagg config check|print [--config FILE] [--KEY VALUE ...]
@@ -48,6 +51,9 @@ func runConfig(args []string, out io.Writer) error {
 	}
 	cfg, settings, err := config.Resolve(fs, os.Environ())
 	err = errors.Join(parseErr, err)
+	if err == nil && args[0] == "print" {
+		deriveInstanceID(cfg, settings)
+	}
 	if args[0] == "print" {
 		printSettings(out, settings)
 	}
@@ -64,6 +70,26 @@ func runConfig(args []string, out io.Writer) error {
 		}
 	}
 	return nil
+}
+
+// deriveInstanceID fills in the group.instance.id a service on cfg would
+// use when none is given: derived from the process id in the state dir
+// (read, never written), or said to be made at the first start.
+func deriveInstanceID(cfg config.Config, settings []config.Setting) {
+	for i, s := range settings {
+		if s.Key != "group.instance.id" || s.Origin.Source != config.FromDerived {
+			continue
+		}
+		pid, err := state.PeekProcessID(cfg.StateDir, cfg.ApplicationID)
+		switch {
+		case err != nil:
+			settings[i].Value = "(from the process id in the state dir: " + err.Error() + ")"
+		case pid == "":
+			settings[i].Value = "(from the process id the first start writes in " + filepath.Join(cfg.StateDir, cfg.ApplicationID) + ")"
+		default:
+			settings[i].Value = stream.DefaultInstanceID(cfg.ApplicationID, pid)
+		}
+	}
 }
 
 // printSettings writes one line per key: its value and where it came from.

@@ -28,6 +28,10 @@ type key struct {
 	// secret keys are never shown: config print and check show them
 	// redacted whatever their binding shows.
 	secret bool
+	// derived keys not given take a value worked out at start (from other
+	// keys, the host, the state dir) rather than a default: config print
+	// says "derived" and shows that value.
+	derived bool
 }
 
 // optional reports whether k is unset until given: no default and nothing

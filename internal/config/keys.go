@@ -98,7 +98,8 @@ var keys = []key{
 		bind: number(16, 1_000_000, func(c *Config) *int { return &c.HTTP.MaxConnections })},
 	{name: "application.server",
 		help: "host:port other instances reach this one's HTTP server at, advertised in the group for query routing (default: the host name and the port of http.addr; the pod DNS name on Kubernetes)",
-		bind: text(func(c *Config) *string { return &c.ApplicationServer }).must(server)},
+		bind: text(func(c *Config) *string { return &c.ApplicationServer }).must(server).
+			shows(func(c Config) any { return c.AdvertisedServer("") }), derived: true},
 	{name: "security.protocol", def: ProtocolPlaintext,
 		help: "PLAINTEXT, SSL, SASL_PLAINTEXT or SASL_SSL",
 		bind: text(func(c *Config) *string { return &c.Security.Protocol }).folded(strings.ToUpper).
@@ -137,7 +138,7 @@ var keys = []key{
 		bind: millis(1000, 24*3_600_000, func(c *Config) *time.Duration { return &c.TaskTimeout })},
 	{name: "group.instance.id",
 		help: "static group membership id, e.g. the pod name (default: derived from the process id in the state dir, so a restart on the same volume rejoins at once)",
-		bind: text(func(c *Config) *string { return &c.GroupInstanceID }).must(instanceID)},
+		bind: text(func(c *Config) *string { return &c.GroupInstanceID }).must(instanceID), derived: true},
 	{name: "session.timeout.ms", def: "45000",
 		help: "consumer group session timeout",
 		bind: millis(1000, 3_600_000, func(c *Config) *time.Duration { return &c.SessionTimeout })},
@@ -159,7 +160,7 @@ var keys = []key{
 	{name: "transaction.timeout.ms",
 		help: "exactly-once transaction timeout (default 10 × commit.interval.ms, at least 10000): how long a killed instance's open transaction holds up the new owner of its tasks, and how long Kafka may be unreachable before the open transaction is aborted and the producer session restarts",
 		bind: millis(1000, MaxTransactionTimeout.Milliseconds(), func(c *Config) *time.Duration { return &c.TransactionTimeoutSet }).
-			shows(func(c Config) any { return c.TransactionTimeout().Milliseconds() })},
+			shows(func(c Config) any { return c.TransactionTimeout().Milliseconds() }), derived: true},
 	{name: "compression.type", def: "none",
 		help: "compression of produced batches (changelog, notifications, repartition): none, gzip, snappy, lz4 or zstd",
 		bind: text(func(c *Config) *string { return &c.CompressionType }).folded(strings.ToLower).
@@ -170,7 +171,7 @@ var keys = []key{
 	{name: "memory.limit.bytes",
 		help: "soft limit of the Go heap (the runtime's memory limit: the GC works harder near it), default 268435456 + cache.max.bytes; 0: none; the GOMEMLIMIT environment variable, when set, wins",
 		bind: number(0, 1<<50, func(c *Config) *int64 { return &c.MemoryLimitSet }).unsetAs(-1).
-			shows(func(c Config) any { return c.MemoryLimit() })},
+			shows(func(c Config) any { return c.MemoryLimit() }), derived: true},
 	{name: "store.cache.bytes", def: "67108864",
 		help: "bytes of Pebble's block cache (index, bloom filter and data blocks), shared by every local store of the process",
 		bind: number(1<<20, 1<<40, func(c *Config) *int64 { return &c.StoreCacheBytes })},

@@ -11,28 +11,27 @@ type Source string
 // The sources of a key's value.
 const (
 	FromDefault Source = "default"
+	// FromDerived is a key not given whose value is worked out from other
+	// keys, the host or the state dir.
+	FromDerived Source = "derived"
 	FromFile    Source = "file"
 	FromEnv     Source = "env"
 	FromFlag    Source = "flag"
 )
 
 // Origin is where a key's effective value came from: its source and the
-// file, variable or flag that gave it (for a default, "derived" when the
-// key's default is derived from other keys, else empty).
+// file, variable or flag that gave it (empty for a default or a derived
+// value).
 type Origin struct {
 	Source Source
 	Name   string
 }
 
 // String is the source and its name: "file salesagg.yaml",
-// "env SALESAGG_HTTP_ADDR", "flag --http.addr", "default", "default
-// (derived)".
+// "env SALESAGG_HTTP_ADDR", "flag --http.addr", "default", "derived".
 func (o Origin) String() string {
-	switch {
-	case o.Name == "":
+	if o.Name == "" {
 		return string(o.Source)
-	case o.Source == FromDefault:
-		return string(o.Source) + " (" + o.Name + ")"
 	}
 	return string(o.Source) + " " + o.Name
 }
@@ -66,8 +65,8 @@ func (c Config) settings(src source, from map[string]Origin, failed map[string]b
 		s.Origin = Origin{Source: FromDefault}
 		if o, ok := from[k.name]; ok {
 			s.Origin = o
-		} else if k.bind.derived() {
-			s.Origin.Name = "derived"
+		} else if k.derived || k.bind.derived() {
+			s.Origin.Source = FromDerived
 		}
 		out = append(out, s)
 	}

@@ -35,7 +35,7 @@ func TestResolveSources(t *testing.T) {
 		"notification.threshold": "20 env SALESAGG_NOTIFICATION_THRESHOLD",
 		"bootstrap.servers":      "k:1 env KAFKA_BOOTSTRAP_SERVERS",
 		"input.topic":            "sales-events-v1 default",
-		"commit.interval.ms":     "100 default (derived)",
+		"commit.interval.ms":     "100 derived",
 		"sasl.password":          "[redacted] flag --sasl.password",
 	} {
 		if s := got[key]; s.Value+" "+s.Origin.String() != want {

@@ -1,6 +1,7 @@
 package state
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -145,4 +146,22 @@ func Totals(path string) (totals map[string]int64, cp Checkpoint, found bool, er
 		}
 		after = page[len(page)-1].Product
 	}
+}
+
+// PeekProcessID returns the process id kept in <stateDir>/<appID>'s
+// process-metadata file, without taking the lock or writing anything: ""
+// when there is none yet (the first start makes one).
+func PeekProcessID(stateDir, appID string) (string, error) {
+	b, err := readNoFollow(filepath.Join(stateDir, appID, metadataFileName))
+	if errors.Is(err, os.ErrNotExist) {
+		return "", nil
+	}
+	if err != nil {
+		return "", fmt.Errorf("reading process metadata in %s: %w", filepath.Join(stateDir, appID), linkError(err))
+	}
+	var md processMetadata
+	if json.Unmarshal(b, &md) != nil {
+		return "", nil // the next start writes a new one
+	}
+	return md.ProcessID, nil
 }
