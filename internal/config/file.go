@@ -95,9 +95,7 @@ func setFromFile(set func(key string, val any), from map[string]Origin, name str
 		fv := vals[key]
 		if !known(key) {
 			msg := fmt.Sprintf("config: unknown key %q in %s (line %d)", key, name, fv.line)
-			if s := Suggest(key, Keys()); s != "" {
-				msg += ": did you mean " + s + "?"
-			}
+			msg += Hint(key, "", Keys(), func(k string) string { return k })
 			problems = append(problems, errors.New(msg))
 			continue
 		}

@@ -118,8 +118,13 @@ func unknownFlag(fs *pflag.FlagSet, arg, hint string) error {
 			names = append(names, f.Name)
 		}
 	})
-	if s := Suggest(name, names); s != "" {
-		return fmt.Errorf("unknown flag %s: did you mean --%s? (%s lists the flags)", arg, s, hint)
+	h := Hint(name, "", names, func(k string) string { return k })
+	switch {
+	case strings.HasSuffix(h, ")"): // where the name comes from
+		h = strings.Replace(strings.TrimSuffix(h, ")"), "did you mean ", "did you mean --", 1)
+		return fmt.Errorf("unknown flag %s%s; %s lists the flags)", arg, h, hint)
+	case h != "":
+		return fmt.Errorf("unknown flag %s%s (%s lists the flags)", arg, strings.Replace(h, "did you mean ", "did you mean --", 1), hint)
 	}
 	return fmt.Errorf("unknown flag %s (%s lists the flags)", arg, hint)
 }

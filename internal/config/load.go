@@ -165,9 +165,7 @@ func setFromEnv(v *viper.Viper, from map[string]Origin, env map[string]string) (
 	for _, name := range unknown {
 		key := strings.ToLower(strings.ReplaceAll(strings.TrimPrefix(name, "SALESAGG_"), "_", "."))
 		msg := fmt.Sprintf("config: unknown environment variable %s (no key %q)", name, key)
-		if s := Suggest(name, names); s != "" {
-			msg += ": did you mean " + s + "?"
-		}
+		msg += Hint(name, "SALESAGG_", names, EnvName)
 		problems = append(problems, errors.New(msg))
 	}
 	if val, ok := env["KAFKA_BOOTSTRAP_SERVERS"]; ok {
