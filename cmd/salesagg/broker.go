@@ -54,7 +54,7 @@ func runBroker(args []string) error {
 	defer func() { _ = log.Sync() }()
 	b, err := devbroker.Start(devbroker.Options{DataDir: *dataDir, Listen: *listen, Log: log.Named("broker")})
 	if err != nil {
-		return explainBind(*listen, err)
+		return explainBind(*listen, err, fmt.Sprintf("stop it, or give the dev broker another address (--listen; make run: BROKER_LISTEN=host:port), or use that broker on purpose (make run: BROKER=%s)", *listen))
 	}
 	if err := seedTopics(b.Addr(), *topics, *partitions, log); err != nil {
 		b.Close()
@@ -107,8 +107,10 @@ func seedTopics(addr string, topics []string, partitions int32, log *zap.Logger)
 }
 
 // explainBind returns err, and when it is "address already in use" an error
-// naming the address and the process listening on its port.
-func explainBind(addr string, err error) error {
+// naming the address, the process listening on its port and what to do
+// (advice): the dev broker's --listen and the service's http.addr say it
+// the same way.
+func explainBind(addr string, err error, advice string) error {
 	if !errors.Is(err, syscall.EADDRINUSE) {
 		return err
 	}
@@ -120,8 +122,7 @@ func explainBind(addr string, err error) error {
 			}
 		}
 	}
-	return fmt.Errorf("listening on %s: address already in use, held by %s; stop it, or give the dev broker another address (--listen; make run: BROKER_LISTEN=host:port), or use that broker on purpose (make run: BROKER=%s)",
-		addr, holder, addr)
+	return fmt.Errorf("listening on %s: address already in use, held by %s; %s", addr, holder, advice)
 }
 
 // portHolder names the process listening on TCP port (any local address)

@@ -21,8 +21,12 @@ func listenHTTP(cfg config.Config, rt *stream.Runtime, log *zap.Logger, recent *
 	if err != nil {
 		return nil, err
 	}
-	return httpapi.Listen(cfg.HTTPAddr, streamview.New(rt), log, httpapi.WithRecentLog(recent), httpapi.WithPprof(cfg.HTTPPprof),
+	srv, err := httpapi.Listen(cfg.HTTPAddr, streamview.New(rt), log, httpapi.WithRecentLog(recent), httpapi.WithPprof(cfg.HTTPPprof),
 		httpapi.WithSecurity(cfg.HTTP), httpapi.WithMetrics(reg), httpapi.WithAbout(about(cfg)))
+	if err != nil {
+		return nil, explainBind(cfg.HTTPAddr, err, "stop it, or give the service another http.addr (--http.addr, SALESAGG_HTTP_ADDR; make run: HTTP=host:port)")
+	}
+	return srv, nil
 }
 
 // newRegistry is the registry GET /metrics serves: the runtime's collector
