@@ -85,7 +85,7 @@ func run(args []string) int {
 	case "produce":
 		err = runProduce(args[1:])
 	case "state":
-		err = runState(args[1:])
+		err = runState(args[1:], os.Stdin)
 	case "consume":
 		err = runConsume(args[1:])
 	case "reset":

@@ -310,13 +310,20 @@ func printPlan(out io.Writer, o resetOptions, plan resetPlan) {
 
 // confirmReset asks on a terminal; without one, --yes is required.
 func confirmReset(in *os.File, out io.Writer, o resetOptions) error {
-	if o.yes {
+	return confirm(in, out, o.yes, fmt.Sprintf("Reset application %s as above?", o.appID))
+}
+
+// confirm asks question on a terminal (in) and needs y or yes; without a
+// terminal, yes (--yes) is required. reset and state reset, which destroy
+// what cannot be had back, share it.
+func confirm(in *os.File, out io.Writer, yes bool, question string) error {
+	if yes {
 		return nil
 	}
 	if !term.IsTerminal(int(in.Fd())) {
 		return usageError{errors.New("refusing without --yes: standard input is not a terminal to confirm on (--dry-run shows the plan)")}
 	}
-	fmt.Fprintf(out, "Reset application %s as above? This cannot be undone. [y/N] ", o.appID)
+	fmt.Fprintf(out, "%s This cannot be undone. [y/N] ", question)
 	answer, _ := bufio.NewReader(in).ReadString('\n')
 	if a := strings.ToLower(strings.TrimSpace(answer)); a != "y" && a != "yes" {
 		return errors.New("not confirmed: nothing was changed")

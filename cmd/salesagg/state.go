@@ -32,7 +32,7 @@ state dir.`
 
 // runState implements "salesagg state inspect|verify|reset", offline tools
 // on a stopped service's state dir.
-func runState(args []string) error {
+func runState(args []string, in *os.File) error {
 	if len(args) == 0 {
 		return usageError{errors.New(stateUsage)}
 	}
@@ -42,7 +42,7 @@ func runState(args []string) error {
 	case "verify":
 		return runStateVerify(args[1:], os.Stdout)
 	case "reset":
-		return runStateReset(args[1:], os.Stdout)
+		return runStateReset(args[1:], in, os.Stdout)
 	case "help", "-h", "--help":
 		fmt.Println(stateUsage)
 		return nil
@@ -121,11 +121,16 @@ func runStateInspect(args []string) error {
 }
 
 // runStateReset wipes the stores of the tasks named, so that the next start
-// restores them from the changelog.
-func runStateReset(args []string, out io.Writer) error {
+// restores them from the changelog. Like reset it says what it removes
+// and asks first (on a terminal; --yes otherwise); --dry-run only says.
+func runStateReset(args []string, in *os.File, out io.Writer) error {
 	fs := stateFlags("reset")
 	tasks := fs.StringSlice("task", nil, "the task to wipe, 0_<partition> (repeat or separate with commas for several)")
-	commandUsage(fs, "state reset [--state.dir DIR] --task 0_N [--task ...]", "Wipes the stores of the tasks named: the next start restores them from their changelog.")
+	yes := fs.Bool("yes", false, "do not ask for confirmation (needed without a terminal)")
+	dryRun := fs.Bool("dry-run", false, "print what would be removed, change nothing")
+	commandUsage(fs, "state reset [--state.dir DIR] --task 0_N [--task ...] [--yes] [--dry-run]",
+		"Wipes the stores of the tasks named: the next start restores them from their changelog. It asks\n"+
+			"first (on a terminal; --yes otherwise); --dry-run prints what it would remove.")
 	cfg, err := loadCommandConfig(fs, args)
 	if err != nil {
 		return err
@@ -138,6 +143,19 @@ func runStateReset(args []string, out io.Writer) error {
 		return err
 	}
 	defer dir.Close()
+	names := make([]string, len(parts))
+	for i, p := range parts {
+		names[i] = state.TaskName(p)
+	}
+	fmt.Fprintf(out, "State reset in %s: the stores of tasks %s to remove (the next start restores them from the changelog)\n",
+		dir.Path(), strings.Join(names, ", "))
+	if *dryRun {
+		fmt.Fprintln(out, "Dry run: nothing was changed.")
+		return nil
+	}
+	if err := confirm(in, out, *yes, "Remove these stores?"); err != nil {
+		return err
+	}
 	for _, p := range parts {
 		if err := dir.Wipe(p); err != nil {
 			return err

@@ -103,7 +103,7 @@ func TestStateVerifyAndReset(t *testing.T) {
 	}
 
 	// Reset the tampered task: only its store goes.
-	code, stdout, stderr := runBinary(t, nil, "state", "reset", "--state.dir", stateDir, "--task", "0_0")
+	code, stdout, stderr := runBinary(t, nil, "state", "reset", "--state.dir", stateDir, "--task", "0_0", "--yes")
 	if code != 0 || !strings.Contains(stdout, "task 0_0: store removed") {
 		t.Fatalf("reset: exit %d\n%s%s", code, stdout, stderr)
 	}
