@@ -76,3 +76,20 @@ func TestDevBrokerHasTheInputTopic(t *testing.T) {
 		t.Fatal(errors.New(s.DescribeExit()))
 	}
 }
+
+func TestFailedStartSaysNoShutdown(t *testing.T) {
+	// Scenario: the start fails (here: the input topic is missing). The log ends with the error,
+	// not with "Shutdown requested: flushing, checkpointing and leaving the group", which only a
+	// signal's stop says.
+	broker := kfakeCluster(t, 3)
+	p := startService(t, broker, t.TempDir(), nil, "--input.topic", "nowhere-v1")
+	if !p.WaitExit(60 * time.Second) {
+		t.Fatalf("the service still runs on a missing input topic:\n%s", p.Stderr())
+	}
+	if !strings.Contains(p.Stderr(), "input topic nowhere-v1 does not exist") {
+		t.Fatalf("no error naming the missing topic:\n%s", p.Stderr())
+	}
+	if strings.Contains(p.Stderr(), "Shutdown requested") {
+		t.Errorf("a failed start logged a shutdown request:\n%s", p.Stderr())
+	}
+}

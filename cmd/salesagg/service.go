@@ -86,12 +86,26 @@ func runService(args []string) error {
 	httpDone := make(chan error, 1)
 	go func() { httpDone <- srv.Serve() }()
 
+	// runDone is closed once Run returned: ctx is then canceled by the
+	// deferred stop, not by a signal, and a start that failed (a missing
+	// input topic) must not read as a shutdown that was asked for.
+	runDone := make(chan struct{})
 	go func() {
-		<-ctx.Done()
+		select {
+		case <-runDone:
+			return
+		case <-ctx.Done():
+		}
+		select {
+		case <-runDone: // closed before the deferred stop canceled ctx
+			return
+		default:
+		}
 		log.Info("Shutdown requested: flushing, checkpointing and leaving the group", zap.Duration("grace", stream.GracePeriod))
 		stop() // a second signal kills the process at once
 	}()
 	runErr := rt.Run(ctx)
+	close(runDone)
 
 	shutCtx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
