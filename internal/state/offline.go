@@ -17,12 +17,17 @@ import (
 // and reset) do to a stopped service's state dir.
 
 // OpenExistingDir takes the lock of <stateDir>/<appID>, which must exist: an
-// offline tool never creates the state it was asked to look at. A dir locked
+// offline tool never creates the state it was asked to look at, and never
+// writes into a Kafka Streams application's (ErrKafkaStreamsDir). A dir locked
 // by a running service is refused with an error that says so (and wraps
 // ErrLocked).
 func OpenExistingDir(stateDir, appID string) (*Dir, error) {
 	if _, err := os.Stat(filepath.Join(stateDir, appID)); err != nil {
 		return nil, fmt.Errorf("no state for application %s in %s: %w", appID, stateDir, err)
+	}
+	if path := filepath.Join(stateDir, appID); kafkaStreamsLayout(path) {
+		return nil, fmt.Errorf("%s: this looks like a Kafka Streams state dir (RocksDB: rocksdb/, .checkpoint), not salesagg's (Pebble stores under 0_N): %w",
+			path, ErrKafkaStreamsDir)
 	}
 	dir, err := OpenDir(stateDir, appID)
 	if errors.Is(err, ErrLocked) {
@@ -164,4 +169,32 @@ func PeekProcessID(stateDir, appID string) (string, error) {
 		return "", nil // the next start writes a new one
 	}
 	return md.ProcessID, nil
+}
+
+// ErrKafkaStreamsDir is OpenExistingDir's error for a Kafka Streams
+// application's state dir (RocksDB stores), which salesagg cannot read.
+var ErrKafkaStreamsDir = errors.New("state: a Kafka Streams state dir (RocksDB), not salesagg's")
+
+// kafkaStreamsLayout reports whether the application dir path holds what
+// Kafka Streams writes there: its kafka-streams-process-metadata file, or
+// task dirs with a rocksdb/ dir or a .checkpoint file.
+func kafkaStreamsLayout(path string) bool {
+	if _, err := os.Lstat(filepath.Join(path, "kafka-streams-process-metadata")); err == nil {
+		return true
+	}
+	entries, err := os.ReadDir(path)
+	if err != nil {
+		return false
+	}
+	for _, e := range entries {
+		if !e.IsDir() {
+			continue
+		}
+		for _, name := range []string{"rocksdb", ".checkpoint"} {
+			if _, err := os.Lstat(filepath.Join(path, e.Name(), name)); err == nil {
+				return true
+			}
+		}
+	}
+	return false
 }
