@@ -13,7 +13,6 @@ import (
 
 	"github.com/salesagg/salesagg/internal/config"
 	"github.com/salesagg/salesagg/internal/state"
-	"github.com/salesagg/salesagg/internal/stream"
 )
 
 const configUsage = `Usage: salesagg config check|print [--config FILE] [--KEY VALUE ...]
@@ -87,7 +86,7 @@ func deriveInstanceID(cfg config.Config, settings []config.Setting) {
 		case pid == "":
 			settings[i].Value = "(from the process id the first start writes in " + filepath.Join(cfg.StateDir, cfg.ApplicationID) + ")"
 		default:
-			settings[i].Value = stream.DefaultInstanceID(cfg.ApplicationID, pid)
+			settings[i].Value = cfg.DerivedInstanceID(pid)
 		}
 	}
 }

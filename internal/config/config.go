@@ -303,3 +303,15 @@ func (c Config) StateDirUnderTemp() bool {
 	tmp := os.TempDir()
 	return c.StateDir == tmp || strings.HasPrefix(c.StateDir, strings.TrimSuffix(tmp, "/")+"/")
 }
+
+// DerivedInstanceID is the group.instance.id of a process whose config
+// sets none, from the process id in its state dir: <application.id>-<id>,
+// cut to Kafka's 249 characters from the left. It is the rule the runtime
+// applies at start, for config print to show without starting.
+func (c Config) DerivedInstanceID(processID string) string {
+	id := c.ApplicationID + "-" + processID
+	if len(id) > 249 {
+		id = id[len(id)-249:]
+	}
+	return id
+}
