@@ -50,13 +50,15 @@ func (s taskState) String() string {
 
 // taskMoves are the moves a task may make: it restores, then runs (stalling
 // while its store cannot take writes), then stops; a stop during the
-// restore abandons it (closed); closed and failed are final.
+// restore abandons it (closed); closed and failed are final. A stop's
+// drain ends where an early flush stalls the task (stopping -> stalled),
+// and the stalled task closes without flushing (stalled -> closed).
 var taskMoves = map[taskState][]taskState{
 	taskCreated:   {taskRestoring},
 	taskRestoring: {taskRunning, taskStopping, taskClosed, taskFailed},
 	taskRunning:   {taskStalled, taskStopping, taskFailed},
-	taskStalled:   {taskRunning, taskStopping, taskFailed},
-	taskStopping:  {taskClosed, taskFailed},
+	taskStalled:   {taskRunning, taskStopping, taskClosed, taskFailed},
+	taskStopping:  {taskStalled, taskClosed, taskFailed},
 }
 
 // allowed reports whether the table allows from -> to.

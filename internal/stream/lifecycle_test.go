@@ -17,7 +17,9 @@ func TestTaskMoves(t *testing.T) {
 		{taskRunning, taskFailed}:     true,
 		{taskStalled, taskRunning}:    true,
 		{taskStalled, taskStopping}:   true,
+		{taskStalled, taskClosed}:     true,
 		{taskStalled, taskFailed}:     true,
+		{taskStopping, taskStalled}:   true,
 		{taskStopping, taskClosed}:    true,
 		{taskStopping, taskFailed}:    true,
 	}

@@ -391,18 +391,10 @@ func (s *session) stopTasks(ps []int32, flush bool, outcome string) error {
 	var errs []error
 	for _, t := range ts {
 		<-t.life.done
-		switch {
-		case t.State() == taskFailed:
+		if t.State() == taskFailed {
 			errs = append(errs, fmt.Errorf("task %s failed", t.name))
-			t.log.Info(fmt.Sprintf("task [%s] Closed after a failure", t.name))
-		case !t.life.reached(taskRunning):
-			// Stopped before its restore ended: it folded nothing, so the
-			// session's outcome (committed, flushed) is not its own.
-			t.log.Info(fmt.Sprintf("task [%s] Closed while restoring: it processed no events, so it had nothing to commit", t.name),
-				zap.String("outcome", "nothing to commit: stopped while restoring"))
-		default:
-			t.log.Info(fmt.Sprintf("task [%s] Closed: %s", t.name, outcome), zap.String("outcome", outcome))
 		}
+		t.logClosed(outcome)
 		if t.State() == taskClosed && t.fold.cp.ChangelogTopicID == s.topo.changelogID && t.stats.checkpoint.Load() >= 0 {
 			// The task goroutine is done: its checkpoint is final.
 			s.local.note(t.partition, t.fold.cp)
@@ -410,6 +402,30 @@ func (s *session) stopTasks(ps []int32, flush bool, outcome string) error {
 	}
 	s.reg.closed(ts)
 	return errors.Join(errs...)
+}
+
+// logClosed logs the Closed line of a task whose goroutine has ended:
+// outcome, the session's word for what became of its last changes, unless
+// the task's own end says otherwise.
+func (t *task) logClosed(outcome string) {
+	switch {
+	case t.State() == taskFailed:
+		t.log.Info(fmt.Sprintf("task [%s] Closed after a failure", t.name))
+	case !t.life.reached(taskRunning):
+		// Stopped before its restore ended: it folded nothing, so the
+		// session's outcome (committed, flushed) is not its own.
+		t.log.Info(fmt.Sprintf("task [%s] Closed while restoring: it processed no events, so it had nothing to commit", t.name),
+			zap.String("outcome", "nothing to commit: stopped while restoring"))
+	case t.stall.batch != nil && !t.deps.env.eos:
+		// Stalled at its end (before the stop or in its drain): the stop
+		// flushed nothing and reported no offset past what the store holds,
+		// whatever the session did for the other tasks. The goroutine has
+		// ended, so its stall is final.
+		t.log.Info(fmt.Sprintf("task [%s] Closed while stalled: nothing flushed; the next owner reads again from the last committed offsets", t.name),
+			zap.String("outcome", "nothing flushed: stalled"))
+	default:
+		t.log.Info(fmt.Sprintf("task [%s] Closed: %s", t.name, outcome), zap.String("outcome", outcome))
+	}
 }
 
 // partitionsOf returns the partitions of parts, of any topic, sorted.

@@ -3,11 +3,14 @@ package stream
 import (
 	"context"
 	"fmt"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kgo"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/salesagg/salesagg/internal/sales"
 	"github.com/salesagg/salesagg/internal/state"
@@ -94,5 +97,53 @@ func TestStoppingTaskStalledInItsDrainFoldsNothingMore(t *testing.T) {
 	}
 	if got := l.reported(); got != end {
 		t.Errorf("offset reported for commit %d after the next owner's cycle, want %d", got, end)
+	}
+}
+
+func TestStopStalledInItsDrainSaysSo(t *testing.T) {
+	// Scenario (at-least-once): a task stopped with a flush stalls in its drain (an early flush
+	// the store refuses). Stopping -> stalled is an allowed move, the stalled task then closes,
+	// and its Closed line says nothing was flushed, not the session's "flushed and committed".
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	l := newLone(t, ctx)
+	core, logs := observer.New(zap.InfoLevel)
+	l.task.log = zap.New(core)
+	l.task.deps.env.knobs.maxDirty = 10
+	l.task.deps.env.knobs.StoreWritable = func(int32) error {
+		return fmt.Errorf("%w: no space left on device (injected)", state.ErrUnwritable)
+	}
+	l.running()
+	var recs []*kgo.Record
+	for i := 0; len(recs) < 10; i++ {
+		p := fmt.Sprintf("p-%d", i)
+		if sales.Partition([]byte(p), 3) != 0 {
+			continue
+		}
+		recs = append(recs, &kgo.Record{Topic: l.cfg.InputTopic, Partition: 0, Offset: int64(len(recs)),
+			Key: []byte(p), Value: fmt.Appendf(nil, `{"product":%q,"value":1}`, p)})
+	}
+	l.task.mail.inbox <- batch{topic: l.cfg.InputTopic, recs: recs, hwm: int64(len(recs))}
+	if err := l.task.close(ctx, true, nil); err != nil {
+		t.Fatal(err)
+	}
+	if got := l.task.State(); got != taskStalled {
+		t.Fatalf("after a drain that stalled the task is %s, want stalled", got)
+	}
+	l.task.setState(taskClosed) // as run does once close returns
+	if got := l.task.State(); got != taskClosed {
+		t.Errorf("the stalled task did not close: it is %s", got)
+	}
+	l.task.logClosed("flushed and committed")
+	for _, e := range logs.FilterMessageSnippet("Refusing").All() {
+		t.Errorf("logged %q", e.Message)
+	}
+	closed := logs.FilterMessageSnippet("Closed").All()
+	if len(closed) != 1 {
+		t.Fatalf("%d Closed lines, want 1", len(closed))
+	}
+	if got := closed[0].Message; !strings.Contains(got, "Closed while stalled") || !strings.Contains(got, "nothing flushed") ||
+		strings.Contains(got, "flushed and committed") {
+		t.Errorf("the stop of a task stalled in its drain logged %q", got)
 	}
 }
