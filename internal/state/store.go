@@ -9,6 +9,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"syscall"
 
@@ -121,8 +122,9 @@ func dataKey(product string) []byte {
 const cleanMarker = "CLEAN_SHUTDOWN"
 
 // ErrCorrupt marks a store that cannot be trusted: Pebble reported
-// corruption, or it cannot be opened. The owner quarantines it and
-// restores from the changelog.
+// corruption, or its files are damaged (see damaged). The owner
+// quarantines it and restores from the changelog; any other failure to
+// open is retried, never quarantined.
 var ErrCorrupt = errors.New("state: store corrupted")
 
 // ErrStoreLocked is returned by Open when the store is open already: in
@@ -322,7 +324,10 @@ func Open(path string, log *zap.Logger, o OpenOptions) (_ *Store, err error) {
 			// Pebble's lock (fcntl) is held by another process.
 			return nil, fmt.Errorf("opening store %s: %w (by another process): %w", path, ErrStoreLocked, err)
 		}
-		if o.ReadOnly || errors.Is(err, fs.ErrPermission) {
+		if o.ReadOnly || !damaged(err) {
+			// Out of descriptors, disk full, an I/O error, no permission:
+			// the store may be intact, and quarantining it would cost a
+			// full restore. The task retries with its backoff.
 			return nil, fmt.Errorf("opening store %s: %w", path, err)
 		}
 		return nil, fmt.Errorf("opening store %s: %w: %w", path, ErrCorrupt, err)
@@ -338,10 +343,30 @@ func Open(path string, log *zap.Logger, o OpenOptions) (_ *Store, err error) {
 		// now costs a restore, found later it would stop the task.
 		if _, _, err := s.Count(); err != nil {
 			_ = db.Close()
+			if !damaged(err) {
+				return nil, fmt.Errorf("verifying store %s: %w", path, err)
+			}
 			return nil, fmt.Errorf("verifying store %s: %w: %w", path, ErrCorrupt, err)
 		}
 	}
 	return s, nil
+}
+
+// errPebblePanic marks a panic inside Pebble's open (it panics on some
+// corrupt files).
+var errPebblePanic = errors.New("pebble panicked")
+
+// damaged reports whether err, from opening or reading a store, means its
+// files are damaged: Pebble's corruption errors (a malformed MANIFEST or
+// OPTIONS file, a checksum mismatch), a panic inside Pebble, a file the
+// MANIFEST names that is missing, or a table whose size differs from the
+// MANIFEST's (Pebble's consistency check marks neither as corruption), or
+// files without the markers that name the current MANIFEST and format
+// (ErrDBNotPristine). Any other error (EMFILE, ENOSPC, EIO, EACCES) says
+// nothing about the files.
+func damaged(err error) bool {
+	return pebble.IsCorruptionError(err) || errors.Is(err, errPebblePanic) || errors.Is(err, pebble.ErrDBNotPristine) ||
+		errors.Is(err, fs.ErrNotExist) || strings.Contains(err.Error(), "object size mismatch")
 }
 
 // openPebble opens the database, turning a panic inside Pebble (it panics
@@ -349,7 +374,7 @@ func Open(path string, log *zap.Logger, o OpenOptions) (_ *Store, err error) {
 func openPebble(path string, opts *pebble.Options) (db *pebble.DB, err error) {
 	defer func() {
 		if r := recover(); r != nil {
-			err = fmt.Errorf("pebble panicked: %v", r)
+			err = fmt.Errorf("%w: %v", errPebblePanic, r)
 		}
 	}()
 	return pebble.Open(path, opts)
