@@ -36,8 +36,8 @@ type atLeastOnce struct {
 	// position back (see task.rewind). kick (buffered 1) cuts the poll
 	// short for them.
 	rewinds struct {
-		mu   sync.Mutex      // guards todo and fromCommitted
-		todo map[int32]*task // guarded by mu
+		mu   sync.Mutex              // guards todo and fromCommitted
+		todo map[int32]rewindRequest // guarded by mu
 		// fromCommitted are the partitions of replaced tasks, to move
 		// back to the group's committed offsets. Guarded by mu.
 		fromCommitted map[int32]bool
@@ -189,15 +189,25 @@ func (a *atLeastOnce) checkMembership(ctx context.Context) error {
 // someone else's now.
 var errNotMember = errors.New("stream: not a member of the group's generation")
 
+// rewindRequest is a task's rewind request: the offsets it folds again from,
+// per topic (input, repartition; see task.rewindTo), read when it asked.
+type rewindRequest struct {
+	t  *task
+	to [2]int64
+}
+
 // requestRewind asks the poll loop to move task t's partitions back to the
 // offsets t folds again from (see task.rewind).
 func (a *atLeastOnce) requestRewind(t *task) {
 	a.rewinds.mu.Lock()
 	defer a.rewinds.mu.Unlock()
 	if a.rewinds.todo == nil {
-		a.rewinds.todo = map[int32]*task{}
+		a.rewinds.todo = map[int32]rewindRequest{}
 	}
-	a.rewinds.todo[t.partition] = t
+	// The offsets are read here, on the task goroutine that calls
+	// requestRewind: the task's next flush (its ticker) writes
+	// t.fold.reported while the poll loop has not applied the rewind yet.
+	a.rewinds.todo[t.partition] = rewindRequest{t: t, to: t.rewindTo()}
 	select {
 	case a.rewinds.kick <- struct{}{}:
 	default:
@@ -221,20 +231,20 @@ func (a *atLeastOnce) applyRewinds() map[int32]bool {
 	if len(fromCommitted) > 0 {
 		a.rewindToCommitted(fromCommitted, set, skip)
 	}
-	for p, t := range todo {
+	for p, rw := range todo {
+		t, to := rw.t, rw.to
 		if !a.s.reg.isCurrent(t) {
 			continue // stopped meanwhile: its next owner starts from the commits
 		}
-		to := t.rewindTo()
 		setPositions(set, []string{a.s.env.cfg.InputTopic, a.s.env.cfg.RepartitionTopic()}, p, to)
 		skip[p] = true
 		t.log.Info(fmt.Sprintf("task [%s] Rewinding to the last committed offsets", t.name),
 			zap.Int64("input_offset", to[0]), zap.Int64("repartition_offset", to[1]))
 	}
 	a.s.kc().SetOffsets(set)
-	for p, t := range todo {
+	for p, rw := range todo {
 		if skip[p] {
-			t.retry.rewindEpoch.Add(1)
+			rw.t.retry.rewindEpoch.Add(1)
 		}
 	}
 	return skip
