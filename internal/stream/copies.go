@@ -134,6 +134,13 @@ func (l *localStores) note(p int32, cp state.Checkpoint) {
 	l.cps[p] = cp
 }
 
+// forget drops the checkpoint of task p's store: it was wiped.
+func (l *localStores) forget(p int32) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	delete(l.cps, p)
+}
+
 // scan reads the checkpoint of every store in the state dir (read only),
 // for the offsets this member reports before it runs anything.
 func (l *localStores) scan(dir *state.Dir, log *zap.Logger) {

@@ -335,12 +335,21 @@ func (s *standby) reported() (offset, end int64) {
 	return s.pos.position.Load(), s.pos.end.Load()
 }
 
-// wipe deletes the standby's store and opens an empty one.
+// wipe deletes the standby's store and opens an empty one. From its start
+// the copy reports no position (nor its last probe's, nor the checkpoint
+// its store was closed with): until it tails again, after standbyRetry
+// when the wipe follows a failure, a rebalance must not take the store for
+// caught up.
 func (s *standby) wipe() error {
 	e := s.deps.env
 	if st := s.store.Swap(nil); st != nil {
 		_ = st.Close()
 	}
+	s.pos.position.Store(-1)
+	s.probe.mu.Lock()
+	s.probe.at, s.probe.offset, s.probe.end = time.Time{}, -1, -1
+	s.probe.mu.Unlock()
+	s.deps.local.forget(s.partition)
 	if err := e.dir.Wipe(s.partition); err != nil {
 		return err
 	}
