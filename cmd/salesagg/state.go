@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -90,7 +91,7 @@ func runStateInspect(args []string) error {
 	if err != nil {
 		return err
 	}
-	dir, err := state.OpenExistingDir(cfg.StateDir, cfg.ApplicationID)
+	dir, err := state.InspectExistingDir(cfg.StateDir, cfg.ApplicationID)
 	if err != nil {
 		return err
 	}
@@ -104,7 +105,7 @@ func runStateInspect(args []string) error {
 		enc.SetIndent("", "  ")
 		return enc.Encode(map[string]any{"state_dir": dir.Path(), "process_id": dir.ProcessID(), "tasks": views})
 	}
-	fmt.Printf("state dir:  %s\nprocess id: %s\n\n", dir.Path(), dir.ProcessID())
+	fmt.Printf("state dir:  %s\nprocess id: %s\n\n", dir.Path(), cmp.Or(dir.ProcessID(), "none"))
 	tw := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "TASK\tCHECKPOINT\tINPUT OFFSET\tPRODUCTS\tSUM OF TOTALS\tERROR")
 	for _, v := range views {

@@ -9,6 +9,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"syscall"
 
 	"go.uber.org/zap"
 )
@@ -34,6 +35,58 @@ func OpenExistingDir(stateDir, appID string) (*Dir, error) {
 		return nil, fmt.Errorf("refusing while the service runs: %w", err)
 	}
 	return dir, err
+}
+
+// InspectExistingDir opens <stateDir>/<appID> as OpenExistingDir does, for
+// a tool that only reads it (state inspect): it changes nothing in the dir.
+// It takes a shared lock on the lock file a service left, without creating
+// it or writing its holder, so that a running service (which holds it
+// exclusively) is still refused; it reads the process id without making
+// one up, and leaves a wipe's trash where it is. A dir with no lock file
+// (no service ever held it) is read unlocked.
+func InspectExistingDir(stateDir, appID string) (*Dir, error) {
+	if err := CheckSegment(appID); err != nil {
+		return nil, fmt.Errorf("application.id %q: %w", appID, err)
+	}
+	path := filepath.Join(stateDir, appID)
+	if _, err := os.Stat(path); err != nil {
+		return nil, fmt.Errorf("no state for application %s in %s: %w", appID, stateDir, err)
+	}
+	if kafkaStreamsLayout(path) {
+		return nil, fmt.Errorf("%s: this looks like a Kafka Streams state dir (RocksDB: rocksdb/, .checkpoint), not salesagg's (Pebble stores under 0_N): %w",
+			path, ErrKafkaStreamsDir)
+	}
+	d := &Dir{path: path}
+	name := filepath.Join(path, lockFileName)
+	f, err := os.OpenFile(name, os.O_RDONLY|syscall.O_NOFOLLOW, 0)
+	switch {
+	case errors.Is(err, os.ErrNotExist):
+	case err != nil:
+		return nil, fmt.Errorf("opening lock file %s: %w", name, linkError(err))
+	default:
+		if err := syscall.Flock(int(f.Fd()), syscall.LOCK_SH|syscall.LOCK_NB); err != nil {
+			_ = f.Close()
+			if errors.Is(err, syscall.EWOULDBLOCK) {
+				h := LockHolder(stateDir, appID)
+				if h == "" {
+					h = "unknown holder"
+				}
+				return nil, fmt.Errorf("refusing while the service runs: %w: lock file %s is held by %s", ErrLocked, name, h)
+			}
+			return nil, fmt.Errorf("locking %s: %w", name, err)
+		}
+		d.lock = f
+	}
+	b, err := readNoFollow(filepath.Join(path, metadataFileName))
+	if err != nil && !errors.Is(err, os.ErrNotExist) {
+		_ = d.Close()
+		return nil, fmt.Errorf("reading process metadata %s: %w", filepath.Join(path, metadataFileName), linkError(err))
+	}
+	var md processMetadata
+	if err == nil && json.Unmarshal(b, &md) == nil {
+		d.processID = md.ProcessID
+	}
+	return d, nil
 }
 
 // ParseTasks turns task names (0_N or N, several in one name when separated
