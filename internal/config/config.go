@@ -306,8 +306,10 @@ func (c Config) StateDirUnderTemp() bool {
 
 // DerivedInstanceID is the group.instance.id of a process whose config
 // sets none, from the process id in its state dir: <application.id>-<id>,
-// cut to Kafka's 249 characters from the left. It is the rule the runtime
-// applies at start, for config print to show without starting.
+// cut to Kafka's 249 characters from the left. It follows the volume (a
+// restart on it replaces the dead member at once) and no two processes
+// share it (one process per state dir). The runtime applies it at start,
+// and config print shows it without starting.
 func (c Config) DerivedInstanceID(processID string) string {
 	id := c.ApplicationID + "-" + processID
 	if len(id) > 249 {

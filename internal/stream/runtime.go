@@ -83,7 +83,7 @@ func New(cfg config.Config, log *zap.Logger, dir *state.Dir, knobs Knobs) *Runti
 	e := &env{cfg: cfg, log: log, dir: dir, knobs: knobs, eos: cfg.ProcessingGuarantee == config.ExactlyOnceV2, reach: newReachability(log),
 		metrics: newInstruments(cfg.ProcessingGuarantee), instanceID: cfg.GroupInstanceID}
 	if e.instanceID == "" {
-		e.instanceID = defaultInstanceID(cfg.ApplicationID, dir.ProcessID())
+		e.instanceID = cfg.DerivedInstanceID(dir.ProcessID())
 	}
 	rt := &Runtime{env: e, reg: newRegistry(), local: newLocalStores(), appServer: cfg.AdvertisedServer("")}
 	rt.bal = &taskBalancer{input: cfg.InputTopic, repartition: cfg.RepartitionTopic(), changelog: cfg.ChangelogTopic(), log: log.Named("balancer"), name: e.instanceID,
@@ -105,18 +105,6 @@ func New(cfg config.Config, log *zap.Logger, dir *state.Dir, knobs Knobs) *Runti
 		}
 	}
 	return rt
-}
-
-// defaultInstanceID is the group.instance.id of a process whose config sets
-// none: derived from the state dir's process id, so it follows the volume (a
-// restart on it replaces the dead member at once) and no two processes
-// share it (one process per state dir).
-func defaultInstanceID(appID, processID string) string {
-	id := appID + "-" + processID
-	if len(id) > 249 {
-		id = id[len(id)-249:]
-	}
-	return id
 }
 
 // Advertise sets the host:port other instances reach this one's HTTP
