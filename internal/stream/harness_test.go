@@ -59,6 +59,10 @@ func harnessOn(t testing.TB, c *kfake.Cluster, addr string) *harness {
 	h.cfg.BootstrapServers = []string{h.addr}
 	h.cfg.StateDir = h.stateDir
 	h.cfg.CommitInterval = 100 * time.Millisecond
+	// The tests start the runtime on an empty broker, before producing: the
+	// input topic is created as asked (a test of a missing input topic sets
+	// this back to false).
+	h.cfg.TopicsCreateInput = true
 	// Loopback only: the advertised address is http.addr's host.
 	h.cfg.HTTPAddr = "127.0.0.1:0"
 	return h
