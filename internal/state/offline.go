@@ -23,12 +23,8 @@ import (
 // by a running service is refused with an error that says so (and wraps
 // ErrLocked).
 func OpenExistingDir(stateDir, appID string) (*Dir, error) {
-	if _, err := os.Stat(filepath.Join(stateDir, appID)); err != nil {
-		return nil, fmt.Errorf("no state for application %s in %s: %w", appID, stateDir, err)
-	}
-	if path := filepath.Join(stateDir, appID); kafkaStreamsLayout(path) {
-		return nil, fmt.Errorf("%s: this looks like a Kafka Streams state dir (RocksDB: rocksdb/, .checkpoint), not salesagg's (Pebble stores under 0_N): %w",
-			path, ErrKafkaStreamsDir)
+	if _, err := existingDir(stateDir, appID); err != nil {
+		return nil, err
 	}
 	dir, err := OpenDir(stateDir, appID)
 	if errors.Is(err, ErrLocked) {
@@ -48,13 +44,9 @@ func InspectExistingDir(stateDir, appID string) (*Dir, error) {
 	if err := CheckSegment(appID); err != nil {
 		return nil, fmt.Errorf("application.id %q: %w", appID, err)
 	}
-	path := filepath.Join(stateDir, appID)
-	if _, err := os.Stat(path); err != nil {
-		return nil, fmt.Errorf("no state for application %s in %s: %w", appID, stateDir, err)
-	}
-	if kafkaStreamsLayout(path) {
-		return nil, fmt.Errorf("%s: this looks like a Kafka Streams state dir (RocksDB: rocksdb/, .checkpoint), not salesagg's (Pebble stores under 0_N): %w",
-			path, ErrKafkaStreamsDir)
+	path, err := existingDir(stateDir, appID)
+	if err != nil {
+		return nil, err
 	}
 	d := &Dir{path: path}
 	name := filepath.Join(path, lockFileName)
@@ -87,6 +79,20 @@ func InspectExistingDir(stateDir, appID string) (*Dir, error) {
 		d.processID = md.ProcessID
 	}
 	return d, nil
+}
+
+// existingDir returns <stateDir>/<appID> when it exists and is not a Kafka
+// Streams application's state dir: what an offline tool may look at.
+func existingDir(stateDir, appID string) (string, error) {
+	path := filepath.Join(stateDir, appID)
+	if _, err := os.Stat(path); err != nil {
+		return "", fmt.Errorf("no state for application %s in %s: %w", appID, stateDir, err)
+	}
+	if kafkaStreamsLayout(path) {
+		return "", fmt.Errorf("%s: this looks like a Kafka Streams state dir (RocksDB: rocksdb/, .checkpoint), not salesagg's (Pebble stores under 0_N): %w",
+			path, ErrKafkaStreamsDir)
+	}
+	return path, nil
 }
 
 // ParseTasks turns task names (0_N or N, several in one name when separated
