@@ -159,22 +159,9 @@ func (a *atLeastOnce) close() {
 // rebalance in progress is fine: a cooperative member keeps its tasks until
 // it revokes them, and nobody else gets them before.
 func (a *atLeastOnce) checkMembership(ctx context.Context) error {
-	member, gen := a.s.kc().GroupMetadata()
-	if member == "" || gen < 0 {
-		return errors.New("not a group member yet")
-	}
-	req := kmsg.NewPtrHeartbeatRequest()
-	req.Group = a.s.env.cfg.ApplicationID
-	req.MemberID = member
-	req.Generation = gen
-	req.InstanceID = &a.s.env.instanceID
 	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	resp, err := req.RequestWith(cctx, a.s.kc())
-	if err != nil {
-		return fmt.Errorf("checking group membership: %w", err)
-	}
-	err = kerr.ErrorForCode(resp.ErrorCode)
+	gen, err := a.s.heartbeat(cctx, a.s.kc())
 	switch {
 	case err == nil, errors.Is(err, kerr.RebalanceInProgress):
 		return nil

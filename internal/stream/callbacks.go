@@ -39,6 +39,7 @@ import (
 func (s *session) assigned(_ context.Context, cl *kgo.Client, added map[string][]int32) {
 	s.client.CompareAndSwap(nil, cl)
 	defer s.reconcileStandbys()
+	lapsed := s.lease.assigned(time.Now())
 	current := s.bal.synced()
 	held := make(map[int32]uint8)
 	for topic, ps := range current {
@@ -65,6 +66,7 @@ func (s *session) assigned(_ context.Context, cl *kgo.Client, added map[string][
 	if len(reused) > 0 {
 		s.g.replaced(reused)
 	}
+	s.rereadLapsed(lapsed)
 }
 
 // staleTasks returns the tasks to stop before an assignment is applied:
@@ -186,6 +188,7 @@ var _ kgo.HookGroupManageError = lostHook{}
 
 func (h lostHook) OnGroupManageError(err error) {
 	s := h.s
+	s.lease.lost()
 	ps := s.reg.partitions()
 	s.reg.mu.Lock()
 	s.reg.mu.held = make(map[int32]uint8)

@@ -45,11 +45,15 @@ type session struct {
 	// is not running; the poll loop's.
 	dropLog rateLimiter
 	probes  prober
+	// lease is this member's hold on its tasks, from the coordinator's
+	// answers (lease.go).
+	lease *lease
 }
 
 func newSession(e *env, reg *registry, bal *taskBalancer, local *localStores, topo topology, workDone <-chan struct{}) *session {
 	s := &session{env: e, reg: reg, bal: bal, local: local, topo: topo, workDone: workDone,
-		fail: newFailure(), dropLog: rateLimiter{every: 10 * time.Second, burst: 3}}
+		fail: newFailure(), dropLog: rateLimiter{every: 10 * time.Second, burst: 3},
+		lease: newLease(e.cfg.SessionTimeout, rebalanceTimeout)}
 	s.probes.interval = e.cfg.ProbingRebalanceInterval
 	if e.eos {
 		s.g = newExactlyOnce(s)
@@ -139,9 +143,8 @@ func (s *session) clientOpts() []kgo.Opt {
 		kgo.ConsumerGroup(cfg.ApplicationID),
 		kgo.InstanceID(s.env.instanceID),
 		kgo.SessionTimeout(cfg.SessionTimeout),
-		// A third of the session (as Kafka advises), at most the 3 s
-		// default: a short session must not expire between heartbeats.
-		kgo.HeartbeatInterval(min(3*time.Second, cfg.SessionTimeout/3)),
+		kgo.RebalanceTimeout(rebalanceTimeout),
+		kgo.HeartbeatInterval(heartbeatInterval(cfg.SessionTimeout)),
 		kgo.ConsumeTopics(cfg.InputTopic, cfg.RepartitionTopic()),
 		kgo.Balancers(s.bal),
 		kgo.ConsumeResetOffset(reset),
@@ -151,7 +154,7 @@ func (s *session) clientOpts() []kgo.Opt {
 		kgo.OnPartitionsLost(s.lost),
 		// The lost callback can be swallowed (see assigned); the hook
 		// cannot: it runs after every group error that lost the partitions.
-		kgo.WithHooks(lostHook{s}),
+		kgo.WithHooks(lostHook{s}, leaseHook{s.lease}),
 		kgo.RecordPartitioner(kgo.ManualPartitioner()),
 		// Forwarded events on the repartition topic become visible to their
 		// owner only once the transaction that forwarded them commits.
@@ -191,6 +194,7 @@ func (s *session) run(ctx context.Context, work context.Context, cancelWork cont
 	defer cancelPoll(nil)
 	s.goroutine(func() { watchTopology(pollCtx, s.env, s.topo, cancelPoll) })
 	s.goroutine(func() { s.probeLoop(pollCtx) })
+	s.goroutine(func() { s.leaseLoop(pollCtx) })
 	pollErr := s.poll(pollCtx, work)
 	changed := topologyChanged(pollCtx, ctx)
 	cancelPoll(nil)

@@ -268,6 +268,11 @@ func (rt *Runtime) Ready() (bool, string) {
 	case refused != "":
 		return false, "assignment refused: " + refused
 	}
+	if s := rt.current.Load(); s != nil {
+		if reason := s.lease.lapseReason(); reason != "" {
+			return false, reason
+		}
+	}
 	if since, err, down := rt.env.reach.unreachable(); down && (!assigned || rt.env.kafkaDown.Load()) {
 		return false, fmt.Sprintf("Kafka unreachable since %s: %s", since.UTC().Format("2006-01-02 15:04:05Z"), describeDial(err))
 	}

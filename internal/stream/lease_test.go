@@ -1,0 +1,115 @@
+package stream_test
+
+import (
+	"fmt"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kmsg"
+
+	th "github.com/salesagg/salesagg/test/harness"
+)
+
+func TestCutOffFromTheCoordinatorDropsItsTasksBeforeTheyMove(t *testing.T) {
+	// Scenario: instance A runs all three tasks; then the group coordinator stops answering A's
+	// heartbeats (A is cut off from it, as when the coordinator's broker is paused or A's
+	// network to it is down), and instance B joins. The coordinator expires A a session timeout
+	// after its last heartbeat and gives B every task. A must have dropped its tasks before that:
+	// at no sample does a task run on both, A says why it dropped them, and once A reaches the
+	// coordinator again the group spreads the tasks and every total is exact.
+	eachGuarantee(t, func(t *testing.T, h *harness) {
+		h.cfg.SessionTimeout = 6 * time.Second // the broker's group.min.session.timeout.ms
+		cfgA, cfgB := h.instanceCfg("a"), h.instanceCfg("b")
+		cfgA.GroupInstanceID, cfgB.GroupInstanceID = "lease-a", "lease-b"
+
+		a := h.start(cfgA)
+		a.waitReady()
+		want := map[string]int64{}
+		for i := range 30 {
+			p := fmt.Sprintf("product%d", i)
+			h.produce(event(p, p, int64(10+i)))
+			want[p] += int64(10 + i)
+		}
+		a.waitTotals(want)
+		if got := a.runningTasks(); len(got) != 3 {
+			t.Fatalf("A runs %v before the cut, want all three tasks", got)
+		}
+
+		// Cut A off: its heartbeats (the group client's and its own) get no answer.
+		var cut atomic.Bool
+		released := make(chan struct{})
+		var releaseOnce sync.Once
+		release := func() { releaseOnce.Do(func() { cut.Store(false); close(released) }) }
+		h.cluster.ControlKey(kmsg.Heartbeat.Int16(), func(req kmsg.Request) (kmsg.Response, error, bool) {
+			h.cluster.KeepControl()
+			hb := req.(*kmsg.HeartbeatRequest)
+			if cut.Load() && hb.InstanceID != nil && *hb.InstanceID == "lease-a" {
+				h.cluster.SleepControl(func() { <-released })
+			}
+			return nil, nil, false
+		})
+		t.Cleanup(release) // before the instances stop: A's requests wait behind its heartbeat
+		cut.Store(true)
+		cutAt := time.Now()
+
+		// Sample B before A: a task B runs at its sample that A still runs at the later sample
+		// was active on both at once.
+		var mu sync.Mutex
+		var overlaps []string
+		b := h.start(cfgB)
+		samplerDone := make(chan struct{})
+		stopSampling := make(chan struct{})
+		go func() {
+			defer close(samplerDone)
+			for {
+				select {
+				case <-stopSampling:
+					return
+				case <-time.After(10 * time.Millisecond):
+				}
+				onB := b.runningTasks()
+				onA := map[string]bool{}
+				for _, task := range a.runningTasks() {
+					onA[task] = true
+				}
+				for _, task := range onB {
+					if onA[task] {
+						mu.Lock()
+						overlaps = append(overlaps, fmt.Sprintf("%s at %s after the cut", task, time.Since(cutAt).Round(time.Millisecond)))
+						mu.Unlock()
+					}
+				}
+			}
+		}()
+		th.WaitFor(t, 60*time.Second, "B to run all three tasks", th.Holds(func() bool { return len(b.runningTasks()) == 3 }))
+		close(stopSampling)
+		<-samplerDone
+		mu.Lock()
+		if len(overlaps) > 0 {
+			t.Errorf("tasks active on A and B at once (%d samples): %s", len(overlaps), strings.Join(overlaps[:min(5, len(overlaps))], "; "))
+		}
+		mu.Unlock()
+		lapsedAt, ok := logTime(a.logs, "No heartbeat answered by the group coordinator")
+		if !ok {
+			t.Fatal("A did not log that it dropped its tasks for want of a heartbeat answer")
+		}
+		movedAt, _ := logTime(b.logs, "Assigned partitions")
+		t.Logf("A dropped its tasks %s after the cut; B was assigned %s after it", lapsedAt.Sub(cutAt).Round(time.Millisecond), movedAt.Sub(lapsedAt).Round(time.Millisecond))
+
+		// A reaches the coordinator again: the tasks spread, nothing lost, nothing doubled.
+		release()
+		waitSpread(t, a, b)
+		for i := range 30 {
+			p := fmt.Sprintf("product%d", i)
+			h.produce(event(p, p, 1000))
+			want[p] += 1000
+		}
+		a.waitTotals(want)
+		b.waitTotals(want)
+		got, _, _ := h.changelog(h.cfg)
+		equalTotals(t, "changelog", got, want)
+	})
+}
