@@ -67,11 +67,11 @@ lint: ## gofmt and go vet
 	cd test/k8s && $(GO) vet ./... && $(GO) vet -tags e2e ./...
 	cd test/cluster && $(GO) vet ./... && $(GO) vet -tags cluster ./...
 
-kafka-up: ## start a real Apache Kafka broker from Maven Central on loopback
-	./test/kafka/kafka.sh up
+kafka-up: ## start a real Apache Kafka broker from Maven Central on loopback (NODES=3: a 3-node cluster)
+	$(if $(NODES),KAFKA_NODES=$(NODES) )./test/kafka/kafka.sh up
 
-kafka-down: ## stop it and delete its data
-	./test/kafka/kafka.sh down
+kafka-down: ## stop it (or the cluster) and delete its data
+	$(if $(NODES),KAFKA_NODES=$(NODES) )./test/kafka/kafka.sh down
 
 # The data dirs `make run` wrote: ./data, DATA when given, and every DATA
 # scripts/dev.sh recorded in .dev-data-dirs. Only those inside the checkout
