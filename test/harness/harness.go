@@ -14,7 +14,11 @@
 //     totals of what the broker acknowledged;
 //   - the broker helpers: test/kafka/kafka.sh (Kafka, StartKafka), clients,
 //     topics, a topic's committed records (ReadTopic) and a changelog's
-//     latest totals (LatestTotals, CheckChangelog).
+//     latest totals (LatestTotals, CheckChangelog);
+//   - KafkaCluster (StartKafkaCluster): a multi-node kafka.sh cluster whose
+//     nodes a test kills, stops, pauses and restarts, and asks where leaders
+//     and coordinators are; FaultProxy and ProxySet: TCP proxies in front of
+//     its client listeners that blackhole, drop or delay one client's traffic.
 //
 // Nothing here is a _test.go file: the packages import it. It calls t.Fatal
 // only from the goroutine of the test it is given.

@@ -27,6 +27,8 @@ import (
 // data (and its jars' cache, logs and pid) in Dir, the script's KAFKA_DIR.
 type Kafka struct {
 	Script, Dir string
+	// Env is added to the script's environment (e.g. KAFKA_NODES).
+	Env []string
 }
 
 // NewKafka returns the kafka.sh broker of the repository at root, with
@@ -41,7 +43,7 @@ func (k Kafka) Run(timeout time.Duration, args ...string) (string, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, k.Script, args...)
-	cmd.Env = append(os.Environ(), "KAFKA_DIR="+k.Dir)
+	cmd.Env = append(append(os.Environ(), k.Env...), "KAFKA_DIR="+k.Dir)
 	// kafka.sh stops the broker it is starting when it gets SIGTERM while
 	// waiting for its readiness.
 	cmd.Cancel = func() error { return cmd.Process.Signal(syscall.SIGTERM) }
@@ -76,7 +78,7 @@ func (k Kafka) Up(timeout time.Duration) (string, error) {
 func (k Kafka) Watchdog(name, remove string) (*exec.Cmd, error) {
 	script := `while kill -0 "$1" 2>/dev/null; do sleep 1; done; "$2" down; [ -z "$3" ] || rm -rf "$3"`
 	cmd := exec.Command("bash", "-c", script, name, strconv.Itoa(os.Getpid()), k.Script, remove)
-	cmd.Env = append(os.Environ(), "KAFKA_DIR="+k.Dir)
+	cmd.Env = append(append(os.Environ(), k.Env...), "KAFKA_DIR="+k.Dir)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
 	if err := cmd.Start(); err != nil {
 		return nil, fmt.Errorf("starting the broker watchdog: %w", err)
