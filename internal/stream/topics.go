@@ -93,16 +93,49 @@ func ensureInput(ctx context.Context, adm *kadm.Client, cfg config.Config, log *
 	create := cfg
 	create.TopicsCreate = cfg.TopicsCreateInput
 	info, err := ensure(ctx, adm, create, log, cfg.InputTopic, cfg.TopicsPartitions, nil)
+	// A topic just created reaches the brokers' metadata one by one: the
+	// broker asked may not know it yet while another does. Ask again, for
+	// inputListedWait while the cluster lists it, inputMissingWait else.
+	var names []string
+	start, backoff := time.Now(), 100*time.Millisecond
+	for errors.Is(err, errTopicMissing) {
+		names = nil
+		if listed, lerr := adm.ListTopics(ctx); lerr == nil {
+			names = listed.Names()
+		}
+		wait := inputMissingWait
+		if slices.Contains(names, cfg.InputTopic) {
+			wait = inputListedWait
+		}
+		if time.Since(start) >= wait {
+			break
+		}
+		select {
+		case <-ctx.Done():
+			return topicInfo{}, ctx.Err()
+		case <-time.After(backoff):
+		}
+		backoff = min(2*backoff, time.Second)
+		info, err = ensure(ctx, adm, create, log, cfg.InputTopic, cfg.TopicsPartitions, nil)
+	}
 	if !errors.Is(err, errTopicMissing) {
 		return info, err
 	}
-	var names []string
-	if listed, err := adm.ListTopics(ctx); err == nil {
-		names = listed.Names()
+	if slices.Contains(names, cfg.InputTopic) {
+		return topicInfo{}, fmt.Errorf("input topic %s is listed by the cluster at %s but its partitions were not found for %s: is it being created or deleted?",
+			cfg.InputTopic, strings.Join(cfg.BootstrapServers, ","), inputListedWait)
 	}
 	return topicInfo{}, fmt.Errorf("input topic %s does not exist at %s%s; salesagg creates its input topic only when topics.input.create is true: fix input.topic, create the topic, or set topics.input.create",
 		cfg.InputTopic, strings.Join(cfg.BootstrapServers, ","), MissingTopicHint(cfg.InputTopic, names))
 }
+
+// How long a missing input topic is asked for again: while the cluster
+// lists it (its creation is still reaching the brokers), and while it does
+// not (it may be created this very moment).
+const (
+	inputListedWait  = 30 * time.Second
+	inputMissingWait = 2 * time.Second
+)
 
 // errTopicMissing is ensure's error for a missing topic it is not to create.
 var errTopicMissing = errors.New("stream: topic does not exist")

@@ -275,3 +275,46 @@ func TestEnsureTopicAlreadyExistsBounded(t *testing.T) {
 		}
 	}
 }
+
+func TestInputTopicNotYetKnownToTheBrokerAskedIsAskedAgain(t *testing.T) {
+	// Scenario: the input topic was created a moment ago: the cluster lists it, but the broker
+	// asked for its partitions does not know it yet (its metadata lags, as a broker of a cluster
+	// does right after a creation). ensureTopics asks again until it is found, rather than
+	// failing the start with "does not exist ... did you mean <the same name>?".
+	c, cfg := topicsCluster(t)
+	cfg.TopicsCreateInput = false
+	ctx := context.Background()
+	adm := topicsAdmin(t, cfg)
+	if _, err := adm.CreateTopic(ctx, 3, 1, nil, cfg.InputTopic); err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	lagging := 3
+	c.ControlKey(kmsg.Metadata.Int16(), func(req kmsg.Request) (kmsg.Response, error, bool) {
+		c.KeepControl()
+		m := req.(*kmsg.MetadataRequest)
+		mu.Lock()
+		defer mu.Unlock()
+		for i, rt := range m.Topics {
+			if rt.Topic != nil && *rt.Topic == cfg.InputTopic && lagging > 0 {
+				// This broker does not know the topic yet.
+				lagging--
+				name := cfg.InputTopic + "-not-yet"
+				m.Topics[i].Topic = &name
+			}
+		}
+		return nil, nil, false
+	})
+	topo, err := ensureTopics(ctx, adm, cfg, zap.NewNop())
+	if err != nil {
+		t.Fatalf("ensureTopics: %v", err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if lagging == 3 {
+		t.Fatal("the topic was never hidden: the test tested nothing")
+	}
+	if topo.partitions != 3 {
+		t.Fatalf("found %d partitions, want 3", topo.partitions)
+	}
+}
