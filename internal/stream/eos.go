@@ -187,6 +187,8 @@ func (e *exactlyOnce) stop(work context.Context, pollErr error) error {
 	switch {
 	case errors.Is(pollErr, errSessionFenced):
 		outcome = "dropped: the producer was fenced, the store holds the committed state"
+	case errors.Is(pollErr, errProducerIDLost):
+		outcome = "dropped: the producer has no producer id, the store holds the committed state"
 	case pollErr == nil && !e.idle():
 		lastErr = e.transact(work)
 	}
@@ -208,7 +210,7 @@ func (e *exactlyOnce) idle() bool {
 func (e *exactlyOnce) poll(ctx, work context.Context) error {
 	s := e.s
 	if err := e.txn.Begin(); err != nil {
-		return fmt.Errorf("beginning transaction: %w", err)
+		return fmt.Errorf("beginning transaction: %w", beginFailed(err))
 	}
 	next := time.Now().Add(s.env.cfg.CommitInterval)
 	for {
@@ -251,7 +253,7 @@ func (e *exactlyOnce) poll(ctx, work context.Context) error {
 			return err
 		}
 		if err := e.txn.Begin(); err != nil {
-			return fmt.Errorf("beginning transaction: %w", fenced(err))
+			return fmt.Errorf("beginning transaction: %w", beginFailed(err))
 		}
 		e.polled = 0
 		next = time.Now().Add(s.env.cfg.CommitInterval)
@@ -369,6 +371,26 @@ func fatalTxnError(err error) bool {
 // committed state, so the runtime starts a new session (a new producer
 // epoch) instead of exiting; see Run.
 var errSessionFenced = errors.New("stream: the transactional producer was fenced")
+
+// errProducerIDLost ends a group session whose transactional producer
+// could not get its producer id (a broker failed during InitProducerID,
+// and the client keeps that failure): as after a fencing, the tasks'
+// stores hold the committed state and the runtime starts a new session
+// with a new producer.
+var errProducerIDLost = errors.New("stream: the transactional producer could not get its producer id")
+
+// beginFailed classifies a failed Begin: a fencing (errSessionFenced), a
+// producer id the client could not load (errProducerIDLost), or, for a
+// closed client or a transactional id not allowed, the error itself.
+func beginFailed(err error) error {
+	switch {
+	case errors.Is(err, kerr.ProducerFenced), errors.Is(err, kerr.InvalidProducerEpoch):
+		return fenced(err)
+	case errors.Is(err, kgo.ErrClientClosed), errors.Is(err, kerr.TransactionalIDAuthorizationFailed):
+		return err
+	}
+	return fmt.Errorf("%w: %w", errProducerIDLost, err)
+}
 
 // fenced wraps err with errSessionFenced when it is a fencing.
 func fenced(err error) error {

@@ -181,6 +181,13 @@ func (rt *Runtime) Run(ctx context.Context) error {
 		switch {
 		case errors.Is(err, errTopologyChanged):
 			e.log.Warn("Input topic changed while running; rejoining the group on the new topic", zap.String("input", e.cfg.InputTopic), zap.Error(err))
+		case errors.Is(err, errProducerIDLost) && ctx.Err() == nil:
+			e.log.Warn("The transactional producer could not get its producer id (a broker failed while it asked); the stores hold the committed state; starting a new session",
+				zap.Error(err))
+			select {
+			case <-ctx.Done():
+			case <-time.After(time.Second):
+			}
 		case errors.Is(err, errSessionFenced) && ctx.Err() == nil:
 			// A broker that aborted the open transaction after
 			// transaction.timeout.ms (Kafka was unreachable that long) fences

@@ -207,7 +207,7 @@ func (s *session) run(ctx context.Context, work context.Context, cancelWork cont
 	}
 	stopErr := s.g.stop(work, pollErr)
 	s.g.close()
-	if changed != nil || (errors.Is(pollErr, errSessionFenced) && ctx.Err() == nil) {
+	if changed != nil || ((errors.Is(pollErr, errSessionFenced) || errors.Is(pollErr, errProducerIDLost)) && ctx.Err() == nil) {
 		// Start over without leaving the group: the next session rejoins
 		// under the same instance id at once.
 		s.wg.Wait()
@@ -264,8 +264,16 @@ func (s *session) dispatch(ctx context.Context, fetches kgo.Fetches, skip map[in
 			s.env.log.Warn("Fetching", zap.String("topic", topic), zap.Int32("partition", p), zap.Error(err))
 		}
 	})
+	// Past the lease's deadline (a process paused, or cut off from the
+	// coordinator) the tasks may be another member's already: nothing is
+	// folded until the lease loop has dropped them.
+	overdue := s.lease.overdue(time.Now())
 	fetches.EachPartition(func(p kgo.FetchTopicPartition) {
 		if len(p.Records) == 0 || skip[p.Partition] {
+			return
+		}
+		if overdue {
+			dropped = true
 			return
 		}
 		t := s.reg.task(p.Partition)
