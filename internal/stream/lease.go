@@ -202,6 +202,16 @@ func (l *lease) expire(now time.Time, held []int32) (silent time.Duration, lapse
 	return now.Sub(l.alive), true
 }
 
+// overdue reports whether the lease is held past its deadline at now: the
+// coordinator may have given the tasks away, and the lease loop is about
+// to drop them. Nothing is handed to them meanwhile, and they are not
+// reported running.
+func (l *lease) overdue(now time.Time) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.state == leaseHeld && !now.Before(l.until)
+}
+
 // lost records that the group session was lost (every task dropped, the
 // client rejoins from scratch): nothing is held.
 func (l *lease) lost() {

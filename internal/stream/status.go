@@ -202,8 +202,18 @@ func taskLess(a, b string) bool {
 // Tasks returns the status of every assigned task, by partition.
 func (rt *Runtime) Tasks() []status.Task {
 	var out []status.Task
+	// Past the lease's deadline the tasks are being dropped (lease.go):
+	// they are not reported running, whatever their goroutines say.
+	overdue := false
+	if s := rt.current.Load(); s != nil {
+		overdue = s.lease.overdue(time.Now())
+	}
 	for _, t := range rt.reg.tasks() {
 		st := t.State()
+		state := st.String()
+		if overdue && st == taskRunning {
+			state = "lost"
+		}
 		pos, hwm := t.stats.inputPos.Load(), t.stats.inputHWM.Load()
 		lag := int64(0)
 		if pos >= 0 && hwm > pos {
@@ -213,7 +223,7 @@ func (rt *Runtime) Tasks() []status.Task {
 			Task:       t.name,
 			Partition:  t.partition,
 			Role:       "active",
-			State:      st.String(),
+			State:      state,
 			Checkpoint: t.stats.checkpoint.Load(),
 			Restore: status.Restore{
 				From:       t.stats.restoreFrom.Load(),
