@@ -4,7 +4,7 @@ GO        ?= go
 BIN       ?= bin/salesagg
 export KAFKA_DIR ?= $(CURDIR)/.kafka
 
-.PHONY: help build test test-browser test-e2e test-docker test-k8s test-k8s-rehearsal test-k8s-cluster k8s-binaries run bench bench-compare bench-growth bench-growth-salesagg bench-failover lint kafka-up kafka-down clean
+.PHONY: help build test test-browser test-e2e test-torture test-torture-short test-docker test-k8s test-k8s-rehearsal test-k8s-cluster k8s-binaries run bench bench-compare bench-growth bench-growth-salesagg bench-failover lint kafka-up kafka-down clean
 
 help: ## list the targets
 	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-19s %s\n", $$1, $$2}'
@@ -22,6 +22,19 @@ test-browser: ## the status page in headless Chromium (Debian's chromium at /usr
 
 test-e2e: ## end-to-end tests on a real Apache Kafka broker (Java 17 + Maven; or KAFKA_BOOTSTRAP_SERVERS)
 	$(GO) test -tags e2e -count=1 -timeout 40m ./test/e2e/
+
+# The fault torture: three Kafka brokers, four instances, faults drawn from
+# SEED (printed; SEED=N replays the schedule) for DURATION, one guarantee per
+# run alternating with the seed (GUARANTEE=exactly_once_v2,at_least_once for
+# both). The table and a JSON report end the output.
+DURATION ?= 30m
+test-torture: ## the 30-minute fault torture on a three-broker Apache Kafka cluster (SEED=N, DURATION=30m, GUARANTEE=...)
+	SEED=$(SEED) TORTURE_DURATION=$(DURATION) TORTURE_GUARANTEES=$(GUARANTEE) \
+	  $(GO) test -tags torture -count=1 -timeout 3h -run TestTorture -v ./test/torture/
+
+test-torture-short: ## the torture's short version run in CI: 2.5 minutes of faults per guarantee, both
+	SEED=$(SEED) TORTURE_DURATION=150s TORTURE_GUARANTEES=exactly_once_v2,at_least_once \
+	  $(GO) test -tags torture -count=1 -timeout 40m -run TestTorture -v ./test/torture/
 
 test-docker: ## the image and the compose walkthrough on a dockerd of its own (root; installs docker.io, see test/docker)
 	$(GO) test -tags docker -count=1 -timeout 40m -v ./test/docker/
@@ -64,6 +77,7 @@ lint: ## gofmt and go vet
 	$(GO) vet -tags e2e ./test/e2e/
 	$(GO) vet -tags browser ./internal/httpapi/
 	$(GO) vet -tags docker ./test/docker/
+	$(GO) vet -tags torture ./test/torture/
 	cd test/k8s && $(GO) vet ./... && $(GO) vet -tags e2e ./...
 	cd test/cluster && $(GO) vet ./... && $(GO) vet -tags cluster ./...
 
