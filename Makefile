@@ -29,7 +29,7 @@ test-e2e: ## end-to-end tests on a real Apache Kafka broker (Java 17 + Maven; or
 # both). The table and a JSON report end the output.
 DURATION ?= 30m
 test-torture: ## the 30-minute fault torture on a three-broker Apache Kafka cluster (SEED=N, DURATION=30m, GUARANTEE=...)
-	SEED=$(SEED) TORTURE_DURATION=$(DURATION) TORTURE_GUARANTEES=$(GUARANTEE) \
+	SEED=$(SEED) TORTURE_DURATION=$(DURATION) TORTURE_GUARANTEES=$(GUARANTEE) E2E_LOG_DIR=$${E2E_LOG_DIR:-/tmp/salesagg-torture} \
 	  $(GO) test -tags torture -count=1 -timeout 3h -run TestTorture -v ./test/torture/
 
 test-torture-short: ## the torture's short version run in CI: 2.5 minutes of faults per guarantee, both
