@@ -187,11 +187,34 @@ func (r *run) check(violations []string) {
 
 	// Every instance answers every product's total (from its own store, a
 	// standby's or the owner's).
-	var http []string
-	for _, m := range r.alive() {
-		if err := harness.Poll(2*time.Minute, func() error { return m.CheckTotals(truth) }); err != nil {
-			http = append(http, fmt.Sprintf("%s: %v", m.Name, err))
+	// One bound for all of them: each round asks every instance that has not
+	// yet answered every product right, and says who still differs.
+	pending := r.alive()
+	lastErr := map[string]error{}
+	started := time.Now()
+	nextNote := started.Add(30 * time.Second)
+	harness.Poll(2*time.Minute, func() error {
+		var still []*harness.Member
+		for _, m := range pending {
+			if err := m.CheckTotals(truth); err != nil {
+				lastErr[m.Name] = err
+				still = append(still, m)
+			}
 		}
+		pending = still
+		if len(pending) > 0 && time.Now().After(nextNote) {
+			nextNote = time.Now().Add(30 * time.Second)
+			t.Logf("HTTP totals after %s: %d instance(s) still differ, e.g. %s: %v",
+				time.Since(started).Round(time.Second), len(pending), pending[0].Name, lastErr[pending[0].Name])
+		}
+		if len(pending) > 0 {
+			return fmt.Errorf("%d instance(s) differ", len(pending))
+		}
+		return nil
+	})
+	var http []string
+	for _, m := range pending {
+		http = append(http, fmt.Sprintf("%s: %v", m.Name, lastErr[m.Name]))
 	}
 	r.addCheck("HTTP totals = truth, from every instance", http)
 
