@@ -48,7 +48,10 @@ func runService(args []string) error {
 	// SIGHUP (the terminal closed, a supervisor's "reload") stops it the
 	// same way: nothing of the configuration is reloaded in place, and a
 	// restart on the same state dir restores nothing.
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP)
+	sigs := make(chan os.Signal, 1)
+	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP)
+	defer signal.Stop(sigs)
+	ctx, stop := context.WithCancel(context.Background())
 	defer stop()
 	if _, set := os.LookupEnv("GOMEMLIMIT"); !set && cfg.MemoryLimit() > 0 {
 		debug.SetMemoryLimit(cfg.MemoryLimit())
@@ -86,23 +89,20 @@ func runService(args []string) error {
 	httpDone := make(chan error, 1)
 	go func() { httpDone <- srv.Serve() }()
 
-	// runDone is closed once Run returned: ctx is then canceled by the
-	// deferred stop, not by a signal, and a start that failed (a missing
-	// input topic) must not read as a shutdown that was asked for.
+	// The shutdown line is written by the goroutine that saw the signal,
+	// before Run is asked to stop: it is in the log however fast Run
+	// returns. A start that failed (a missing input topic) closes runDone
+	// and is not a shutdown that was asked for. After the first signal the
+	// handler is removed, so a second one kills the process at once.
 	runDone := make(chan struct{})
 	go func() {
 		select {
 		case <-runDone:
-			return
-		case <-ctx.Done():
+		case <-sigs:
+			log.Info("Shutdown requested: flushing, checkpointing and leaving the group", zap.Duration("grace", stream.GracePeriod))
+			signal.Stop(sigs)
+			stop()
 		}
-		select {
-		case <-runDone: // closed before the deferred stop canceled ctx
-			return
-		default:
-		}
-		log.Info("Shutdown requested: flushing, checkpointing and leaving the group", zap.Duration("grace", stream.GracePeriod))
-		stop() // a second signal kills the process at once
 	}()
 	runErr := rt.Run(ctx)
 	close(runDone)
