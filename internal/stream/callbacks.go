@@ -40,6 +40,7 @@ func (s *session) assigned(_ context.Context, cl *kgo.Client, added map[string][
 	s.client.CompareAndSwap(nil, cl)
 	defer s.reconcileStandbys()
 	lapsed := s.lease.assigned(time.Now())
+	s.env.waits.answered(groupWait)
 	current := s.bal.synced()
 	held := make(map[int32]uint8)
 	for topic, ps := range current {

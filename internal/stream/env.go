@@ -47,6 +47,10 @@ type env struct {
 	kafkaDown atomic.Bool
 	// reach is what every client's connect hook says of the brokers.
 	reach *reachability
+	// waits is what the process waits on Kafka for (waits.go).
+	waits *kafkaWaits
+	// kafkaLog limits the repeats of franz-go's warnings (quietDials).
+	kafkaLog *logRepeats
 }
 
 // kafkaOpts are the options of every client the runtime makes: the brokers,
@@ -61,7 +65,7 @@ func (e *env) kafkaOpts() []kgo.Opt {
 				return kgo.LogLevelInfo
 			}
 			return kgo.LogLevelWarn
-		}))}),
+		})), e.kafkaLog}),
 		kgo.WithHooks(e.reach),
 	}, e.secOpts...)
 }

@@ -249,13 +249,16 @@ func (h leaseHook) OnBrokerE2E(_ kgo.BrokerMetadata, key int16, e2e kgo.BrokerE2
 	}
 }
 
+// errNotMemberYet is a heartbeat not sent: the member has no id yet.
+var errNotMemberYet = errors.New("not a group member yet")
+
 // heartbeat sends one Heartbeat with this member's id, generation and
 // instance id, and returns the coordinator's answer (nil, or the error of
 // its error code, or why none came).
 func (s *session) heartbeat(ctx context.Context, cl *kgo.Client) (gen int32, err error) {
 	member, gen := cl.GroupMetadata()
 	if member == "" || gen < 0 {
-		return gen, errors.New("not a group member yet")
+		return gen, errNotMemberYet
 	}
 	req := kmsg.NewPtrHeartbeatRequest()
 	req.Group = s.env.cfg.ApplicationID
@@ -299,10 +302,29 @@ func (s *session) leaseLoop(ctx context.Context) {
 						sent := time.Now()
 						_, err := s.heartbeat(hctx, cl)
 						s.lease.answered(sent, err)
+						s.heartbeatAnswered(ctx, err)
 					})
 				}
 			}
 		}
+	}
+}
+
+// heartbeatAnswered opens or closes the wait for the group coordinator
+// from a heartbeat's outcome. Any error code but the coordinator's own
+// (moved, loading, unavailable) is an answer; no answer, or one of those, is
+// a wait; a shutdown, or a member not in the group yet, is neither.
+func (s *session) heartbeatAnswered(ctx context.Context, err error) {
+	var code *kerr.Error
+	switch {
+	case ctx.Err() != nil, errors.Is(err, errNotMemberYet):
+	case errors.Is(err, kerr.CoordinatorNotAvailable), errors.Is(err, kerr.NotCoordinator),
+		errors.Is(err, kerr.CoordinatorLoadInProgress):
+		s.env.waits.failed(groupWait, "the group coordinator of "+s.env.cfg.ApplicationID+" (heartbeats answered: it moved or is loading)", -1, err)
+	case err == nil, errors.As(err, &code):
+		s.env.waits.answered(groupWait)
+	default:
+		s.env.waits.failed(groupWait, "the group coordinator of "+s.env.cfg.ApplicationID+" (heartbeats unanswered)", -1, err)
 	}
 }
 

@@ -1,7 +1,9 @@
 package stream_test
 
 import (
+	"encoding/json"
 	"fmt"
+	"net/http"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -10,6 +12,7 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kmsg"
 
+	"github.com/salesagg/salesagg/internal/status"
 	th "github.com/salesagg/salesagg/test/harness"
 )
 
@@ -112,4 +115,109 @@ func TestCutOffFromTheCoordinatorDropsItsTasksBeforeTheyMove(t *testing.T) {
 		got, _, _ := h.changelog(h.cfg)
 		equalTotals(t, "changelog", got, want)
 	})
+}
+
+func TestACoordinatorThatStopsAnsweringIsLoggedOnceAndShownUntilItAnswers(t *testing.T) {
+	// Scenario: A runs every task; the group coordinator stops answering A's heartbeats for less
+	// than the session (its broker is failing over). A keeps its tasks and keeps serving; it
+	// logs once what it waits for however many heartbeats go unanswered, /readyz and /v1/tasks
+	// say so meanwhile, and once the coordinator answers A logs that, and both clear.
+	h := newHarness(t)
+	h.createInput(3)
+	h.cfg.SessionTimeout = 12 * time.Second // heartbeats every 3 s, the lease lapses 10.5 s after the last answer
+	cfg := h.instanceCfg("a")
+	cfg.GroupInstanceID = "waits-a"
+	a := h.start(cfg)
+	a.waitReady()
+	h.produce(event("p1", "p1", 10))
+	a.waitTotals(map[string]int64{"p1": 10})
+
+	var cut atomic.Bool
+	released := make(chan struct{})
+	var releaseOnce sync.Once
+	release := func() { releaseOnce.Do(func() { cut.Store(false); close(released) }) }
+	h.cluster.ControlKey(kmsg.Heartbeat.Int16(), func(req kmsg.Request) (kmsg.Response, error, bool) {
+		h.cluster.KeepControl()
+		if cut.Load() {
+			h.cluster.SleepControl(func() { <-released })
+		}
+		return nil, nil, false
+	})
+	t.Cleanup(release)
+	cut.Store(true)
+
+	th.WaitFor(t, 20*time.Second, "A to say it waits for the group coordinator, in /readyz and /v1/tasks", func() error {
+		code, reason := a.readyz()
+		if code != 200 || !strings.Contains(reason, "waiting for Kafka: the group coordinator") {
+			return fmt.Errorf("/readyz %d %q", code, reason)
+		}
+		tasks := a.tasks()
+		for _, tk := range tasks {
+			if tk.Role == "active" && !strings.Contains(tk.Waiting, "Kafka: the group coordinator") {
+				return fmt.Errorf("task %s waiting %q", tk.Task, tk.Waiting)
+			}
+		}
+		if len(tasks) == 0 {
+			return fmt.Errorf("no tasks")
+		}
+		return nil
+	})
+	// Held past a second unanswered heartbeat: still one line.
+	unansweredSince, ok := logTime(a.logs, "Waiting for Kafka: the group coordinator")
+	if !ok {
+		t.Fatal("A did not log that it waits for the group coordinator")
+	}
+	th.WaitFor(t, 10*time.Second, "a second heartbeat interval to pass", th.Holds(func() bool {
+		return time.Since(unansweredSince) > 3500*time.Millisecond
+	}))
+	if got := len(a.runningTasks()); got != 3 {
+		t.Errorf("A runs %d tasks while the coordinator is silent for less than the session, want 3", got)
+	}
+	release()
+	th.WaitFor(t, 20*time.Second, "A to log that the coordinator answers again", th.Holds(func() bool {
+		return a.logs.FilterMessageSnippet("Kafka answered again: the group coordinator").Len() > 0
+	}))
+	if n := a.logs.FilterMessageSnippet("Waiting for Kafka: the group coordinator").Len(); n != 1 {
+		t.Errorf("the wait for the group coordinator was logged %d times, want once", n)
+	}
+	th.WaitFor(t, 20*time.Second, "/readyz to say all tasks running, and nothing more", func() error {
+		if code, reason := a.readyz(); code != 200 || reason != "all tasks running" {
+			return fmt.Errorf("/readyz %d %q", code, reason)
+		}
+		return nil
+	})
+	h.produce(event("p1", "p1", 5))
+	a.waitTotals(map[string]int64{"p1": 15})
+}
+
+// readyz reads GET /readyz: its status code and reason.
+func (in *instance) readyz() (int, string) {
+	var body struct {
+		Reason string `json:"reason"`
+	}
+	code := in.getJSON("/readyz", &body)
+	return code, body.Reason
+}
+
+// tasks reads GET /v1/tasks.
+func (in *instance) tasks() []status.Task {
+	var body struct {
+		Tasks []status.Task `json:"tasks"`
+	}
+	in.getJSON("/v1/tasks", &body)
+	return body.Tasks
+}
+
+// getJSON reads path's answer into v and returns its status code (0 when
+// none came).
+func (in *instance) getJSON(path string, v any) int {
+	resp, err := http.Get(in.http.URL + path)
+	if err != nil {
+		return 0
+	}
+	defer resp.Body.Close()
+	if err := json.NewDecoder(resp.Body).Decode(v); err != nil {
+		return 0
+	}
+	return resp.StatusCode
 }

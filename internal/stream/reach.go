@@ -128,13 +128,58 @@ func describeDial(err error) string {
 }
 
 // quietDials is a kgo.Logger that drops franz-go's own per-retry lines
-// about failed connections: reachability logs those once per broker per
-// interval instead.
-type quietDials struct{ kgo.Logger }
+// about failed connections (reachability logs those once per broker per
+// interval instead), and lets each of its other warnings and errors through
+// once per kafkaLogRepeatEvery, with how many were suppressed meanwhile: a
+// broker failing over makes the client retry, and say so, many times a
+// second.
+type quietDials struct {
+	kgo.Logger
+	repeats *logRepeats
+}
 
 func (q quietDials) Log(level kgo.LogLevel, msg string, keyvals ...any) {
 	if strings.HasPrefix(msg, "unable to open connection to broker") {
 		return
 	}
+	if level <= kgo.LogLevelWarn && q.repeats != nil {
+		ok, suppressed := q.repeats.allow(msg, time.Now())
+		if !ok {
+			return
+		}
+		if suppressed > 0 {
+			keyvals = append(keyvals, "suppressed_since_last", suppressed)
+		}
+	}
 	q.Logger.Log(level, msg, keyvals...)
+}
+
+// kafkaLogRepeatEvery is how often one franz-go warning is let through.
+const kafkaLogRepeatEvery = 30 * time.Second
+
+// logRepeats limits each message to one line per kafkaLogRepeatEvery.
+type logRepeats struct {
+	mu sync.Mutex // guards last and suppressed
+	// last is when each message was last let through; suppressed counts
+	// its lines dropped since. Guarded by mu.
+	last       map[string]time.Time
+	suppressed map[string]int
+}
+
+func newLogRepeats() *logRepeats {
+	return &logRepeats{last: map[string]time.Time{}, suppressed: map[string]int{}}
+}
+
+// allow reports whether msg is let through at now, and how many of its
+// lines were dropped since the last one.
+func (r *logRepeats) allow(msg string, now time.Time) (bool, int) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if last, ok := r.last[msg]; ok && now.Sub(last) < kafkaLogRepeatEvery {
+		r.suppressed[msg]++
+		return false, 0
+	}
+	n := r.suppressed[msg]
+	r.last[msg], r.suppressed[msg] = now, 0
+	return true, n
 }

@@ -80,7 +80,7 @@ type Runtime struct {
 
 // New returns a runtime for cfg using the locked state dir.
 func New(cfg config.Config, log *zap.Logger, dir *state.Dir, knobs Knobs) *Runtime {
-	e := &env{cfg: cfg, log: log, dir: dir, knobs: knobs, eos: cfg.ProcessingGuarantee == config.ExactlyOnceV2, reach: newReachability(log),
+	e := &env{cfg: cfg, log: log, dir: dir, knobs: knobs, eos: cfg.ProcessingGuarantee == config.ExactlyOnceV2, reach: newReachability(log), waits: newKafkaWaits(log), kafkaLog: newLogRepeats(),
 		metrics: newInstruments(cfg.ProcessingGuarantee), instanceID: cfg.GroupInstanceID}
 	if e.instanceID == "" {
 		e.instanceID = cfg.DerivedInstanceID(dir.ProcessID())

@@ -260,9 +260,24 @@ func topologyChanged(pollCtx, ctx context.Context) error {
 // rewind and are read again.
 func (s *session) dispatch(ctx context.Context, fetches kgo.Fetches, skip map[int32]bool) (dropped bool) {
 	fetches.EachError(func(topic string, p int32, err error) {
-		if !errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, context.Canceled) {
-			s.env.log.Warn("Fetching", zap.String("topic", topic), zap.Int32("partition", p), zap.Error(err))
+		if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) {
+			return
 		}
+		if topic == "" {
+			// The group management loop's error, handed over in a fetch.
+			s.env.waits.failed(groupWait, "the group coordinator of "+s.env.cfg.ApplicationID+" (joining the group)", -1, err)
+			return
+		}
+		s.env.waits.failed(fetchWait(topic, p), fmt.Sprintf("the leader of %s-%d to serve fetches", topic, p), p, err)
+	})
+	fetches.EachTopic(func(ft kgo.FetchTopic) {
+		answered := map[int32]bool{}
+		for _, fp := range ft.Partitions {
+			if fp.Err == nil && len(fp.Records) > 0 {
+				answered[fp.Partition] = true
+			}
+		}
+		s.env.waits.answeredPartitions(ft.Topic, answered)
 	})
 	// Past the lease's deadline (a process paused, or cut off from the
 	// coordinator) the tasks may be another member's already: nothing is

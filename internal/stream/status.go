@@ -246,6 +246,12 @@ func (rt *Runtime) Tasks() []status.Task {
 		ts := &out[len(out)-1]
 		waiting, ferr, attempts, since, overdue := t.trouble.snapshot(rt.env.cfg.TaskTimeout)
 		ts.Waiting, ts.Unhealthy = waiting, overdue
+		if kw := rt.env.waits.forPartition(t.partition); kw != "" {
+			if ts.Waiting != "" {
+				ts.Waiting += "; "
+			}
+			ts.Waiting += "Kafka: " + kw
+		}
 		if ferr != "" {
 			ts.Failing = &status.Failing{Error: ferr, Attempts: attempts, Since: since.UTC().Format(time.RFC3339)}
 		}
@@ -317,6 +323,10 @@ func (rt *Runtime) Ready() (bool, string) {
 	if len(incoming) > 0 {
 		sort.Slice(incoming, func(i, j int) bool { return taskLess(incoming[i], incoming[j]) })
 		return false, fmt.Sprintf("tasks %s are being handed over to this instance", strings.Join(incoming, ", "))
+	}
+	if kw := rt.env.waits.summary(); kw != "" {
+		// Still serving: the stores answer, and the client retries.
+		return true, "all tasks running; waiting for Kafka: " + kw
 	}
 	return true, "all tasks running"
 }
