@@ -56,6 +56,40 @@ func Bounds(ctx context.Context, adm *kadm.Client, topic string, p int32, onRetr
 	}
 }
 
+// HighWatermark returns the end of partition p of topic as read
+// uncommitted (the high watermark: past every record, of open transactions
+// too), retrying as Bounds does.
+func HighWatermark(ctx context.Context, adm *kadm.Client, topic string, p int32, onRetry func(attempt int, err error)) (int64, error) {
+	wait := 100 * time.Millisecond
+	for attempt := 1; ; attempt++ {
+		actx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		offs, err := adm.ListEndOffsets(actx, topic)
+		cancel()
+		if err == nil {
+			err = offs.Error()
+		}
+		if err == nil {
+			o, ok := offs.Lookup(topic, p)
+			if ok {
+				return o.Offset, nil
+			}
+			err = kerr.UnknownTopicOrPartition
+		}
+		if ctx.Err() != nil {
+			return 0, ctx.Err()
+		}
+		if onRetry != nil {
+			onRetry(attempt, err)
+		}
+		select {
+		case <-ctx.Done():
+			return 0, ctx.Err()
+		case <-time.After(wait):
+		}
+		wait = min(2*wait, 2*time.Second)
+	}
+}
+
 // Ends returns the last stable offset of every partition of topic.
 func Ends(ctx context.Context, adm *kadm.Client, topic string) (map[int32]int64, error) {
 	offs, err := adm.ListCommittedOffsets(ctx, topic)

@@ -1,0 +1,106 @@
+package stream_test
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
+
+	"github.com/salesagg/salesagg/internal/config"
+	"github.com/salesagg/salesagg/internal/sales"
+	th "github.com/salesagg/salesagg/test/harness"
+)
+
+func TestRestoreWaitsForTheChangelogsOpenTransactionsToEnd(t *testing.T) {
+	// Scenario (exactly-once): a transaction's markers reach its partitions one at a time, so a
+	// restore can find the group's committed offsets stable while the changelog still holds,
+	// past its last stable offset, records of the same transaction whose commit marker is on its
+	// way (the changelog's leader failing over). Stopping the restore at the last stable offset
+	// then resumes the input after events the store never saw: their totals are lost. Here a
+	// transactional producer's transaction on the task's changelog partition holds a newer total
+	// of p1, and the broker says it is committing (PrepareCommit, as a real cluster does while
+	// the marker waits for the partition's new leader; the in-process broker writes its markers
+	// at once, so its ListTransactions answer is given here). The restore must wait for it (and
+	// say so in /v1/tasks), and once the marker lands the store holds that total. (An open,
+	// undecided transaction is not waited for: TestRestoreEndsWhenTheLastRecordsVanish.)
+	h := newHarness(t)
+	h.createInput(3)
+	h.cfg.ProcessingGuarantee = config.ExactlyOnceV2
+	cfg := h.instanceCfg("a")
+	a := h.start(cfg)
+	a.waitReady()
+	h.produce(event("p1", "p1", 10))
+	a.waitTotals(map[string]int64{"p1": 10})
+	_, _, partitionOf := h.changelog(cfg)
+	var p int32 = -1
+	for q := range partitionOf["p1"] {
+		p = q
+	}
+	if p < 0 {
+		t.Fatal("p1 is in no changelog partition")
+	}
+	if err := a.stop(); err != nil {
+		t.Fatal(err)
+	}
+
+	txn := h.client(kgo.TransactionalID("late-marker"), kgo.RecordPartitioner(kgo.ManualPartitioner()))
+	ctx := context.Background()
+	if err := txn.BeginTransaction(); err != nil {
+		t.Fatal(err)
+	}
+	rec := &kgo.Record{Topic: cfg.ChangelogTopic(), Partition: p, Key: []byte("p1"), Value: sales.EncodeTotal(25)}
+	if err := txn.ProduceSync(ctx, rec).FirstErr(); err != nil {
+		t.Fatal(err)
+	}
+
+	pid, _, err := txn.ProducerID(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var committing atomic.Bool
+	committing.Store(true)
+	h.cluster.ControlKey(kmsg.ListTransactions.Int16(), func(req kmsg.Request) (kmsg.Response, error, bool) {
+		h.cluster.KeepControl()
+		if !committing.Load() {
+			return nil, nil, false
+		}
+		resp := req.(*kmsg.ListTransactionsRequest).ResponseKind().(*kmsg.ListTransactionsResponse)
+		st := kmsg.NewListTransactionsResponseTransactionState()
+		st.TransactionalID, st.ProducerID, st.TransactionState = "late-marker", pid, "PrepareCommit"
+		resp.TransactionStates = append(resp.TransactionStates, st)
+		return resp, nil, true
+	})
+
+	a = h.start(cfg)
+	task := fmt.Sprintf("0_%d", p)
+	th.WaitFor(t, 30*time.Second, "task "+task+" to wait for the open transaction", func() error {
+		for _, tk := range a.tasks() {
+			if tk.Task == task && tk.Role == "active" {
+				if tk.State == "running" {
+					return th.ErrGiveUp
+				}
+				if strings.Contains(tk.Waiting, "transactions ending on changelog") && strings.Contains(tk.Waiting, "late-marker (PrepareCommit)") {
+					return nil
+				}
+				return fmt.Errorf("%s is %s, waiting for %q", task, tk.State, tk.Waiting)
+			}
+		}
+		return fmt.Errorf("no active task %s", task)
+	})
+	if err := txn.EndTransaction(ctx, kgo.TryCommit); err != nil {
+		t.Fatal(err)
+	}
+	committing.Store(false)
+	a.waitReady()
+	a.waitTotals(map[string]int64{"p1": 25})
+	if _, ok := logTime(a.logs, "transactions ended; restoring to offset"); !ok {
+		t.Error("the restore did not say the transactions ended")
+	}
+	h.produce(event("p1", "p1", 5))
+	a.waitTotals(map[string]int64{"p1": 30})
+}
