@@ -348,12 +348,9 @@ func (c *KafkaCluster) liveNodes() []int32 {
 
 // Kill sends node's broker SIGKILL and waits until it is gone.
 func (c *KafkaCluster) Kill(node int32) error {
-	pid, err := c.pid(node)
+	pid, err := c.signal(node, syscall.SIGKILL, "killing")
 	if err != nil {
-		return fmt.Errorf("killing node %d: %w", node, err)
-	}
-	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
-		return fmt.Errorf("killing node %d (pid %d): %w", node, pid, err)
+		return err
 	}
 	c.mu.Lock()
 	delete(c.paused, node)
@@ -400,17 +397,13 @@ func (c *KafkaCluster) Start(node int32) error {
 // nothing, as a hung process does. Resume (or the test's cleanup)
 // continues it.
 func (c *KafkaCluster) Pause(node int32) error {
-	pid, err := c.pid(node)
-	if err != nil {
-		return fmt.Errorf("pausing node %d: %w", node, err)
-	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.down {
 		return fmt.Errorf("pausing node %d: the cluster is down", node)
 	}
-	if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {
-		return fmt.Errorf("pausing node %d (pid %d): %w", node, pid, err)
+	if _, err := c.signal(node, syscall.SIGSTOP, "pausing"); err != nil {
+		return err
 	}
 	c.paused[node] = true
 	return nil
@@ -418,17 +411,26 @@ func (c *KafkaCluster) Pause(node int32) error {
 
 // Resume continues node's broker with SIGCONT.
 func (c *KafkaCluster) Resume(node int32) error {
-	pid, err := c.pid(node)
-	if err != nil {
-		return fmt.Errorf("resuming node %d: %w", node, err)
-	}
-	if err := syscall.Kill(pid, syscall.SIGCONT); err != nil {
-		return fmt.Errorf("resuming node %d (pid %d): %w", node, pid, err)
+	if _, err := c.signal(node, syscall.SIGCONT, "resuming"); err != nil {
+		return err
 	}
 	c.mu.Lock()
 	delete(c.paused, node)
 	c.mu.Unlock()
 	return nil
+}
+
+// signal sends node's broker sig and returns its pid; verb names the
+// action in the error ("killing node 2 (pid 123): ...").
+func (c *KafkaCluster) signal(node int32, sig syscall.Signal, verb string) (int, error) {
+	pid, err := c.pid(node)
+	if err != nil {
+		return 0, fmt.Errorf("%s node %d: %w", verb, node, err)
+	}
+	if err := syscall.Kill(pid, sig); err != nil {
+		return pid, fmt.Errorf("%s node %d (pid %d): %w", verb, node, pid, err)
+	}
+	return pid, nil
 }
 
 // ask sends req to the live nodes in turn, each with lookupTimeout, and

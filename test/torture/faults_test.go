@@ -184,6 +184,18 @@ func (r *run) restartNode(n int32) (time.Time, error) {
 	return healed, nil
 }
 
+// killAndRestart kills -9 node n, keeps it down for 1 s to up, starts it
+// again and waits until the cluster is whole. A kill that fails returns
+// detail without a heal time: the fault did not happen.
+func (r *run) killAndRestart(rng *rand.Rand, n int32, up time.Duration, detail string) (string, time.Time, error) {
+	if err := r.cluster.Kill(n); err != nil {
+		return detail, time.Time{}, err
+	}
+	hold(rng, time.Second, up)
+	healed, err := r.restartNode(n)
+	return detail, healed, softErr(err, &detail)
+}
+
 // ownerOf returns the instance running task, -1 when none does.
 func (r *run) ownerOf(task string) int {
 	for i := range instances {
@@ -256,13 +268,8 @@ func (r *run) changelogLeaderKill(rng *rand.Rand) (string, time.Time, error) {
 	if err != nil {
 		return detail, time.Time{}, err
 	}
-	if err := r.cluster.Kill(leader); err != nil {
-		return detail, time.Time{}, err
-	}
 	detail += fmt.Sprintf(", leader node %d killed", leader)
-	hold(rng, time.Second, 4*time.Second)
-	healed, err := r.restartNode(leader)
-	return detail, healed, softErr(err, &detail)
+	return r.killAndRestart(rng, leader, 4*time.Second, detail)
 }
 
 // txnCoordinatorKill kills -9 the transaction coordinator of an instance's
@@ -281,13 +288,8 @@ func (r *run) txnCoordinatorKill(rng *rand.Rand) (string, time.Time, error) {
 	if err != nil {
 		return id, time.Time{}, err
 	}
-	if err := r.cluster.Kill(d.Coordinator); err != nil {
-		return id, time.Time{}, err
-	}
 	detail := fmt.Sprintf("%s's transaction (%s, %d partitions) open on coordinator node %d, killed", r.member(i).Name, id, countParts(d.Partitions), d.Coordinator)
-	hold(rng, time.Second, 3*time.Second)
-	healed, err := r.restartNode(d.Coordinator)
-	return detail, healed, softErr(err, &detail)
+	return r.killAndRestart(rng, d.Coordinator, 3*time.Second, detail)
 }
 
 func countParts(m map[string][]int32) int {
@@ -328,13 +330,8 @@ func (r *run) groupCoordinatorKillInRebalance(rng *rand.Rand) (string, time.Time
 	if err != nil {
 		return fmt.Sprintf("%s restarted", m.Name), time.Time{}, err
 	}
-	if err := r.cluster.Kill(coord); err != nil {
-		return "", time.Time{}, err
-	}
 	detail := fmt.Sprintf("%s restarted, group %s, coordinator node %d killed", m.Name, state, coord)
-	hold(rng, time.Second, 3*time.Second)
-	healed, err := r.restartNode(coord)
-	return detail, healed, softErr(err, &detail)
+	return r.killAndRestart(rng, coord, 3*time.Second, detail)
 }
 
 // brokerPause pauses a broker (the group coordinator half the time), most
