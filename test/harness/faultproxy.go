@@ -20,8 +20,8 @@ type proxyMode int
 const (
 	// modePass forwards (after the proxy's delay, if any).
 	modePass proxyMode = iota
-	// modeBlackhole moves no byte: the connections stay open, nothing is
-	// read from them.
+	// modeBlackhole delivers no byte: the connections stay open, and what
+	// they send is held (see FaultProxy).
 	modeBlackhole
 	// modeDrop resets every connection and each new one.
 	modeDrop
@@ -36,8 +36,13 @@ func (m proxyMode) String() string {
 const proxyChunk = 32 << 10
 
 // proxyQueue is how many chunks a direction holds read but not yet written
-// (while it delays them): at most proxyQueue*proxyChunk bytes.
-const proxyQueue = 16
+// (while it delays or blackholes them).
+const proxyQueue = 1024
+
+// proxyHold is how many bytes a blackholed direction reads and holds before
+// it stops reading, about what a sender's socket buffer holds
+// unacknowledged; past it TCP flow control stalls the sender.
+const proxyHold = 1 << 20
 
 // FaultProxy is a TCP proxy on loopback that forwards each connection it
 // accepts to one target address, and injects faults on demand: Blackhole (a
@@ -46,10 +51,14 @@ const proxyQueue = 16
 //
 // Each connection has two directions, client to target and target to
 // client; each direction has a reader (socket to queue) and a writer (queue
-// to socket) goroutine. Both wait at the proxy's gate, which is open while
-// the mode lets bytes move: a blackholed connection reads nothing more (so
-// TCP flow control stalls its senders) and holds what it had read, and
-// Pass resumes it where it was.
+// to socket) goroutine. Writers wait at the proxy's gate, which is open
+// while the mode lets bytes move. A blackholed direction holds what it
+// reads, as a partitioned sender's kernel holds its unacknowledged bytes: up
+// to proxyHold bytes, past which it stops reading (so TCP flow control
+// stalls the sender). Pass delivers what is held, late, as TCP does once a
+// partition heals, and a FIN sent meanwhile after it. A sender that resets
+// its connection meanwhile (a RST) loses what is held, as a reset discards
+// the sender's unacknowledged bytes: nothing of it reaches the other side.
 type FaultProxy struct {
 	ln     net.Listener
 	target string
@@ -80,6 +89,8 @@ type chunk struct {
 // dialed to the target.
 type proxyConn struct {
 	client, server *net.TCPConn
+	// up is client to target, down target to client.
+	up, down *direction
 	// done is closed when the connection is torn down (once, by teardown).
 	done chan struct{}
 	once sync.Once
@@ -143,9 +154,10 @@ func (p *FaultProxy) Pass() { p.setMode(modePass, 0) }
 func (p *FaultProxy) Delay(d time.Duration) { p.setMode(modePass, d) }
 
 // Blackhole partitions the connections from the target: they stay open,
-// but no byte moves either way (the proxy stops reading, so senders stall
-// once TCP's buffers fill). New connections are accepted, dialed to the
-// target, and stall too. Pass afterwards delivers the bytes held, late.
+// but no byte moves either way (what is sent is held, and senders stall
+// once proxyHold and TCP's buffers fill). New connections are accepted,
+// dialed to the target, and stall too. Pass afterwards delivers the bytes
+// held, late; a connection its sender resets meanwhile delivers none.
 func (p *FaultProxy) Blackhole() { p.setMode(modeBlackhole, 0) }
 
 // Drop resets every connection at once (both sides see a TCP RST) and
@@ -200,6 +212,18 @@ func (p *FaultProxy) Accepted() int {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return p.accepted
+}
+
+// Held returns the bytes the open connections have read and not yet
+// written, to the target and to the clients.
+func (p *FaultProxy) Held() (toTarget, toClient int64) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for c := range p.conns {
+		toTarget += c.up.held.Load()
+		toClient += c.down.held.Load()
+	}
+	return toTarget, toClient
 }
 
 // Forwarded returns the bytes written so far to the target and to the
@@ -288,7 +312,8 @@ func (p *FaultProxy) serve(client *net.TCPConn) {
 		return
 	}
 	server := sc.(*net.TCPConn)
-	c := &proxyConn{client: client, server: server, done: make(chan struct{})}
+	c := &proxyConn{client: client, server: server, done: make(chan struct{}),
+		up: &direction{q: make(chan chunk, proxyQueue)}, down: &direction{q: make(chan chunk, proxyQueue)}}
 	p.mu.Lock()
 	if p.isClosed || p.mode == modeDrop {
 		p.mu.Unlock()
@@ -299,12 +324,30 @@ func (p *FaultProxy) serve(client *net.TCPConn) {
 	p.conns[c] = struct{}{}
 	p.wg.Add(4)
 	p.mu.Unlock()
-	up := make(chan chunk, proxyQueue)
-	down := make(chan chunk, proxyQueue)
-	go p.read(c, client, up)
-	go p.write(c, server, up, &p.toTarget)
-	go p.read(c, server, down)
-	go p.write(c, client, down, &p.toClient)
+	go p.read(c, client, c.up)
+	go p.write(c, server, c.up, &p.toTarget)
+	go p.read(c, server, c.down)
+	go p.write(c, client, c.down, &p.toClient)
+}
+
+// direction is one way of a connection: its queue, and the bytes read into
+// it not yet written.
+type direction struct {
+	q    chan chunk
+	held atomic.Int64
+}
+
+// gateOpen reports whether bytes may move now.
+func (p *FaultProxy) gateOpen() bool {
+	p.mu.Lock()
+	g := p.gate
+	p.mu.Unlock()
+	select {
+	case <-g:
+		return true
+	default:
+		return false
+	}
 }
 
 // waitGate blocks until bytes may move, and reports false when the
@@ -321,15 +364,16 @@ func (p *FaultProxy) waitGate(c *proxyConn) bool {
 	}
 }
 
-// read moves what src sends to the queue q, each chunk with the time it is
-// due, reading only while the gate is open. It closes q at EOF; on an error
-// it tears the connection down.
-func (p *FaultProxy) read(c *proxyConn, src *net.TCPConn, q chan<- chunk) {
+// read moves what src sends to the direction's queue, each chunk with the
+// time it is due; while the gate is closed it reads on until proxyHold bytes
+// are held. It closes the queue at EOF; on an error (a reset) it tears the
+// connection down, and what was held is never written.
+func (p *FaultProxy) read(c *proxyConn, src *net.TCPConn, d *direction) {
 	defer p.wg.Done()
-	defer close(q)
+	defer close(d.q)
 	buf := make([]byte, proxyChunk)
 	for {
-		if !p.waitGate(c) {
+		if d.held.Load() >= proxyHold && !p.gateOpen() && !p.waitGate(c) {
 			return
 		}
 		n, err := src.Read(buf)
@@ -337,8 +381,9 @@ func (p *FaultProxy) read(c *proxyConn, src *net.TCPConn, q chan<- chunk) {
 			p.mu.Lock()
 			at := time.Now().Add(p.delay)
 			p.mu.Unlock()
+			d.held.Add(int64(n))
 			select {
-			case q <- chunk{b: append([]byte(nil), buf[:n]...), at: at}:
+			case d.q <- chunk{b: append([]byte(nil), buf[:n]...), at: at}:
 			case <-c.done:
 				return
 			}
@@ -352,16 +397,16 @@ func (p *FaultProxy) read(c *proxyConn, src *net.TCPConn, q chan<- chunk) {
 	}
 }
 
-// write writes the chunks of q to dst, each once it is due and the gate is
-// open, counting the bytes in n. When q ends (the other side's EOF) it
-// half-closes dst.
-func (p *FaultProxy) write(c *proxyConn, dst *net.TCPConn, q <-chan chunk, n *atomic.Int64) {
+// write writes the chunks of the direction's queue to dst, each once it is
+// due and the gate is open, counting the bytes in n. When the queue ends
+// (the other side's EOF) it half-closes dst.
+func (p *FaultProxy) write(c *proxyConn, dst *net.TCPConn, d *direction, n *atomic.Int64) {
 	defer p.wg.Done()
 	for {
 		var ch chunk
 		var ok bool
 		select {
-		case ch, ok = <-q:
+		case ch, ok = <-d.q:
 		case <-c.done:
 			return
 		}
@@ -380,8 +425,14 @@ func (p *FaultProxy) write(c *proxyConn, dst *net.TCPConn, q <-chan chunk, n *at
 		if !p.waitGate(c) {
 			return
 		}
+		select {
+		case <-c.done: // reset while the chunk waited: it is lost
+			return
+		default:
+		}
 		w, err := dst.Write(ch.b)
 		n.Add(int64(w))
+		d.held.Add(-int64(len(ch.b)))
 		if err != nil {
 			p.teardown(c, false)
 			return

@@ -165,6 +165,40 @@ func TestFaultProxyBlackholeThenPass(t *testing.T) {
 	}
 }
 
+func TestFaultProxyBlackholeLosesWhatAResetSenderHeld(t *testing.T) {
+	// Scenario: bytes sent into a partition are held, as the sender's kernel holds them
+	// unacknowledged. A sender that closes its connection (FIN) has them delivered once the
+	// partition heals, as TCP retransmits them; one that resets it (RST) loses them, as a reset
+	// discards them: they never reach the target.
+	for _, tc := range []struct {
+		name  string
+		close func(*net.TCPConn)
+		want  int64 // bytes the target gets in all
+	}{
+		{"closed", func(c *net.TCPConn) { _ = c.Close() }, 4 + 5},
+		{"reset", func(c *net.TCPConn) { _ = c.SetLinger(0); _ = c.Close() }, 4},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p := newProxy(t, echoServer(t))
+			c := dial(t, p.Addr())
+			write(t, c, "warm")
+			readN(t, c, 4)
+			p.Blackhole()
+			write(t, c, "stale")
+			WaitFor(t, 5*time.Second, "the proxy to hold the 5 bytes", Holds(func() bool { up, _ := p.Held(); return up == 5 }))
+			tc.close(c.(*net.TCPConn))
+			if tc.name == "reset" {
+				WaitFor(t, 5*time.Second, "the proxy to see the reset", Holds(func() bool { return p.Conns() == 0 }))
+			}
+			p.Pass()
+			WaitFor(t, 5*time.Second, "the connection to end", Holds(func() bool { return p.Conns() == 0 }))
+			if up, _ := p.Forwarded(); up != tc.want {
+				t.Fatalf("the target got %d bytes, want %d", up, tc.want)
+			}
+		})
+	}
+}
+
 func TestFaultProxyBlackholeStallsSender(t *testing.T) {
 	// Scenario: a blackholed proxy reads nothing, so a client sending much more than the socket buffers hold blocks; Pass lets it finish, every byte echoed in order.
 	p := newProxy(t, echoServer(t))
