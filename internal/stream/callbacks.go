@@ -172,6 +172,7 @@ func (s *session) lost(_ context.Context, _ *kgo.Client, parts map[string][]int3
 	if len(ps) > 0 {
 		s.env.log.Warn("Lost tasks (the group moved on without this member); dropping them without committing", zap.Strings("tasks", taskNames(ps)))
 	}
+	s.cutOff(ps)
 	s.g.dropped(ps)
 	if err := s.stopTasks(ps, false, "dropped: partitions lost, nothing committed"); err != nil {
 		s.env.log.Warn("Dropping lost tasks", zap.Error(err))
@@ -198,6 +199,7 @@ func (h lostHook) OnGroupManageError(err error) {
 		return
 	}
 	s.env.log.Warn("Group session lost; dropping its tasks without committing", zap.Strings("tasks", taskNames(ps)), zap.Error(err))
+	s.cutOff(ps)
 	s.g.dropped(ps)
 	if err := s.stopTasks(ps, false, "dropped: group session lost, nothing committed"); err != nil {
 		s.env.log.Warn("Dropping lost tasks", zap.Error(err))

@@ -56,7 +56,7 @@ type env struct {
 // kafkaOpts are the options of every client the runtime makes: the brokers,
 // the client id, the log, security.
 func (e *env) kafkaOpts() []kgo.Opt {
-	return append([]kgo.Opt{
+	opts := append([]kgo.Opt{
 		kgo.SeedBrokers(e.cfg.BootstrapServers...),
 		kgo.ClientID(e.cfg.ApplicationID + "-" + e.dir.ProcessID()),
 		kgo.WithLogger(quietDials{kzap.New(e.log.Named("kafka"), kzap.LevelFn(func() kgo.LogLevel {
@@ -68,6 +68,10 @@ func (e *env) kafkaOpts() []kgo.Opt {
 		})), e.kafkaLog}),
 		kgo.WithHooks(e.reach),
 	}, e.secOpts...)
+	if e.knobs.Dial != nil {
+		opts = append(opts, kgo.Dialer(e.knobs.Dial))
+	}
+	return opts
 }
 
 // crashPoint calls the test hook at a named point of a commit cycle.

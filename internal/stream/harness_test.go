@@ -364,6 +364,24 @@ func (h *harness) notifications(cfg config.Config) (latest map[string]int64, cou
 
 func (h *harness) readCompacted(topic string, decode func([]byte) int64) (map[string]int64, int, map[string]map[int32]bool) {
 	h.t.Helper()
+	latest := map[string]int64{}
+	parts := map[string]map[int32]bool{}
+	n := 0
+	h.readCommitted(topic, func(r *kgo.Record) {
+		n++
+		latest[string(r.Key)] = decode(r.Value)
+		if parts[string(r.Key)] == nil {
+			parts[string(r.Key)] = map[int32]bool{}
+		}
+		parts[string(r.Key)][r.Partition] = true
+	})
+	return latest, n, parts
+}
+
+// readCommitted hands each committed record of topic to each, in offset
+// order per partition, up to the last stable offset.
+func (h *harness) readCommitted(topic string, each func(*kgo.Record)) {
+	h.t.Helper()
 	adm := kadm.NewClient(h.client())
 	// Read committed records only, up to the last stable offset; markers
 	// are kept so the position passes a trailing commit marker.
@@ -377,11 +395,8 @@ func (h *harness) readCompacted(topic string, decode func([]byte) int64) (map[st
 			want[o.Partition] = o.Offset
 		}
 	})
-	latest := map[string]int64{}
-	parts := map[string]map[int32]bool{}
-	n := 0
 	if len(want) == 0 {
-		return latest, 0, parts
+		return
 	}
 	cl := h.client(kgo.ConsumeTopics(topic), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()),
 		kgo.FetchIsolationLevel(kgo.ReadCommitted()), kgo.KeepControlRecords())
@@ -396,18 +411,11 @@ func (h *harness) readCompacted(topic string, decode func([]byte) int64) (map[st
 			if r.Offset+1 >= want[r.Partition] {
 				delete(want, r.Partition)
 			}
-			if r.Attrs.IsControl() {
-				return
+			if !r.Attrs.IsControl() {
+				each(r)
 			}
-			n++
-			latest[string(r.Key)] = decode(r.Value)
-			if parts[string(r.Key)] == nil {
-				parts[string(r.Key)] = map[int32]bool{}
-			}
-			parts[string(r.Key)][r.Partition] = true
 		})
 	}
-	return latest, n, parts
 }
 
 func equalTotals(t *testing.T, what string, got, want map[string]int64) {

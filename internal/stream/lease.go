@@ -357,6 +357,7 @@ func (s *session) lapse(silent time.Duration) {
 		cl := s.kc()
 		// Nothing more of theirs is fetched before they run again.
 		cl.PauseFetchPartitions(s.env.topicsOf(ps))
+		s.cutOff(ps)
 		s.g.dropped(ps)
 		if err := s.stopTasks(ps, false, "dropped: no heartbeat answered within the session timeout, nothing committed"); err != nil {
 			s.env.log.Warn("Dropping tasks", zap.Error(err))

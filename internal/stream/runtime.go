@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"sync/atomic"
 	"time"
 
@@ -56,6 +57,13 @@ type Knobs struct {
 	// AfterSummary, if set, is called at the end of each
 	// log.summary.interval.ms with whether the summary was logged.
 	AfterSummary func(logged bool)
+	// FlushProduced, if set, is called by each at-least-once flush once
+	// it handed its records to the client, before it waits for them, with
+	// the task's partition and how many records it produced.
+	FlushProduced func(partition int32, records int)
+	// Dial, if set, dials every broker connection of the runtime's
+	// clients (not with TLS); a test routes them through a fault proxy.
+	Dial func(ctx context.Context, network, host string) (net.Conn, error)
 }
 
 // Runtime runs salesagg's tasks for one process. Create it with New and run

@@ -48,12 +48,15 @@ type session struct {
 	// lease is this member's hold on its tasks, from the coordinator's
 	// answers (lease.go).
 	lease *lease
+	// conns are the group client's open broker connections, reset when
+	// tasks are cut off (cutoff.go).
+	conns *brokerConns
 }
 
 func newSession(e *env, reg *registry, bal *taskBalancer, local *localStores, topo topology, workDone <-chan struct{}) *session {
 	s := &session{env: e, reg: reg, bal: bal, local: local, topo: topo, workDone: workDone,
 		fail: newFailure(), dropLog: rateLimiter{every: 10 * time.Second, burst: 3},
-		lease: newLease(e.cfg.SessionTimeout, rebalanceTimeout)}
+		lease: newLease(e.cfg.SessionTimeout, rebalanceTimeout), conns: &brokerConns{}}
 	s.probes.interval = e.cfg.ProbingRebalanceInterval
 	if e.eos {
 		s.g = newExactlyOnce(s)
@@ -154,7 +157,7 @@ func (s *session) clientOpts() []kgo.Opt {
 		kgo.OnPartitionsLost(s.lost),
 		// The lost callback can be swallowed (see assigned); the hook
 		// cannot: it runs after every group error that lost the partitions.
-		kgo.WithHooks(lostHook{s}, leaseHook{s.lease}),
+		kgo.WithHooks(lostHook{s}, leaseHook{s.lease}, s.conns),
 		kgo.RecordPartitioner(kgo.ManualPartitioner()),
 		// Forwarded events on the repartition topic become visible to their
 		// owner only once the transaction that forwarded them commits.

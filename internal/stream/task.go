@@ -133,6 +133,12 @@ type outputs struct {
 	outbox []*kgo.Record
 	// pending counts the records produced and not yet acknowledged.
 	pending sync.WaitGroup
+	// cutMu guards cut, and is held across each produce call, so that a
+	// cut (cutoff.go) waits for a produce in progress.
+	cutMu sync.Mutex
+	// cut is set when the task was dropped without committing: what it
+	// produces from then on fails with errCutOff.
+	cut bool
 	// plain is the produce callback of records other than the changelog's.
 	plain func(*kgo.Record, error)
 	// produceErr is the first failure of a produced record (set by the
@@ -680,6 +686,12 @@ func (t *task) sourceOf(r *kgo.Record) (int32, int64, [16]byte, bool) {
 // produce sends rec with promise, a callback made by t.promise.
 func (t *task) produce(ctx context.Context, rec *kgo.Record, promise func(*kgo.Record, error)) {
 	t.out.pending.Add(1)
+	t.out.cutMu.Lock()
+	defer t.out.cutMu.Unlock()
+	if t.out.cut {
+		promise(rec, errCutOff)
+		return
+	}
 	t.deps.client.Produce(ctx, rec, promise)
 }
 
@@ -878,6 +890,9 @@ func (t *task) flush(ctx context.Context) error {
 	t.deps.env.crashPoint("flush-start")
 	updates, maxOffset := t.produceDirty(ctx)
 	t.deps.env.crashPoint("changelog-produced")
+	if k := t.deps.env.knobs.FlushProduced; k != nil {
+		k(t.partition, t.out.cycleRecords)
+	}
 	t.out.pending.Wait()
 	if err := ctx.Err(); err != nil {
 		// Past the shutdown grace period: what was produced may be partial;
