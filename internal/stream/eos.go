@@ -133,10 +133,14 @@ type exactlyOnce struct {
 	// by the poll loop. A cycle with none has nothing to write and commits
 	// nothing (Kafka Streams does the same): no End, no empty transaction.
 	polled int
+	// cycle holds a token (capacity 1) while transact runs, from before
+	// its records are produced until its End is decided; settle waits for
+	// it to be free.
+	cycle chan struct{}
 }
 
 func newExactlyOnce(s *session) *exactlyOnce {
-	return &exactlyOnce{s: s, commitNow: make(chan struct{}, 1)}
+	return &exactlyOnce{s: s, commitNow: make(chan struct{}, 1), cycle: make(chan struct{}, 1)}
 }
 
 func (e *exactlyOnce) client(opts []kgo.Opt) (*kgo.Client, error) {
@@ -153,6 +157,7 @@ func (e *exactlyOnce) client(opts []kgo.Opt) (*kgo.Client, error) {
 }
 
 func (e *exactlyOnce) taskDeps(d *taskDeps) {
+	d.settle = e.settle
 	d.commitNow = func() {
 		e.commitSoon.Store(true)
 		select {
@@ -262,6 +267,8 @@ func (e *exactlyOnce) poll(ctx, work context.Context) error {
 
 // transact runs prepare, End and finish for every running task.
 func (e *exactlyOnce) transact(ctx context.Context) error {
+	e.cycle <- struct{}{}
+	defer func() { <-e.cycle }()
 	s := e.s
 	began := time.Now()
 	defer func() { s.env.metrics.commitSeconds.Observe(time.Since(began).Seconds()) }()
@@ -320,6 +327,35 @@ func (e *exactlyOnce) transact(ctx context.Context) error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// settle waits until no transaction cycle of this process is in progress.
+// A task restores only after it: a task of the same partition dropped here
+// (its lease lapsed, its partitions lost) may have produced into a
+// transaction whose End was already under way, and that End may still
+// commit. Its changelog records then land after a restore that read the
+// changelog's end before it, while the input position moves past the
+// events they hold: the store would miss them for good. Once the cycle
+// has ended, its transaction is decided, and a decided transaction's
+// records are restored (waitSettledChangelog). Only changelog records are
+// written in a cycle, so none of this process's can land after settle.
+func (e *exactlyOnce) settle(ctx context.Context, t *task) error {
+	select {
+	case e.cycle <- struct{}{}:
+		<-e.cycle
+		return nil
+	default:
+	}
+	began := time.Now()
+	t.log.Info(fmt.Sprintf("task [%s] Waiting for this process's transaction in progress to be decided before restoring", t.name))
+	select {
+	case e.cycle <- struct{}{}:
+		<-e.cycle
+		t.log.Info(fmt.Sprintf("task [%s] The transaction in progress was decided; restoring", t.name), zap.Duration("waited", time.Since(began).Round(time.Millisecond)))
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
 }
 
 // prepare asks each task to produce its cycle's records. It returns the

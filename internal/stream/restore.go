@@ -106,6 +106,11 @@ func (t *task) restore(ctx context.Context) error {
 			return err
 		}
 	}
+	if t.deps.settle != nil {
+		if err := t.deps.settle(ctx, t); err != nil {
+			return err
+		}
+	}
 	if err := t.takeOver(ctx); err != nil {
 		return err
 	}

@@ -83,6 +83,9 @@ type taskDeps struct {
 	rewind func(*task)
 	// commitNow asks the exactly-once poll loop for the cycle at once.
 	commitNow func()
+	// settle waits, before a restore, until no exactly-once cycle of this
+	// process is deciding a transaction (nil at-least-once).
+	settle func(context.Context, *task) error
 	// restored tells the session the task's restore ended.
 	restored func(*task)
 	// cameFrom names the member the task ran on before this one ("" when
