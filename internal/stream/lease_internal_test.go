@@ -84,6 +84,9 @@ func TestLeaseDeadline(t *testing.T) {
 	if _, ok := l.expire(lapseAt.Add(-time.Millisecond), []int32{0, 2}); ok {
 		t.Fatal("lapsed before the deadline")
 	}
+	if l.overdue(lapseAt.Add(-time.Millisecond)) || !l.overdue(lapseAt) {
+		t.Fatal("held: overdue should be false before the deadline and true from it")
+	}
 	silent, ok := l.expire(lapseAt, []int32{0, 2})
 	if !ok || silent != lapseAt.Sub(t0.Add(30*time.Second)) {
 		t.Fatalf("at the deadline: lapsed %t, silent %s", ok, silent)
@@ -93,6 +96,10 @@ func TestLeaseDeadline(t *testing.T) {
 	}
 	if l.lapseReason() == "" {
 		t.Fatal("a lapsed lease gives no reason")
+	}
+	// Lapsed, the tasks are being stopped: not reported running, whatever the time.
+	if !l.overdue(lapseAt.Add(time.Hour)) {
+		t.Fatal("a lapsed lease is not overdue: its tasks show running while they are dropped")
 	}
 	l.answered(lapseAt.Add(time.Second), nil)
 	if st, _, _ := l.snapshot(); st != leaseLapsed {
@@ -109,6 +116,9 @@ func TestLeaseDeadline(t *testing.T) {
 	}
 	if l.lapseReason() != "" {
 		t.Fatal("a held lease gives a lapse reason")
+	}
+	if l.overdue(lapseAt.Add(3 * time.Second)) {
+		t.Fatal("held again by an assignment, the lease is still overdue")
 	}
 	l.lost()
 	if st, _, _ := l.snapshot(); st != leaseIdle {
