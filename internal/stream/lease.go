@@ -364,7 +364,11 @@ func (s *session) lapse(silent time.Duration) {
 		if err := s.stopTasks(ps, false, "dropped: no heartbeat answered within the session timeout, nothing committed"); err != nil {
 			s.env.log.Warn("Dropping tasks", zap.Error(err))
 		}
-		cl.ForceRebalance()
+		// Not on the lease loop: ForceRebalance takes the group's lock,
+		// which franz-go can hold while a rebalance waits for the poll in
+		// flight (BlockRebalanceOnPoll), itself waiting on a fetch from a
+		// broker out of reach; the loop must keep checking meanwhile.
+		s.goroutine(cl.ForceRebalance)
 	}
 	s.reconcileStandbys()
 }
