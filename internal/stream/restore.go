@@ -4,8 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sort"
+	"strings"
 	"time"
 
+	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kmsg"
 	"go.uber.org/zap"
@@ -360,20 +363,20 @@ func (t *task) stableOffsets(ctx context.Context) error {
 }
 
 // waitSettledChangelog returns the last stable offset of the task's
-// changelog partition to restore to, once every transaction that holds
-// records below the end it had then (its high watermark) has ended there;
-// stable is the last stable offset just read. Stable committed offsets are
-// not enough: a transaction's markers are written to each of its partitions
-// in turn, so the offsets topic can already hold the commit of the previous
-// owner's last transaction while the changelog, its leader failing over,
-// does not yet; and a transaction whose outcome its producer did not learn
-// (its EndTxn unanswered, the process restarted) is completed by the
-// coordinator later. Its records are then past the last stable offset, and
-// a restore that stopped there would resume the input after events its
-// store never saw. So every open transaction below the end is waited for,
-// whatever its state: one nobody ends is aborted by the coordinator within
-// the transaction timeout (a restarted producer ends its own at once). The
-// wait shows in the task's status and is logged once.
+// changelog partition to restore to, once no transaction that holds
+// records below the end it had then (its high watermark) has its outcome
+// decided but not yet written there; stable is the last stable offset just
+// read. Stable committed offsets are not enough: a transaction's markers are
+// written to each of its partitions in turn, so the offsets topic can
+// already hold the commit of the previous owner's last transaction while
+// the changelog, its leader failing over, does not yet. Its records are then
+// past the last stable offset, and a restore that stopped there would
+// resume the input after events its store never saw. A transaction still
+// open (Ongoing) is not waited for: its offsets are not pending (the stable
+// offsets say so), and a commit of them from an older generation is
+// refused, so it aborts. When the transactions' states cannot be read (an
+// older broker, no permission to describe them), every transaction below
+// the end is waited for. The wait shows in the task's status.
 func (t *task) waitSettledChangelog(ctx context.Context, tp string, stable int64) (int64, error) {
 	e := t.deps.env
 	hw, err := changelog.HighWatermark(ctx, e.admin, e.cfg.ChangelogTopic(), t.partition, boundsRetryLog(t.log, tp))
@@ -382,19 +385,33 @@ func (t *task) waitSettledChangelog(ctx context.Context, tp string, stable int64
 	}
 	defer t.clearWait()
 	began := time.Now()
-	what := fmt.Sprintf("the transactions open on changelog %s below offset %d to end (last stable offset %d)", tp, hw, stable)
-	t.trouble.wait(what, e.cfg.TransactionTimeout()+txnAbortCheck)
-	t.log.Info(fmt.Sprintf("task [%s] Waiting for %s", t.name, what))
 	wait := 50 * time.Millisecond
-	for {
+	logged := false
+	for end := stable; ; {
+		decided, err := t.decidedTransactions(ctx, hw)
+		if err == nil && decided == "" {
+			if logged {
+				t.log.Info(fmt.Sprintf("task [%s] Changelog %s: no transaction below offset %d is ending any more; restoring to offset %d", t.name, tp, hw, end),
+					zap.Duration("waited", time.Since(began).Round(time.Millisecond)))
+			}
+			return end, nil
+		}
+		if decided == "" {
+			decided = fmt.Sprintf("every open one (their states could not be read: %v)", err)
+		}
+		if !logged {
+			logged = true
+			what := fmt.Sprintf("the transactions ending on changelog %s to be written there (last stable offset %d, end %d): %s", tp, end, hw, decided)
+			t.trouble.wait(what, e.cfg.TransactionTimeout()+txnAbortCheck)
+			t.log.Info(fmt.Sprintf("task [%s] Waiting for %s", t.name, what))
+		}
 		select {
 		case <-ctx.Done():
 			return 0, ctx.Err()
 		case <-time.After(wait):
 		}
 		wait = min(2*wait, time.Second)
-		_, end, err := t.changelogBounds(ctx, tp)
-		if err != nil {
+		if _, end, err = t.changelogBounds(ctx, tp); err != nil {
 			return 0, err
 		}
 		if end >= hw {
@@ -403,6 +420,58 @@ func (t *task) waitSettledChangelog(ctx context.Context, tp string, stable int64
 			return end, nil
 		}
 	}
+}
+
+// decidedTransactions describes the transactions open on the task's
+// changelog partition below hw whose outcome is decided (committing or
+// aborting, their markers on their way), "" when none; an error when their
+// states cannot be read.
+func (t *task) decidedTransactions(ctx context.Context, hw int64) (string, error) {
+	e := t.deps.env
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	topic := e.cfg.ChangelogTopic()
+	described, err := e.admin.DescribeProducers(ctx, kadm.TopicsSet{topic: {t.partition: {}}})
+	if err != nil {
+		return "", err
+	}
+	dp, ok := described[topic].Partitions[t.partition]
+	switch {
+	case !ok:
+		return "", fmt.Errorf("partition %d not described", t.partition)
+	case dp.Err != nil:
+		return "", dp.Err
+	}
+	var ids []int64
+	for _, pr := range dp.ActiveProducers {
+		if pr.CurrentTxnStartOffset >= 0 && pr.CurrentTxnStartOffset < hw {
+			ids = append(ids, pr.ProducerID)
+		}
+	}
+	if len(ids) == 0 {
+		return "", nil
+	}
+	listed, err := e.admin.ListTransactions(ctx, ids, nil)
+	if err != nil {
+		return "", err
+	}
+	byID := map[int64]kadm.ListedTransaction{}
+	for _, l := range listed {
+		byID[l.ProducerID] = l
+	}
+	var out []string
+	for _, id := range ids {
+		l, ok := byID[id]
+		switch {
+		case !ok:
+			return "", fmt.Errorf("producer %d's transactional id not listed", id)
+		case l.State == "Ongoing" || l.State == "Empty" || l.State == "Dead":
+		default:
+			out = append(out, fmt.Sprintf("%s (%s)", l.TxnID, l.State))
+		}
+	}
+	sort.Strings(out)
+	return strings.Join(out, ", "), nil
 }
 
 // restoreRange validates the checkpoint against the changelog and returns
