@@ -232,8 +232,40 @@ func (h *harness) launch(cfg config.Config, knobs stream.Knobs, recent *httpapi.
 	in.http = httptest.NewServer(httpapi.Handler(streamview.New(rt), opts...))
 	rt.Advertise(in.http.Listener.Addr().String())
 	go func() { in.done <- rt.Run(ctx) }()
-	h.t.Cleanup(func() { in.stop() })
+	h.t.Cleanup(func() {
+		in.stop()
+		in.dumpIfFailed()
+	})
 	return in
+}
+
+// dumpIfFailed writes the instance's last log lines into the test's output
+// when the test failed, so a failure seen only in CI can be read there.
+func (in *instance) dumpIfFailed() {
+	if !in.h.t.Failed() {
+		return
+	}
+	const keep = 200
+	all := in.logs.All()
+	lines := all[max(0, len(all)-keep):]
+	var b strings.Builder
+	for _, e := range lines {
+		fmt.Fprintf(&b, "%s %s %s", e.Time.Format("15:04:05.000"), e.Level.CapitalString(), e.Message)
+		for _, f := range e.Context {
+			if f.Key == "error" || f.Key == "waited" || f.Key == "task" {
+				fmt.Fprintf(&b, " %s=%v", f.Key, fieldValue(f))
+			}
+		}
+		b.WriteByte('\n')
+	}
+	in.h.t.Logf("the last %d of %d log lines of the instance at %s:\n%s", len(lines), len(all), in.http.URL, b.String())
+}
+
+// fieldValue is a zap field's value as the log would print it.
+func fieldValue(f zapcore.Field) any {
+	enc := zapcore.NewMapObjectEncoder()
+	f.AddTo(enc)
+	return enc.Fields[f.Key]
 }
 
 // metricsOf is the registry the service serves at /metrics (cmd/salesagg's
