@@ -235,13 +235,21 @@ func (t *task) restoredLog(tp string, n, to int64, d time.Duration) {
 
 // changelogBounds returns the log start and end (last stable) offsets of
 // the task's changelog partition, for as long as ctx lets it; the wait shows
-// in the task's status after the first failed attempt.
+// in the task's status after the first failed attempt, inside the caller's
+// own wait if one is shown (waitSettledChangelog reads the bounds while it
+// waits), which is shown again when the listing answers.
 func (t *task) changelogBounds(ctx context.Context, tp string) (logStart, end int64, err error) {
-	defer t.clearWait()
 	retry := boundsRetryLog(t.log, tp)
+	failed, outer := false, ""
+	defer func() {
+		if failed {
+			t.trouble.endWithin(outer)
+		}
+	}()
 	return changelog.Bounds(ctx, t.deps.env.admin, t.deps.env.cfg.ChangelogTopic(), t.partition, func(attempt int, err error) {
 		if attempt == 1 {
-			t.trouble.wait(fmt.Sprintf("the offsets of changelog %s (listing them failed: %v)", tp, err), 0)
+			failed = true
+			outer = t.trouble.waitWithin(fmt.Sprintf("the offsets of changelog %s (listing them failed: %v)", tp, err), 0)
 		}
 		retry(attempt, err)
 	})

@@ -240,6 +240,35 @@ func (tr *trouble) wait(what string, expected time.Duration) {
 	tr.waiting = what
 }
 
+// waitWithin records a wait that begins inside another one (a read the
+// outer wait repeats fails) and returns the outer wait's label for endWithin:
+// the outer wait keeps its start.
+func (tr *trouble) waitWithin(what string, expected time.Duration) (outer string) {
+	tr.mu.Lock()
+	outer = tr.waiting
+	tr.mu.Unlock()
+	if outer != "" {
+		what = outer + "; meanwhile " + what
+	}
+	tr.wait(what, expected)
+	return outer
+}
+
+// endWithin ends a wait begun by waitWithin: the outer wait is shown again
+// with its start, or, when there was none, the trouble is cleared.
+func (tr *trouble) endWithin(outer string) {
+	tr.mu.Lock()
+	defer tr.mu.Unlock()
+	if outer != "" && tr.err == "" {
+		tr.waiting = outer
+		return
+	}
+	if tr.err == "" {
+		tr.waiting, tr.attempts = "", 0
+		tr.since, tr.began = time.Time{}, time.Time{}
+	}
+}
+
 // fail records a failure and returns how many came in a row and since when.
 func (tr *trouble) fail(err error) (int, time.Time) {
 	tr.mu.Lock()

@@ -62,3 +62,41 @@ func TestKafkaWaitsOpenOnceCountAndCloseWithTheirDuration(t *testing.T) {
 		t.Errorf("summary %q, want only the group coordinator open", got)
 	}
 }
+
+func TestTroubleWaitWithinAnotherShowsTheOuterAgain(t *testing.T) {
+	// A wait for the changelog's transactions re-reads the changelog's
+	// bounds; a failed read shows inside it, and once the read answers
+	// the outer wait is shown again, with the start it had.
+	var tr trouble
+	tr.wait("the transactions ending", time.Minute)
+	_, _, _, began, _ := tr.snapshot(time.Hour)
+	outer := tr.waitWithin("the offsets (listing them failed)", 0)
+	if outer != "the transactions ending" {
+		t.Fatalf("outer = %q", outer)
+	}
+	if w, _, _, b, _ := tr.snapshot(time.Hour); w != "the transactions ending; meanwhile the offsets (listing them failed)" || !b.Equal(began) {
+		t.Fatalf("inside: waiting %q since %v, want the outer's start %v", w, b, began)
+	}
+	tr.endWithin(outer)
+	if w, _, _, b, _ := tr.snapshot(time.Hour); w != "the transactions ending" || !b.Equal(began) {
+		t.Fatalf("after: waiting %q since %v, want the outer wait since %v", w, b, began)
+	}
+
+	// Without an outer wait, ending the inner one clears the trouble.
+	var alone trouble
+	outer = alone.waitWithin("the offsets (listing them failed)", 0)
+	alone.endWithin(outer)
+	if w, _, _, b, _ := alone.snapshot(time.Hour); w != "" || !b.IsZero() {
+		t.Fatalf("alone: waiting %q since %v, want nothing", w, b)
+	}
+
+	// A failure recorded meanwhile is kept.
+	var failing trouble
+	failing.wait("the transactions ending", 0)
+	outer = failing.waitWithin("the offsets", 0)
+	failing.fail(errors.New("boom"))
+	failing.endWithin(outer)
+	if w, e, _, _, _ := failing.snapshot(time.Hour); w != "" || e != "boom" {
+		t.Fatalf("failing: waiting %q, err %q; want the failure kept", w, e)
+	}
+}
