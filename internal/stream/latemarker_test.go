@@ -104,3 +104,83 @@ func TestRestoreWaitsForTheChangelogsOpenTransactionsToEnd(t *testing.T) {
 	h.produce(event("p1", "p1", 5))
 	a.waitTotals(map[string]int64{"p1": 30})
 }
+
+func TestRestoreReadsTheEndAgainWhenATransactionEndsWhileItLooks(t *testing.T) {
+	// Scenario (exactly-once): a restore reads the changelog's last stable offset while a
+	// transaction on the partition is open (its records below the high watermark), and the
+	// transaction's commit marker lands before the restore asks the partition's leader which
+	// transactions are still open there. The answer is none, but the offset read before it is
+	// now short of the committed records: a restore that stops there misses their totals for
+	// good, while the input resumes past the events they hold (a torture run lost 47 products'
+	// totals so, the marker held back by a killed changelog leader). Here the marker lands while
+	// the leader's answer is held: once ready, the store must hold the committed total.
+	h := newHarness(t)
+	h.createInput(3)
+	h.cfg.ProcessingGuarantee = config.ExactlyOnceV2
+	cfg := h.instanceCfg("a")
+	a := h.start(cfg)
+	a.waitReady()
+	h.produce(event("p1", "p1", 10))
+	a.waitTotals(map[string]int64{"p1": 10})
+	_, _, partitionOf := h.changelog(cfg)
+	var p int32 = -1
+	for q := range partitionOf["p1"] {
+		p = q
+	}
+	if p < 0 {
+		t.Fatal("p1 is in no changelog partition")
+	}
+	if err := a.stop(); err != nil {
+		t.Fatal(err)
+	}
+	// A restart's restore brings the store's checkpoint to the changelog's
+	// last stable offset (past the commit marker), so the next restore has
+	// nothing to read up to the offset it finds: it reads no record at all
+	// unless it finds the end past the transaction below.
+	a = h.start(cfg)
+	a.waitReady()
+	if err := a.stop(); err != nil {
+		t.Fatal(err)
+	}
+
+	txn := h.client(kgo.TransactionalID("marker-while-looking"), kgo.RecordPartitioner(kgo.ManualPartitioner()))
+	ctx := context.Background()
+	if err := txn.BeginTransaction(); err != nil {
+		t.Fatal(err)
+	}
+	rec := &kgo.Record{Topic: cfg.ChangelogTopic(), Partition: p, Key: []byte("p1"), Value: sales.EncodeTotal(25)}
+	if err := txn.ProduceSync(ctx, rec).FirstErr(); err != nil {
+		t.Fatal(err)
+	}
+
+	// The restore's first look at the partition's producers waits until
+	// the transaction is committed; then the broker answers as it is.
+	asked := make(chan struct{})
+	committed := make(chan struct{})
+	var once atomic.Bool
+	h.cluster.ControlKey(kmsg.DescribeProducers.Int16(), func(kmsg.Request) (kmsg.Response, error, bool) {
+		h.cluster.KeepControl()
+		if once.CompareAndSwap(false, true) {
+			close(asked)
+			h.cluster.SleepControl(func() { <-committed })
+		}
+		return nil, nil, false
+	})
+
+	a = h.start(cfg)
+	select {
+	case <-asked:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the restore did not look at the changelog's open transactions")
+	}
+	if err := txn.EndTransaction(ctx, kgo.TryCommit); err != nil {
+		t.Fatal(err)
+	}
+	close(committed)
+	a.waitReady()
+	if got, _ := a.total("p1"); got != 25 {
+		t.Fatalf("p1 = %d once ready, want 25: the restore stopped at the last stable offset it read before the commit", got)
+	}
+	h.produce(event("p1", "p1", 5))
+	a.waitTotals(map[string]int64{"p1": 30})
+}

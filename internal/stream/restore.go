@@ -398,9 +398,18 @@ func (t *task) waitSettledChangelog(ctx context.Context, tp string, stable int64
 	for end := stable; ; {
 		decided, err := t.decidedTransactions(ctx, hw)
 		if err == nil && decided == "" {
-			if logged {
+			// The last stable offset is read again: a transaction open when
+			// it was read may have had its marker written since, and then
+			// its records, below hw, are past the offset read then. Read
+			// after the check, it covers every transaction the check saw
+			// ended.
+			prev := end
+			if _, end, err = t.changelogBounds(ctx, tp); err != nil {
+				return 0, err
+			}
+			if logged || end != prev {
 				t.log.Info(fmt.Sprintf("task [%s] Changelog %s: no transaction below offset %d is ending any more; restoring to offset %d", t.name, tp, hw, end),
-					zap.Duration("waited", time.Since(began).Round(time.Millisecond)))
+					zap.Int64("stable_before", prev), zap.Duration("waited", time.Since(began).Round(time.Millisecond)))
 			}
 			return end, nil
 		}
