@@ -466,10 +466,16 @@ format_nodes() {
 launch() {
   mkdir -p "$NODE_DIR"
   rm -f "$PID_FILE"
+  # The JVM's temp dir is the node's own, emptied at each start: the
+  # compression codecs unpack their native libraries there, and a broker
+  # killed with SIGKILL leaves them behind (one file per start).
+  rm -rf "$NODE_DIR/tmp"
+  mkdir -p "$NODE_DIR/tmp"
   local -a heap jvm
   read -r -a heap <<<"$(heap_opts)"
   read -r -a jvm <<<"$KAFKA_JVM_OPTS"
   local -a cmd=(java "${heap[@]}" "${jvm[@]}"
+    "-Djava.io.tmpdir=$NODE_DIR/tmp"
     "-Dlog4j2.configurationFile=$LOG4J_CONFIG"
     -cp "$LIB_DIR/*" kafka.Kafka "$PROPS_FILE")
   printf '\n===== kafka.sh: starting broker %s at %s =====\n' "$KAFKA_VERSION" "$(date '+%Y-%m-%d %H:%M:%S')" >>"$LOG_FILE"
