@@ -90,8 +90,10 @@ type lease struct {
 	// member's session, stable is the latest at which it also was not
 	// rebalancing; joined is when the latest JoinGroup response arrived.
 	alive, stable, joined time.Time
-	// until is the deadline while held; lapsedAt when it lapsed.
-	until, lapsedAt time.Time
+	// until is the deadline while held; lapsedAt when it lapsed; heldAt
+	// when the latest assignment held it again (its deadline can already
+	// be past then: a SyncGroup answered long after its join).
+	until, lapsedAt, heldAt time.Time
 	// lapsed are the tasks dropped when the lease lapsed: when they run
 	// again here, the input is read again from what is committed.
 	lapsed map[int32]bool
@@ -144,6 +146,7 @@ func (l *lease) assigned(now time.Time) (lapsed map[int32]bool) {
 		l.stable = from
 	}
 	l.move(leaseHeld)
+	l.heldAt = now
 	l.until = l.alive.Add(l.sessionTimeout - l.margin)
 	lapsed, l.lapsed = l.lapsed, nil
 	return lapsed
@@ -227,6 +230,19 @@ func (l *lease) snapshot() (st leaseState, until, lapsedAt time.Time) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.state, l.until, l.lapsedAt
+}
+
+// lateBy is how long after its deadline the latest lapse was seen, counted
+// from the assignment that held the lease when that came after the
+// deadline: the time the lease loop took to notice.
+func (l *lease) lateBy() time.Duration {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	from := l.until
+	if l.heldAt.After(from) {
+		from = l.heldAt
+	}
+	return max(0, l.lapsedAt.Sub(from))
 }
 
 // lapseReason says why the process is not ready while the lease is lapsed,
@@ -333,6 +349,10 @@ func (s *session) heartbeatAnswered(ctx context.Context, err error) {
 // leaseCheckEvery is how often the lease's deadline is checked.
 const leaseCheckEvery = 50 * time.Millisecond
 
+// leaseLateWarn is how far past its deadline a lapse is said to be late:
+// twenty checks.
+const leaseLateWarn = 20 * leaseCheckEvery
+
 // heartbeatInterval is the group's heartbeat interval for a session
 // timeout: a third of it (as Kafka advises), at most the 3 s default, so
 // that a short session does not expire between heartbeats.
@@ -353,9 +373,17 @@ func (s *session) lapse(silent time.Duration) {
 	s.reg.mu.held = make(map[int32]uint8)
 	s.reg.mu.Unlock()
 	if len(ps) > 0 {
+		// late is how long after the deadline the loop saw it pass: more
+		// than a few checks means the loop was held up, and the tasks ran
+		// that long past the point where the group could give them away.
+		late := s.lease.lateBy()
 		s.env.log.Warn("No heartbeat answered by the group coordinator within the session timeout; dropping the tasks without committing before the group can give them to another member, then rejoining",
 			zap.Strings("tasks", taskNames(ps)), zap.Duration("silent_for", silent.Round(time.Millisecond)),
-			zap.Duration("session_timeout", s.env.cfg.SessionTimeout))
+			zap.Duration("session_timeout", s.env.cfg.SessionTimeout), zap.Duration("past_deadline", late.Round(time.Millisecond)))
+		if late > leaseLateWarn {
+			s.env.log.Warn(fmt.Sprintf("The lease's deadline passed %s before the lease loop saw it: the loop was held up, and the tasks ran past the point where the group could give them to another member", late.Round(time.Millisecond)),
+				zap.Duration("past_deadline", late))
+		}
 		cl := s.kc()
 		// Nothing more of theirs is fetched before they run again.
 		cl.PauseFetchPartitions(s.env.topicsOf(ps))

@@ -91,6 +91,9 @@ func TestLeaseDeadline(t *testing.T) {
 	if !ok || silent != lapseAt.Sub(t0.Add(30*time.Second)) {
 		t.Fatalf("at the deadline: lapsed %t, silent %s", ok, silent)
 	}
+	if late := l.lateBy(); late != 0 {
+		t.Fatalf("a lapse seen at its deadline is %s late", late)
+	}
 	if _, ok := l.expire(lapseAt.Add(time.Second), []int32{1}); ok {
 		t.Fatal("lapsed twice")
 	}
@@ -119,6 +122,19 @@ func TestLeaseDeadline(t *testing.T) {
 	}
 	if l.overdue(lapseAt.Add(3 * time.Second)) {
 		t.Fatal("held again by an assignment, the lease is still overdue")
+	}
+	// Seen 2 s past the deadline, the lapse is 2 s late.
+	_, until, _ := l.snapshot()
+	if _, ok := l.expire(until.Add(2*time.Second), []int32{0}); !ok || l.lateBy() != 2*time.Second {
+		t.Fatalf("a lapse seen 2 s past the deadline: lapsed %t, late by %s", ok, l.lateBy())
+	}
+	// An assignment answered 10 s after its join is past its deadline when it comes: the lapse
+	// at the next check is late by the check only, not by the time the SyncGroup took.
+	joined := until.Add(5 * time.Second)
+	l.joinAnswered(joined)
+	l.assigned(joined.Add(10 * time.Second))
+	if _, ok := l.expire(joined.Add(10*time.Second+leaseCheckEvery), []int32{0}); !ok || l.lateBy() != leaseCheckEvery {
+		t.Fatalf("a lapse at the check after a late assignment: lapsed %t, late by %s, want %s", ok, l.lateBy(), leaseCheckEvery)
 	}
 	l.lost()
 	if st, _, _ := l.snapshot(); st != leaseIdle {
