@@ -26,8 +26,9 @@ func TestRestoreWaitsForTheChangelogsOpenTransactionsToEnd(t *testing.T) {
 	// of p1, and the broker says it is committing (PrepareCommit, as a real cluster does while
 	// the marker waits for the partition's new leader; the in-process broker writes its markers
 	// at once, so its ListTransactions answer is given here). The restore must wait for it (and
-	// say so in /v1/tasks), and once the marker lands the store holds that total. (An open,
-	// undecided transaction is not waited for: TestRestoreEndsWhenTheLastRecordsVanish.)
+	// say so in /v1/tasks, naming it with its state), and once the marker lands the store holds
+	// that total. (An open, undecided transaction is waited for too:
+	// TestRestoreEndsWhenTheLastRecordsVanish, TestRestoreWaitsForAnOlderOwnersOpenTransaction.)
 	h := newHarness(t)
 	h.createInput(3)
 	h.cfg.ProcessingGuarantee = config.ExactlyOnceV2
@@ -84,7 +85,7 @@ func TestRestoreWaitsForTheChangelogsOpenTransactionsToEnd(t *testing.T) {
 				if tk.State == "running" {
 					return th.ErrGiveUp
 				}
-				if strings.Contains(tk.Waiting, "transactions ending on changelog") && strings.Contains(tk.Waiting, "late-marker (PrepareCommit)") {
+				if strings.Contains(tk.Waiting, "transactions open on changelog") && strings.Contains(tk.Waiting, "late-marker (PrepareCommit)") {
 					return nil
 				}
 				return fmt.Errorf("%s is %s, waiting for %q", task, tk.State, tk.Waiting)
@@ -183,4 +184,86 @@ func TestRestoreReadsTheEndAgainWhenATransactionEndsWhileItLooks(t *testing.T) {
 	}
 	h.produce(event("p1", "p1", 5))
 	a.waitTotals(map[string]int64{"p1": 30})
+}
+
+func TestRestoreWaitsForAnOlderOwnersOpenTransaction(t *testing.T) {
+	// Scenario (exactly-once): an older owner of a task, cut off, left a transaction open on the
+	// task's changelog partition; a newer owner then ran the task, committed newer totals past
+	// that transaction's first record, and lost the task in turn. The last stable offset stays
+	// at the open transaction's first record until the coordinator aborts it, so the newer
+	// owner's committed totals are not readable yet: a restore that stopped at the last stable
+	// offset would miss them for good while the input resumes after their events (a short
+	// torture run lost 47 products' totals so). The restore must wait for the open
+	// transaction, name it in /v1/tasks, and once it is aborted restore the newer totals.
+	h := newHarness(t)
+	h.createInput(3)
+	h.cfg.ProcessingGuarantee = config.ExactlyOnceV2
+	cfg := h.instanceCfg("a")
+	a := h.start(cfg)
+	a.waitReady()
+	h.produce(event("p1", "p1", 10))
+	a.waitTotals(map[string]int64{"p1": 10})
+	_, _, partitionOf := h.changelog(cfg)
+	var p int32 = -1
+	for q := range partitionOf["p1"] {
+		p = q
+	}
+	if p < 0 {
+		t.Fatal("p1 is in no changelog partition")
+	}
+	if err := a.stop(); err != nil {
+		t.Fatal(err)
+	}
+
+	ctx := context.Background()
+	older := h.client(kgo.TransactionalID("older-owner"), kgo.RecordPartitioner(kgo.ManualPartitioner()))
+	if err := older.BeginTransaction(); err != nil {
+		t.Fatal(err)
+	}
+	if err := older.ProduceSync(ctx, &kgo.Record{Topic: cfg.ChangelogTopic(), Partition: p, Key: []byte("p1"), Value: sales.EncodeTotal(99)}).FirstErr(); err != nil {
+		t.Fatal(err)
+	}
+	var aborted atomic.Bool
+	t.Cleanup(func() {
+		if !aborted.Load() {
+			_ = older.EndTransaction(context.Background(), kgo.TryAbort)
+		}
+	})
+	newer := h.client(kgo.TransactionalID("newer-owner"), kgo.RecordPartitioner(kgo.ManualPartitioner()))
+	if err := newer.BeginTransaction(); err != nil {
+		t.Fatal(err)
+	}
+	if err := newer.ProduceSync(ctx, &kgo.Record{Topic: cfg.ChangelogTopic(), Partition: p, Key: []byte("p1"), Value: sales.EncodeTotal(40)}).FirstErr(); err != nil {
+		t.Fatal(err)
+	}
+	if err := newer.EndTransaction(ctx, kgo.TryCommit); err != nil {
+		t.Fatal(err)
+	}
+
+	a = h.start(cfg)
+	task := fmt.Sprintf("0_%d", p)
+	th.WaitFor(t, 30*time.Second, "task "+task+" to wait for the older owner's transaction", func() error {
+		for _, tk := range a.tasks() {
+			if tk.Task == task && tk.Role == "active" {
+				if tk.State == "running" {
+					return th.ErrGiveUp
+				}
+				if strings.Contains(tk.Waiting, "transactions open on changelog") && strings.Contains(tk.Waiting, "older-owner (Ongoing)") {
+					return nil
+				}
+				return fmt.Errorf("%s is %s, waiting for %q", task, tk.State, tk.Waiting)
+			}
+		}
+		return fmt.Errorf("no active task %s", task)
+	})
+	aborted.Store(true)
+	if err := older.EndTransaction(ctx, kgo.TryAbort); err != nil {
+		t.Fatal(err)
+	}
+	a.waitReady()
+	if got, _ := a.total("p1"); got != 40 {
+		t.Fatalf("p1 = %d once ready, want 40: the restore missed the newer owner's committed total", got)
+	}
+	h.produce(event("p1", "p1", 5))
+	a.waitTotals(map[string]int64{"p1": 45})
 }

@@ -371,20 +371,29 @@ func (t *task) stableOffsets(ctx context.Context) error {
 }
 
 // waitSettledChangelog returns the last stable offset of the task's
-// changelog partition to restore to, once no transaction that holds
-// records below the end it had then (its high watermark) has its outcome
-// decided but not yet written there; stable is the last stable offset just
-// read. Stable committed offsets are not enough: a transaction's markers are
-// written to each of its partitions in turn, so the offsets topic can
-// already hold the commit of the previous owner's last transaction while
-// the changelog, its leader failing over, does not yet. Its records are then
-// past the last stable offset, and a restore that stopped there would
-// resume the input after events its store never saw. A transaction still
-// open (Ongoing) is not waited for: its offsets are not pending (the stable
-// offsets say so), and a commit of them from an older generation is
-// refused, so it aborts. When the transactions' states cannot be read (an
-// older broker, no permission to describe them), every transaction below
-// the end is waited for. The wait shows in the task's status.
+// changelog partition to restore to, once every transaction that holds
+// records below the end it had then (its high watermark) has ended there;
+// stable is the last stable offset just read. The last stable offset stops
+// at the first record of the oldest transaction still open, and records
+// committed past it are not readable until that transaction ends: a
+// restore that stopped there misses them for good when the input resumes
+// past the events they hold. That happens when
+//
+//   - the previous owner's last transaction is decided but its marker has
+//     not reached the changelog yet (its leader failing over): the offsets
+//     topic can already hold the commit;
+//   - an older owner's transaction is still open below a newer owner's
+//     committed records (the older one cut off, its transaction aborted
+//     only by the coordinator's timeout, while the newer one ran the task
+//     for a while and lost it);
+//   - a marker lands between reading the last stable offset and the high
+//     watermark.
+//
+// So every open transaction below the end is waited for, whatever its state:
+// one nobody ends is aborted by the coordinator within the transaction
+// timeout, and a restarted producer ends its own at once. The wait names the
+// transactions and their states when they can be read, shows in the task's
+// status and is logged once.
 func (t *task) waitSettledChangelog(ctx context.Context, tp string, stable int64) (int64, error) {
 	e := t.deps.env
 	hw, err := changelog.HighWatermark(ctx, e.admin, e.cfg.ChangelogTopic(), t.partition, boundsRetryLog(t.log, tp))
@@ -393,32 +402,26 @@ func (t *task) waitSettledChangelog(ctx context.Context, tp string, stable int64
 	}
 	defer t.clearWait()
 	began := time.Now()
+	open := t.openTransactions(ctx, hw)
 	wait := 50 * time.Millisecond
 	logged := false
-	for end := stable; ; {
-		decided, err := t.decidedTransactions(ctx, hw)
-		if err == nil && decided == "" {
-			// The last stable offset is read again: a transaction open when
-			// it was read may have had its marker written since, and then
-			// its records, below hw, are past the offset read then. Read
-			// after the check, it covers every transaction the check saw
-			// ended.
-			prev := end
-			if _, end, err = t.changelogBounds(ctx, tp); err != nil {
-				return 0, err
-			}
-			if logged || end != prev {
-				t.log.Info(fmt.Sprintf("task [%s] Changelog %s: no transaction below offset %d is ending any more; restoring to offset %d", t.name, tp, hw, end),
-					zap.Int64("stable_before", prev), zap.Duration("waited", time.Since(began).Round(time.Millisecond)))
+	for {
+		// Read after the transactions were described: one that ended
+		// meanwhile is past the offset read before.
+		_, end, err := t.changelogBounds(ctx, tp)
+		if err != nil {
+			return 0, err
+		}
+		if end >= hw {
+			if logged || end != stable {
+				t.log.Info(fmt.Sprintf("task [%s] Changelog %s transactions ended; restoring to offset %d", t.name, tp, end),
+					zap.Int64("stable_before", stable), zap.Duration("waited", time.Since(began).Round(time.Millisecond)))
 			}
 			return end, nil
 		}
-		if decided == "" {
-			decided = fmt.Sprintf("every open one (their states could not be read: %v)", err)
-		}
 		if !logged {
 			logged = true
-			what := fmt.Sprintf("the transactions ending on changelog %s to be written there (last stable offset %d, end %d): %s", tp, end, hw, decided)
+			what := fmt.Sprintf("the transactions open on changelog %s below offset %d to end (last stable offset %d): %s", tp, hw, end, open)
 			t.trouble.wait(what, e.cfg.TransactionTimeout()+txnAbortCheck)
 			t.log.Info(fmt.Sprintf("task [%s] Waiting for %s", t.name, what))
 		}
@@ -428,36 +431,28 @@ func (t *task) waitSettledChangelog(ctx context.Context, tp string, stable int64
 		case <-time.After(wait):
 		}
 		wait = min(2*wait, time.Second)
-		if _, end, err = t.changelogBounds(ctx, tp); err != nil {
-			return 0, err
-		}
-		if end >= hw {
-			t.log.Info(fmt.Sprintf("task [%s] Changelog %s transactions ended; restoring to offset %d", t.name, tp, end),
-				zap.Duration("waited", time.Since(began).Round(time.Millisecond)))
-			return end, nil
-		}
 	}
 }
 
-// decidedTransactions describes the transactions open on the task's
-// changelog partition below hw whose outcome is decided (committing or
-// aborting, their markers on their way), "" when none; an error when their
-// states cannot be read.
-func (t *task) decidedTransactions(ctx context.Context, hw int64) (string, error) {
+// openTransactions describes the transactions open on the task's changelog
+// partition below hw, for the operator: "<transactional id> (<state>)",
+// the coordinator's state (Ongoing; PrepareCommit or PrepareAbort while its
+// markers are on their way), or what could not be read.
+func (t *task) openTransactions(ctx context.Context, hw int64) string {
 	e := t.deps.env
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	topic := e.cfg.ChangelogTopic()
 	described, err := e.admin.DescribeProducers(ctx, kadm.TopicsSet{topic: {t.partition: {}}})
 	if err != nil {
-		return "", err
+		return fmt.Sprintf("their producers could not be described: %v", err)
 	}
 	dp, ok := described[topic].Partitions[t.partition]
 	switch {
 	case !ok:
-		return "", fmt.Errorf("partition %d not described", t.partition)
+		return fmt.Sprintf("partition %d not described", t.partition)
 	case dp.Err != nil:
-		return "", dp.Err
+		return fmt.Sprintf("their producers could not be described: %v", dp.Err)
 	}
 	var ids []int64
 	for _, pr := range dp.ActiveProducers {
@@ -466,29 +461,27 @@ func (t *task) decidedTransactions(ctx context.Context, hw int64) (string, error
 		}
 	}
 	if len(ids) == 0 {
-		return "", nil
-	}
-	listed, err := e.admin.ListTransactions(ctx, ids, nil)
-	if err != nil {
-		return "", err
+		return "none open any more"
 	}
 	byID := map[int64]kadm.ListedTransaction{}
+	listed, err := e.admin.ListTransactions(ctx, ids, nil)
 	for _, l := range listed {
 		byID[l.ProducerID] = l
 	}
 	var out []string
 	for _, id := range ids {
-		l, ok := byID[id]
-		switch {
-		case !ok:
-			return "", fmt.Errorf("producer %d's transactional id not listed", id)
-		case l.State == "Ongoing" || l.State == "Empty" || l.State == "Dead":
-		default:
+		if l, ok := byID[id]; ok {
 			out = append(out, fmt.Sprintf("%s (%s)", l.TxnID, l.State))
+		} else {
+			out = append(out, fmt.Sprintf("producer %d", id))
 		}
 	}
 	sort.Strings(out)
-	return strings.Join(out, ", "), nil
+	desc := strings.Join(out, ", ")
+	if err != nil {
+		desc += fmt.Sprintf(" (their states could not be read: %v)", err)
+	}
+	return desc
 }
 
 // restoreRange validates the checkpoint against the changelog and returns
