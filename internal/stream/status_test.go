@@ -61,7 +61,8 @@ func TestStatusPageDuringHeldRestore(t *testing.T) {
 		code, b := get(t, in.http.URL+"/")
 		body = b
 		return code == 200 && strings.Contains(taskRow(b, "0_1"), "<progress") &&
-			strings.Contains(b, `<td data-label="total" class="n">7,000</td>`) && strings.Contains(b, "Skipping bad event") &&
+			strings.Contains(b, `<td data-label="total" class="n">7,000</td>`) && strings.Contains(b, `<td data-label="total" class="n">300</td>`) &&
+			strings.Contains(b, "Skipping bad event") &&
 			strings.Contains(taskRow(b, "0_0"), `data-state="running"`) && strings.Contains(taskRow(b, "0_2"), `data-state="running"`)
 	}))
 	row := taskRow(body, "0_1")
