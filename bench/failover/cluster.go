@@ -984,16 +984,6 @@ func sortedKeys[V any](m map[string]V) []string {
 	return out
 }
 
-// sleepCtx sleeps d unless ctx ends first.
-func sleepCtx(ctx context.Context, d time.Duration) error {
-	select {
-	case <-ctx.Done():
-		return context.Cause(ctx)
-	case <-time.After(d):
-		return nil
-	}
-}
-
 // removeState deletes the run's state dirs (logs stay).
 func (c *cluster) removeState() {
 	if err := os.RemoveAll(filepath.Join(c.dir, "state")); err != nil && !errors.Is(err, os.ErrNotExist) {

@@ -32,11 +32,11 @@ type runResult struct {
 	StartedAt  time.Time `json:"started_at"`
 	DurationMs int64     `json:"duration_ms"`
 
-	Preload  *preloadResult `json:"preload,omitempty"`
-	Producer *pacerStats    `json:"producer,omitempty"`
-	Kill     *killResult    `json:"kill,omitempty"`
-	Rolling  *rollingResult `json:"rolling,omitempty"`
-	Scale    *scaleResult   `json:"scale,omitempty"`
+	Preload  *preloadResult  `json:"preload,omitempty"`
+	Producer *kit.PacerStats `json:"producer,omitempty"`
+	Kill     *killResult     `json:"kill,omitempty"`
+	Rolling  *rollingResult  `json:"rolling,omitempty"`
+	Scale    *scaleResult    `json:"scale,omitempty"`
 
 	RestoreEvents []restoreEvent        `json:"restore_events"`
 	CopyEvents    []copyEvent           `json:"copy_events"`
@@ -77,10 +77,10 @@ func runOne(ctx context.Context, e *env, sys, scenario, name string, set setting
 	}
 	res.AppID, res.InputTopic = c.app, c.topic
 	res.Logs = filepath.Join(c.dir, "logs")
-	var pc *pacer
+	var pc *kit.Pacer
 	defer func() {
 		if pc != nil {
-			st := pc.finish()
+			st := pc.Finish()
 			res.Producer = &st
 			if st.Failed > 0 {
 				c.anomaly("steady producer: %d of %d events failed (first: %s)", st.Failed, st.Sent, st.FirstError)
@@ -119,7 +119,7 @@ func runOne(ctx context.Context, e *env, sys, scenario, name string, set setting
 		if err := kit.CreateTopic(ctx, e.adm, c.topic, partitions); err != nil {
 			return err
 		}
-		if err := waitTopic(ctx, e.adm, c.topic, partitions); err != nil {
+		if err := kit.WaitTopic(ctx, e.adm, c.topic, partitions); err != nil {
 			return err
 		}
 		if sys == sysReference {
@@ -178,7 +178,7 @@ func runOne(ctx context.Context, e *env, sys, scenario, name string, set setting
 			return err
 		}
 		logf("%s: producing %d events/s; %s of steady state", name, e.o.rate, e.o.steady)
-		if err := sleepCtx(ctx, e.o.steady); err != nil {
+		if err := kit.Sleep(ctx, e.o.steady); err != nil {
 			return err
 		}
 		if _, _, err := c.waitSettled(ctx, live, 0); err != nil {
@@ -314,7 +314,7 @@ func killScenario(ctx context.Context, c *cluster, res *runResult, probes map[st
 	if v, err := c.view(ctx, survivors[0]); err == nil {
 		kr.OwnersAfter = owners(v)
 	}
-	if err := sleepCtx(ctx, logGrace); err != nil {
+	if err := kit.Sleep(ctx, logGrace); err != nil {
 		return err
 	}
 	kr.Restored = c.restoresBetween(killAt, readyAt.Add(logGrace), "")
@@ -330,7 +330,7 @@ func killScenario(ctx context.Context, c *cluster, res *runResult, probes map[st
 	}
 
 	// Restart the victim: same state dir, name and port.
-	if err := sleepCtx(ctx, time.Second); err != nil {
+	if err := kit.Sleep(ctx, time.Second); err != nil {
 		return err
 	}
 	rr := &restartResult{StartToServingMs: -1, StartToSettledMs: -1}
@@ -357,7 +357,7 @@ func killScenario(ctx context.Context, c *cluster, res *runResult, probes map[st
 	}
 	rr.StartToSettledMs = max(settledAt.Sub(t0), servingAt.Sub(t0)).Milliseconds()
 	rr.OwnersAfter = own
-	if err := sleepCtx(ctx, logGrace); err != nil {
+	if err := kit.Sleep(ctx, logGrace); err != nil {
 		return err
 	}
 	rr.RestoredByRestarted = c.restoresBetween(t0, servingAt.Add(logGrace), victim.name)
@@ -535,7 +535,7 @@ func rollingScenario(ctx context.Context, c *cluster, res *runResult, probes map
 	rr.OwnersBefore = owners(v)
 	pr := c.startProber(ctx, c.insts, probes)
 	defer pr.stop()
-	if err := sleepCtx(ctx, 500*time.Millisecond); err != nil {
+	if err := kit.Sleep(ctx, 500*time.Millisecond); err != nil {
 		return err
 	}
 	rollAt := time.Now()
@@ -587,7 +587,7 @@ func rollingScenario(ctx context.Context, c *cluster, res *runResult, probes map
 			c.anomaly("task %s was still unanswerable at every instance when the group had settled", tg.Task)
 		}
 	}
-	if err := sleepCtx(ctx, logGrace); err != nil {
+	if err := kit.Sleep(ctx, logGrace); err != nil {
 		return err
 	}
 	for i, st := range rr.Steps {
@@ -758,7 +758,7 @@ func scaleScenario(ctx context.Context, c *cluster, res *runResult, probes map[s
 	sr.OwnersBefore = owners(v)
 	pr := c.startProber(ctx, old, probes)
 	defer pr.stop()
-	if err := sleepCtx(ctx, 500*time.Millisecond); err != nil {
+	if err := kit.Sleep(ctx, 500*time.Millisecond); err != nil {
 		return err
 	}
 	logf("%s: starting %s (scale %d → %d)", c.name, newIn.name, len(old), len(c.insts))
@@ -802,7 +802,7 @@ func scaleScenario(ctx context.Context, c *cluster, res *runResult, probes map[s
 			sr.MaxGapMs, sr.MaxGapTask = tg.MaxGapMs, tg.Task
 		}
 	}
-	if err := sleepCtx(ctx, logGrace); err != nil {
+	if err := kit.Sleep(ctx, logGrace); err != nil {
 		return err
 	}
 	sr.RestoredBeforeServing = c.restoresBetween(t0, servingAt.Add(logGrace), "")
