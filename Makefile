@@ -4,7 +4,7 @@ GO        ?= go
 BIN       ?= bin/salesagg
 export KAFKA_DIR ?= $(CURDIR)/.kafka
 
-.PHONY: help build test test-browser test-e2e test-torture test-torture-short test-docker test-k8s test-k8s-rehearsal test-k8s-cluster k8s-binaries run bench bench-compare bench-growth bench-growth-salesagg bench-failover lint kafka-up kafka-down clean
+.PHONY: help build test test-browser test-e2e test-torture test-torture-short test-docker test-k8s test-k8s-rehearsal test-k8s-cluster k8s-binaries run bench bench-compare bench-growth bench-growth-salesagg bench-failover bench-latency lint kafka-up kafka-down clean
 
 help: ## list the targets
 	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-19s %s\n", $$1, $$2}'
@@ -70,6 +70,9 @@ bench-growth-salesagg: ## the growth run of salesagg alone: 100k, 1M and 10M pro
 
 bench-failover: ## failover benchmark, salesagg vs the Kafka Streams reference: kill -9, rolling restart, scale-out on Apache Kafka (not in CI)
 	$(GO) run ./bench/failover
+
+bench-latency: ## latency from produce to total (HTTP, changelog), salesagg vs the Kafka Streams reference (not in CI)
+	$(GO) run ./bench/latency
 
 lint: ## gofmt and go vet
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || (gofmt -l $$(git ls-files '*.go'); exit 1)
