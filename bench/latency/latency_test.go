@@ -96,3 +96,21 @@ func TestDistNearestRank(t *testing.T) {
 		t.Errorf("empty dist = %+v", e)
 	}
 }
+
+func TestEffectiveIntervalIsEachSystemsDefault(t *testing.T) {
+	for _, c := range []struct {
+		sys, g string
+		ms     int64
+		want   int64
+	}{
+		{sysSalesagg, guaranteeEOS, intervalDefault, 100},
+		{sysReference, guaranteeEOS, intervalDefault, 100},
+		{sysSalesagg, guaranteeALOS, intervalDefault, 1000},
+		{sysReference, guaranteeALOS, intervalDefault, 30_000},
+		{sysReference, guaranteeALOS, 250, 250},
+	} {
+		if got := effectiveInterval(c.sys, c.g, c.ms); got != c.want {
+			t.Errorf("effectiveInterval(%s, %s, %d) = %d, want %d", c.sys, c.g, c.ms, got, c.want)
+		}
+	}
+}

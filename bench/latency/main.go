@@ -36,7 +36,7 @@ const (
 	guaranteeEOS  = "exactly_once_v2"
 
 	// intervalDefault is a commit interval not passed: each system's own
-	// default (100 ms under exactly-once, 30 s under at-least-once for both).
+	// default (see effectiveInterval).
 	intervalDefault = 0
 )
 
