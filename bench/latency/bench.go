@@ -260,6 +260,9 @@ func (e *env) launch(sys, guarantee string, ms int64, app, topic, logDir string)
 			"--leave-group-on-close", "true",
 			"--rocksdb", e.o.refRocksDB,
 		}
+		if e.o.refTxnStores && guarantee == guaranteeEOS {
+			args = append(args, "--transactional-state-stores", "true")
+		}
 		if ms != intervalDefault {
 			args = append(args, "--commit-interval-ms", strconv.FormatInt(ms, 10))
 		}

@@ -60,6 +60,7 @@ type options struct {
 	timeout       time.Duration // bound of each wait
 	seed          uint64
 	refRocksDB    string
+	refTxnStores  bool // enable.transactional.statestores (KIP-892), exactly-once cells only
 }
 
 func main() { os.Exit(run()) }
@@ -88,6 +89,7 @@ func run() int {
 	fs.DurationVar(&o.timeout, "timeout", 10*time.Minute, "upper bound of each wait (ready, calibration, the probes' drain)")
 	fs.Uint64Var(&o.seed, "seed", 20240601, "seed of the input's product choice")
 	fs.StringVar(&o.refRocksDB, "reference-rocksdb", "default", "the reference's RocksDB settings: default, or tuned")
+	fs.BoolVar(&o.refTxnStores, "reference-transactional-stores", false, "run the reference's exactly-once cells with enable.transactional.statestores (KIP-892); Kafka Streams' default is off")
 	if code, ok := kit.Parse(fs, "latency", "--events 200000 --duration 20s --systems salesagg"); !ok {
 		return code
 	}

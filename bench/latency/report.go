@@ -29,7 +29,7 @@ func (o options) summary() map[string]any {
 		"duration": o.duration.String(), "warmup": o.warmup.String(), "probe_every": o.probeEvery.String(),
 		"poll_every": o.pollEvery.String(), "probes_per_partition": o.probesPerPart, "partitions": partitions,
 		"systems": o.systems, "guarantees": o.guarantees, "commit_intervals": ivs, "seed": o.seed,
-		"reference_rocksdb": o.refRocksDB,
+		"reference_rocksdb": o.refRocksDB, "reference_transactional_stores": o.refTxnStores,
 	}
 }
 
