@@ -7,6 +7,8 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
 )
 
 // Bounds returns the log start and the last stable offset of partition p of
@@ -104,4 +106,87 @@ func Ends(ctx context.Context, adm *kadm.Client, topic string) (map[int32]int64,
 		out[p] = o.Offset
 	}
 	return out, nil
+}
+
+// Ends of a partition: the high watermark, and the log end offset of its
+// leader, past the records the leader appended that its followers have not
+// copied yet. The high watermark stops before those; they become readable
+// once the in-sync replicas have them, or vanish if the leader fails first.
+type LeaderEnds struct {
+	HighWatermark, LogEnd int64
+}
+
+// LogEnd returns the high watermark of partition p of topic and the end of
+// its leader's log. It lists the partition's end (ListOffsets: the high
+// watermark and the leader epoch), then asks that leader, as a consumer, for
+// the end of its epoch (OffsetForLeaderEpoch); one attempt, bounded to 5 s.
+// A leader that changed in between answers FENCED_LEADER_EPOCH: ask again.
+func LogEnd(ctx context.Context, cl *kgo.Client, topic string, p int32) (LeaderEnds, error) {
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	// This partition only: a request for the whole topic waits on the
+	// leaders of its other partitions too, one of which may be down.
+	lreq := kmsg.NewPtrListOffsetsRequest()
+	lreq.ReplicaID = -1
+	lt := kmsg.NewListOffsetsRequestTopic()
+	lt.Topic = topic
+	lp := kmsg.NewListOffsetsRequestTopicPartition()
+	lp.Partition = p
+	lp.CurrentLeaderEpoch = -1
+	lp.Timestamp = -1 // the latest: the high watermark, read uncommitted
+	lt.Partitions = append(lt.Partitions, lp)
+	lreq.Topics = append(lreq.Topics, lt)
+	lresp, err := lreq.RequestWith(ctx, cl)
+	if err != nil {
+		return LeaderEnds{}, err
+	}
+	var lo struct {
+		Offset      int64
+		LeaderEpoch int32
+	}
+	found := false
+	for _, t := range lresp.Topics {
+		for _, rp := range t.Partitions {
+			if t.Topic != topic || rp.Partition != p {
+				continue
+			}
+			if err := kerr.ErrorForCode(rp.ErrorCode); err != nil {
+				return LeaderEnds{}, err
+			}
+			lo.Offset, lo.LeaderEpoch, found = rp.Offset, rp.LeaderEpoch, true
+		}
+	}
+	if !found {
+		return LeaderEnds{}, kerr.UnknownTopicOrPartition
+	}
+	req := kmsg.NewPtrOffsetForLeaderEpochRequest()
+	req.ReplicaID = -1 // a consumer: only the leader answers
+	rt := kmsg.NewOffsetForLeaderEpochRequestTopic()
+	rt.Topic = topic
+	rp := kmsg.NewOffsetForLeaderEpochRequestTopicPartition()
+	rp.Partition = p
+	rp.CurrentLeaderEpoch = lo.LeaderEpoch
+	rp.LeaderEpoch = lo.LeaderEpoch
+	rt.Partitions = append(rt.Partitions, rp)
+	req.Topics = append(req.Topics, rt)
+	resp, err := req.RequestWith(ctx, cl)
+	if err != nil {
+		return LeaderEnds{}, err
+	}
+	for _, t := range resp.Topics {
+		for _, rp := range t.Partitions {
+			if t.Topic != topic || rp.Partition != p {
+				continue
+			}
+			if err := kerr.ErrorForCode(rp.ErrorCode); err != nil {
+				return LeaderEnds{}, err
+			}
+			if rp.LeaderEpoch != lo.LeaderEpoch || rp.EndOffset < lo.Offset {
+				return LeaderEnds{}, fmt.Errorf("%s-%d: the leader of epoch %d ends its log at %d (epoch %d), below the high watermark %d it gave",
+					topic, p, lo.LeaderEpoch, rp.EndOffset, rp.LeaderEpoch, lo.Offset)
+			}
+			return LeaderEnds{HighWatermark: lo.Offset, LogEnd: rp.EndOffset}, nil
+		}
+	}
+	return LeaderEnds{}, fmt.Errorf("offset for leader epoch of %s-%d: not in the answer", topic, p)
 }

@@ -40,8 +40,10 @@ type env struct {
 	bulkBudget *state.BulkBudget
 	// secOpts are the TLS and SASL client options.
 	secOpts []kgo.Opt
-	// admin is the client for metadata, offsets and group requests.
-	admin *kadm.Client
+	// admin is the client for metadata, offsets and group requests, and
+	// client the Kafka client under it (for requests kadm does not make).
+	admin  *kadm.Client
+	client *kgo.Client
 	// kafkaDown is set while a transaction cannot be ended for want of
 	// Kafka; the process is then not ready.
 	kafkaDown atomic.Bool

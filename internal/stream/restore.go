@@ -239,20 +239,39 @@ func (t *task) restoredLog(tp string, n, to int64, d time.Duration) {
 // own wait if one is shown (waitSettledChangelog reads the bounds while it
 // waits), which is shown again when the listing answers.
 func (t *task) changelogBounds(ctx context.Context, tp string) (logStart, end int64, err error) {
+	onRetry, done := t.listRetry(tp)
+	defer done()
+	return changelog.Bounds(ctx, t.deps.env.admin, t.deps.env.cfg.ChangelogTopic(), t.partition, onRetry)
+}
+
+// changelogHighWatermark returns the high watermark of the task's changelog
+// partition, as changelogBounds does the bounds.
+func (t *task) changelogHighWatermark(ctx context.Context, tp string) (int64, error) {
+	onRetry, done := t.listRetry(tp)
+	defer done()
+	return changelog.HighWatermark(ctx, t.deps.env.admin, t.deps.env.cfg.ChangelogTopic(), t.partition, onRetry)
+}
+
+// listRetry returns what a listing of the changelog's offsets calls after
+// each failed attempt: the first failure shows in the task's status, inside
+// the caller's own wait if one is shown, and every tenth is logged; done,
+// called once the listing returned, shows the caller's wait again.
+func (t *task) listRetry(tp string) (onRetry func(int, error), done func()) {
 	retry := boundsRetryLog(t.log, tp)
 	failed, outer := false, ""
-	defer func() {
-		if failed {
-			t.trouble.endWithin(outer)
-		}
-	}()
-	return changelog.Bounds(ctx, t.deps.env.admin, t.deps.env.cfg.ChangelogTopic(), t.partition, func(attempt int, err error) {
+	onRetry = func(attempt int, err error) {
 		if attempt == 1 {
 			failed = true
 			outer = t.trouble.waitWithin(fmt.Sprintf("the offsets of changelog %s (listing them failed: %v)", tp, err), 0)
 		}
 		retry(attempt, err)
-	})
+	}
+	done = func() {
+		if failed {
+			t.trouble.endWithin(outer)
+		}
+	}
+	return onRetry, done
 }
 
 // boundsRetryLog logs every tenth failed attempt to list a changelog's
@@ -396,7 +415,7 @@ func (t *task) stableOffsets(ctx context.Context) error {
 // status and is logged once.
 func (t *task) waitSettledChangelog(ctx context.Context, tp string, stable int64) (int64, error) {
 	e := t.deps.env
-	hw, err := changelog.HighWatermark(ctx, e.admin, e.cfg.ChangelogTopic(), t.partition, boundsRetryLog(t.log, tp))
+	hw, err := t.changelogHighWatermark(ctx, tp)
 	if err != nil || stable >= hw {
 		return stable, err
 	}
@@ -431,6 +450,92 @@ func (t *task) waitSettledChangelog(ctx context.Context, tp string, stable int64
 		case <-time.After(wait):
 		}
 		wait = min(2*wait, time.Second)
+	}
+}
+
+// replicationWait is how long a wait for a changelog's records to be copied
+// to the in-sync replicas is expected to take at most: a follower that does
+// not copy them is dropped from the in-sync replicas after the broker's
+// replica.lag.time.max.ms (30 s by default), or fenced by the controller
+// sooner when its broker stopped.
+const replicationWait = 45 * time.Second
+
+// waitReplicatedChangelog waits until the changelog partition's high
+// watermark covers every record its leader had appended when the wait began,
+// and reports whether it waited. A previous owner's last records can be on
+// the leader only, its followers not having copied them yet (one paused,
+// restarting or slow): a restore that stopped at the high watermark would
+// miss them, the task would fold their events again from the committed input
+// offsets, and the records would become readable after the task's own, a
+// total going down and up again for a reader of the changelog (seen under
+// at-least-once; exactly-once has the same gap for a transaction whose
+// commit marker lands before its records are copied). Records the leader
+// drops instead (it fails before they are copied) end the wait too. When the
+// leader's end cannot be read, the restore goes on as before, to the high
+// watermark, and says so.
+func (t *task) waitReplicatedChangelog(ctx context.Context, tp string) (bool, error) {
+	e := t.deps.env
+	topic := e.cfg.ChangelogTopic()
+	var ends changelog.LeaderEnds
+	var err error
+	for attempt := 1; attempt <= 3; attempt++ {
+		if ends, err = changelog.LogEnd(ctx, e.client, topic, t.partition); err == nil || ctx.Err() != nil {
+			break
+		}
+	}
+	if err != nil {
+		if ctx.Err() != nil {
+			return false, ctx.Err()
+		}
+		t.log.Info(fmt.Sprintf("task [%s] Could not read the end of changelog %s on its leader; restoring to its high watermark", t.name, tp),
+			zap.Error(err))
+		return false, nil
+	}
+	target := ends.LogEnd
+	began := time.Now()
+	wait := 50 * time.Millisecond
+	logged := false
+	defer func() {
+		if logged {
+			t.clearWait()
+		}
+	}()
+	for {
+		if ends.HighWatermark >= target {
+			if logged {
+				t.log.Info(fmt.Sprintf("task [%s] Changelog %s records copied to the in-sync replicas up to offset %d", t.name, tp, ends.HighWatermark),
+					zap.Duration("waited", time.Since(began).Round(time.Millisecond)))
+			}
+			return logged, nil
+		}
+		if ends.LogEnd < target {
+			// A new leader without the records: they are gone.
+			t.log.Info(fmt.Sprintf("task [%s] Changelog %s records from offset %d on were dropped by a leader change", t.name, tp, ends.LogEnd),
+				zap.Int64("appended_end", target))
+			target = ends.LogEnd
+			continue
+		}
+		if !logged {
+			logged = true
+			what := fmt.Sprintf("the records of changelog %s its leader appended up to offset %d to be copied to the in-sync replicas (high watermark %d)", tp, target, ends.HighWatermark)
+			t.trouble.wait(what, replicationWait)
+			t.log.Info(fmt.Sprintf("task [%s] Waiting for %s", t.name, what))
+		}
+		select {
+		case <-ctx.Done():
+			return logged, ctx.Err()
+		case <-time.After(wait):
+		}
+		wait = min(2*wait, time.Second)
+		// The leader's end again, with the high watermark: when it cannot
+		// be read (the leader moving), the high watermark alone.
+		if next, err := changelog.LogEnd(ctx, e.client, topic, t.partition); err == nil {
+			ends = next
+		} else if hw, err := t.changelogHighWatermark(ctx, tp); err != nil {
+			return logged, err
+		} else {
+			ends.HighWatermark = hw
+		}
 	}
 }
 
@@ -494,6 +599,11 @@ func (t *task) restoreRange(ctx context.Context, tp string) (from, to int64, emp
 	// next covers every record the resumed input position relies on.
 	if err := t.waitStableOffsets(ctx); err != nil {
 		return 0, 0, false, err
+	}
+	if waited, err := t.waitReplicatedChangelog(ctx, tp); err != nil {
+		return 0, 0, false, err
+	} else if waited {
+		t.log.Debug("changelog replicated; reading its end")
 	}
 	logStart, end, err := t.changelogBounds(ctx, tp)
 	if err != nil {

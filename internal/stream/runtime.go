@@ -162,7 +162,7 @@ func (rt *Runtime) Run(ctx context.Context) error {
 		return fmt.Errorf("creating Kafka client: %w", err)
 	}
 	defer adminClient.Close()
-	e.admin = kadm.NewClient(adminClient)
+	e.admin, e.client = kadm.NewClient(adminClient), adminClient
 	rt.local.scan(e.dir, e.log)
 	if e.cfg.LogSummaryInterval > 0 {
 		stopSummary, summaryDone := make(chan struct{}), make(chan struct{})

@@ -14,10 +14,11 @@ import (
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/salesagg/salesagg/internal/changelog"
 	"github.com/salesagg/salesagg/test/harness"
 )
 
-// TestKafkaCluster: a 3-node Apache Kafka cluster of its own (kafka.sh, KAFKA_NODES=3, 2 client listeners) rides out the faults the harness injects: the leader of a partition SIGKILLed (a new one is elected, acks=all produce goes on with 2 of 3 in sync), a group coordinator SIGSTOPped past the broker session timeout (fenced, the coordinator moves, the group's offsets stay), one client blackholed from every node (its produce waits while a direct client's completes, and completes once healed); every record lands exactly once.
+// TestKafkaCluster: a 3-node Apache Kafka cluster of its own (kafka.sh, KAFKA_NODES=3, 2 client listeners) rides out the faults the harness injects: the leader of a partition SIGKILLed (a new one is elected, acks=all produce goes on with 2 of 3 in sync), a group coordinator SIGSTOPped past the broker session timeout (fenced, the coordinator moves, the group's offsets stay), one client blackholed from every node (its produce waits while a direct client's completes, and completes once healed), a follower SIGSTOPped while the leader appends (the records are above the high watermark and changelog.LogEnd sees them until the follower copies them); every record lands exactly once.
 func TestKafkaCluster(t *testing.T) {
 	requireOwnBroker(t) // the suite may run without Java when the broker is external
 	t0 := time.Now()
@@ -311,6 +312,78 @@ func TestKafkaCluster(t *testing.T) {
 		written[fmt.Sprintf("cut-during-%d", p)]++
 	}
 	t.Logf("blackholed client held %s (%d connections); its produce completed %s after Pass", healed.Sub(blackholed).Round(time.Millisecond), conns, time.Since(healed).Round(time.Millisecond))
+
+	// A follower paused: what the leader appends is above the high
+	// watermark until the follower copies it; changelog.LogEnd (what a
+	// restore waits for) sees it, the high watermark does not.
+	waitHealthy(t, c)
+	{
+		lead, err := c.LeaderOf(ctx, topic, 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		isr, err := c.ISR(ctx, topic, 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		follower := int32(-1)
+		for _, n := range isr {
+			if n != lead {
+				follower = n
+				break
+			}
+		}
+		if follower < 0 {
+			t.Fatalf("%s-1 has no follower in sync: ISR %v, leader %d", topic, isr, lead)
+		}
+		ends := func(cl *kgo.Client) changelog.LeaderEnds {
+			t.Helper()
+			e, err := changelog.LogEnd(ctx, cl, topic, 1)
+			if err != nil {
+				t.Fatalf("the ends of %s-1: %v", topic, err)
+			}
+			return e
+		}
+		before := ends(harness.NewClient(t, c.Bootstrap()))
+		if before.LogEnd != before.HighWatermark {
+			t.Fatalf("%s-1 with every replica in sync: %+v, want the log end at the high watermark", topic, before)
+		}
+		if err := c.Pause(follower); err != nil {
+			t.Fatal(err)
+		}
+		paused := time.Now()
+		// Clients made now, seeded with the live nodes only: none waits on
+		// the paused one.
+		direct := harness.NewClient(t, c.LiveBootstrap())
+		leaderOnly := harness.NewClient(t, c.LiveBootstrap(), manual, kgo.RequiredAcks(kgo.LeaderAck()), kgo.DisableIdempotentWrite())
+		pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		recs := []*kgo.Record{{Topic: topic, Partition: 1, Key: []byte("unreplicated-a")}, {Topic: topic, Partition: 1, Key: []byte("unreplicated-b")}}
+		err = leaderOnly.ProduceSync(pctx, recs...).FirstErr()
+		cancel()
+		if err != nil {
+			t.Fatalf("producing with acks=1 while node %d is paused: %v", follower, err)
+		}
+		written["unreplicated-a"]++
+		written["unreplicated-b"]++
+		during := ends(direct)
+		if took := time.Since(paused); took > 8*time.Second {
+			t.Fatalf("the checks took %s: the controller may have fenced node %d (9 s), which moves the high watermark", took, follower)
+		}
+		if during.LogEnd != before.LogEnd+2 || during.HighWatermark != before.HighWatermark {
+			t.Fatalf("with follower %d paused, after 2 records acks=1: %+v; want the log end at %d and the high watermark still at %d",
+				follower, during, before.LogEnd+2, before.HighWatermark)
+		}
+		if err := c.Resume(follower); err != nil {
+			t.Fatal(err)
+		}
+		took := harness.WaitFor(t, 60*time.Second, fmt.Sprintf("the high watermark of %s-1 to reach the records appended while node %d was paused", topic, follower), func() error {
+			if e := ends(direct); e.HighWatermark < during.LogEnd {
+				return fmt.Errorf("%+v", e)
+			}
+			return nil
+		})
+		t.Logf("node %d (follower of %s-1) paused: 2 records appended above the high watermark %d, seen in the leader's log end; copied %s after the resume", follower, topic, before.HighWatermark, took.Round(time.Millisecond))
+	}
 
 	// Every acknowledged record once, none other.
 	content, err := harness.ReadTopic(c.Bootstrap(), topic, 60*time.Second)
