@@ -241,7 +241,7 @@ func (t *task) restoredLog(tp string, n, to int64, d time.Duration) {
 func (t *task) changelogBounds(ctx context.Context, tp string) (logStart, end int64, err error) {
 	onRetry, done := t.listRetry(tp)
 	defer done()
-	return changelog.Bounds(ctx, t.deps.env.admin, t.deps.env.cfg.ChangelogTopic(), t.partition, onRetry)
+	return changelog.Bounds(ctx, t.deps.env.client, t.deps.env.cfg.ChangelogTopic(), t.partition, onRetry)
 }
 
 // changelogHighWatermark returns the high watermark of the task's changelog
@@ -249,7 +249,7 @@ func (t *task) changelogBounds(ctx context.Context, tp string) (logStart, end in
 func (t *task) changelogHighWatermark(ctx context.Context, tp string) (int64, error) {
 	onRetry, done := t.listRetry(tp)
 	defer done()
-	return changelog.HighWatermark(ctx, t.deps.env.admin, t.deps.env.cfg.ChangelogTopic(), t.partition, onRetry)
+	return changelog.HighWatermark(ctx, t.deps.env.client, t.deps.env.cfg.ChangelogTopic(), t.partition, onRetry)
 }
 
 // listRetry returns what a listing of the changelog's offsets calls after
@@ -461,8 +461,8 @@ func (t *task) waitSettledChangelog(ctx context.Context, tp string, stable int64
 const replicationWait = 45 * time.Second
 
 // waitReplicatedChangelog waits until the changelog partition's high
-// watermark covers every record its leader had appended when the wait began,
-// and reports whether it waited. A previous owner's last records can be on
+// watermark covers every record its leader had appended when the wait began.
+// A previous owner's last records can be on
 // the leader only, its followers not having copied them yet (one paused,
 // restarting or slow): a restore that stopped at the high watermark would
 // miss them, the task would fold their events again from the committed input
@@ -470,26 +470,14 @@ const replicationWait = 45 * time.Second
 // total going down and up again for a reader of the changelog (seen under
 // at-least-once; exactly-once has the same gap for a transaction whose
 // commit marker lands before its records are copied). Records the leader
-// drops instead (it fails before they are copied) end the wait too. When the
-// leader's end cannot be read, the restore goes on as before, to the high
-// watermark, and says so.
-func (t *task) waitReplicatedChangelog(ctx context.Context, tp string) (bool, error) {
-	e := t.deps.env
-	topic := e.cfg.ChangelogTopic()
-	var ends changelog.LeaderEnds
-	var err error
-	for attempt := 1; attempt <= 3; attempt++ {
-		if ends, err = changelog.LogEnd(ctx, e.client, topic, t.partition); err == nil || ctx.Err() != nil {
-			break
-		}
-	}
+// drops instead (it fails before they are copied) end the wait too. While
+// the leader's end cannot be read, the restore waits for it (retrying with
+// backoff, shown in the task's status): the high watermark alone does not
+// tell whether such records exist.
+func (t *task) waitReplicatedChangelog(ctx context.Context, tp string) error {
+	ends, err := t.changelogLogEnd(ctx, tp)
 	if err != nil {
-		if ctx.Err() != nil {
-			return false, ctx.Err()
-		}
-		t.log.Info(fmt.Sprintf("task [%s] Could not read the end of changelog %s on its leader; restoring to its high watermark", t.name, tp),
-			zap.Error(err))
-		return false, nil
+		return err
 	}
 	target := ends.LogEnd
 	began := time.Now()
@@ -506,7 +494,7 @@ func (t *task) waitReplicatedChangelog(ctx context.Context, tp string) (bool, er
 				t.log.Info(fmt.Sprintf("task [%s] Changelog %s records copied to the in-sync replicas up to offset %d", t.name, tp, ends.HighWatermark),
 					zap.Duration("waited", time.Since(began).Round(time.Millisecond)))
 			}
-			return logged, nil
+			return nil
 		}
 		if ends.LogEnd < target {
 			// A new leader without the records: they are gone.
@@ -523,20 +511,24 @@ func (t *task) waitReplicatedChangelog(ctx context.Context, tp string) (bool, er
 		}
 		select {
 		case <-ctx.Done():
-			return logged, ctx.Err()
+			return ctx.Err()
 		case <-time.After(wait):
 		}
 		wait = min(2*wait, time.Second)
-		// The leader's end again, with the high watermark: when it cannot
-		// be read (the leader moving), the high watermark alone.
-		if next, err := changelog.LogEnd(ctx, e.client, topic, t.partition); err == nil {
-			ends = next
-		} else if hw, err := t.changelogHighWatermark(ctx, tp); err != nil {
-			return logged, err
-		} else {
-			ends.HighWatermark = hw
+		if ends, err = t.changelogLogEnd(ctx, tp); err != nil {
+			return err
 		}
 	}
+}
+
+// changelogLogEnd returns the high watermark of the task's changelog
+// partition and the end of its leader's log, as changelogBounds does the
+// bounds: for as long as ctx lets it, never the high watermark alone (the
+// records above it are what the wait is for).
+func (t *task) changelogLogEnd(ctx context.Context, tp string) (changelog.LeaderEnds, error) {
+	onRetry, done := t.listRetry(tp)
+	defer done()
+	return changelog.LogEnd(ctx, t.deps.env.client, t.deps.env.cfg.ChangelogTopic(), t.partition, onRetry)
 }
 
 // openTransactions describes the transactions open on the task's changelog
@@ -600,10 +592,8 @@ func (t *task) restoreRange(ctx context.Context, tp string) (from, to int64, emp
 	if err := t.waitStableOffsets(ctx); err != nil {
 		return 0, 0, false, err
 	}
-	if waited, err := t.waitReplicatedChangelog(ctx, tp); err != nil {
+	if err := t.waitReplicatedChangelog(ctx, tp); err != nil {
 		return 0, 0, false, err
-	} else if waited {
-		t.log.Debug("changelog replicated; reading its end")
 	}
 	logStart, end, err := t.changelogBounds(ctx, tp)
 	if err != nil {

@@ -207,7 +207,7 @@ func (s *standby) tail(ctx context.Context) error {
 	s.store.Store(st)
 	topic := e.cfg.ChangelogTopic()
 	tp := fmt.Sprintf("%s-%d", topic, s.partition)
-	logStart, end, err := changelog.Bounds(ctx, e.admin, topic, s.partition, boundsRetryLog(s.log, tp))
+	logStart, end, err := changelog.Bounds(ctx, e.client, topic, s.partition, boundsRetryLog(s.log, tp))
 	if err != nil {
 		return err
 	}

@@ -338,7 +338,7 @@ func TestKafkaCluster(t *testing.T) {
 		}
 		ends := func(cl *kgo.Client) changelog.LeaderEnds {
 			t.Helper()
-			e, err := changelog.LogEnd(ctx, cl, topic, 1)
+			e, err := changelog.LogEnd(ctx, cl, topic, 1, nil)
 			if err != nil {
 				t.Fatalf("the ends of %s-1: %v", topic, err)
 			}
