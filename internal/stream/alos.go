@@ -67,6 +67,7 @@ func (a *atLeastOnce) taskDeps(d *taskDeps) {
 	d.committer = &a.committer
 	d.member = a.checkMembership
 	d.rewind = a.requestRewind
+	d.gate = func(now time.Time) context.Context { return a.s.lease.produceGate(now) }
 }
 
 // poll is the loop that owns the group client: it fetches and hands each

@@ -97,6 +97,10 @@ type lease struct {
 	// lapsed are the tasks dropped when the lease lapsed: when they run
 	// again here, the input is read again from what is committed.
 	lapsed map[int32]bool
+	// gate is the produce gate of the current hold (see produceGate): made
+	// when asked for while the lease holds and the last one is closed,
+	// closed when the lease lapses or is lost, or found past its deadline.
+	gate *produceGate
 }
 
 // newLease returns an idle lease for a session timeout and a rebalance
@@ -195,6 +199,7 @@ func (l *lease) expire(now time.Time, held []int32) (silent time.Duration, lapse
 		return 0, false
 	}
 	l.move(leaseLapsed)
+	l.gate.close()
 	l.lapsedAt = now
 	if l.lapsed == nil {
 		l.lapsed = map[int32]bool{}
@@ -223,6 +228,7 @@ func (l *lease) lost() {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.move(leaseIdle)
+	l.gate.close()
 }
 
 // snapshot returns the state, the deadline and when it lapsed.
@@ -255,6 +261,109 @@ func (l *lease) lapseReason() string {
 	return fmt.Sprintf("the group coordinator answered no heartbeat within session.timeout.ms (%s); tasks dropped at %s, waiting to rejoin the group",
 		l.sessionTimeout, at.UTC().Format("2006-01-02 15:04:05Z"))
 }
+
+// At-least-once has no fencing (see cutoff.go): a record the client writes
+// to a broker is appended whenever it arrives. A task checks its membership
+// before it produces (checkMembership), and the lease drops its tasks
+// before the coordinator can give them away, cutting them off (every
+// record the client holds fails); but between the two, records wait in the
+// client's buffer, behind a request in flight to a slow or paused leader,
+// for as long as that takes. A process paused then (SIGSTOP, a frozen VM,
+// a long GC stop) and resumed after the group gave its tasks to another
+// member would, on resuming, send them at once: franz-go's goroutines run
+// before the lease loop sees that the deadline passed. They would land
+// after the new owner restored the changelog, and a product's total would
+// go down for a reader of it (seen in a 30-minute torture run, seed 9:
+// changelog records of a member paused 12 s, landing 4 s after the next
+// owner's restore).
+//
+// So every record a task produces at-least-once carries the produce gate
+// of the lease's current hold as its context (kgo.Record.Context), and
+// franz-go fails a batch whose first record's context is done before it
+// writes it to a broker. The gate is done once the lease has passed its
+// deadline, lapsed or was lost: its Done checks the deadline itself each
+// time it is called, so a resumed process fails what its client holds
+// before any of its own goroutines noticed the time. What a broker already
+// has (written before the deadline) arrives within the lease's margin.
+
+// errLeasePassed fails a record whose produce gate closed before franz-go
+// wrote it.
+var errLeasePassed = errors.New("stream: the group lease passed before the record was sent; nothing more of this hold is produced")
+
+// produceGate is a context.Context done once the lease hold it was taken
+// from is over (see above). Its channel is closed by the lease when it
+// lapses or is lost, or by Done when it finds the deadline passed.
+type produceGate struct {
+	l    *lease
+	done chan struct{}
+	once sync.Once
+}
+
+var _ context.Context = (*produceGate)(nil)
+
+// produceGate returns the produce gate of the current hold: a new one when
+// the last was closed (the lease lapsed, or passed its deadline and was
+// extended by a late answer: what was buffered across it fails, what is
+// produced now may go), one already closed when the lease does not hold at
+// now.
+func (l *lease) produceGate(now time.Time) *produceGate {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.state != leaseHeld || !now.Before(l.until) {
+		g := &produceGate{l: l, done: make(chan struct{})}
+		g.close()
+		return g
+	}
+	if l.gate == nil || l.gate.closed() {
+		l.gate = &produceGate{l: l, done: make(chan struct{})}
+	}
+	return l.gate
+}
+
+// closed tells whether g is closed.
+func (g *produceGate) closed() bool {
+	select {
+	case <-g.done:
+		return true
+	default:
+		return false
+	}
+}
+
+// close closes the gate; a nil gate is fine.
+func (g *produceGate) close() {
+	if g != nil {
+		g.once.Do(func() { close(g.done) })
+	}
+}
+
+// over tells whether g's hold is over at now.
+func (l *lease) over(g *produceGate, now time.Time) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.gate != g || l.state != leaseHeld || !now.Before(l.until)
+}
+
+func (g *produceGate) Done() <-chan struct{} {
+	if !g.closed() && g.l.over(g, time.Now()) {
+		g.close()
+	}
+	return g.done
+}
+
+func (g *produceGate) Err() error {
+	select {
+	case <-g.Done():
+		return errLeasePassed
+	default:
+		return nil
+	}
+}
+
+// Deadline: none fixed, the lease's deadline moves with each answer.
+func (g *produceGate) Deadline() (time.Time, bool) { return time.Time{}, false }
+
+func (g *produceGate) Value(any) any { return nil }
 
 // leaseHook feeds the lease the arrival of JoinGroup responses.
 type leaseHook struct{ l *lease }

@@ -81,6 +81,10 @@ type taskDeps struct {
 	// rewind asks the poll loop to move the task's partitions back to the
 	// offsets it folds again from (at-least-once).
 	rewind func(*task)
+	// gate returns the context the task's records are produced with, done
+	// once the group lease that lets the task write has passed (see
+	// produceGate; at-least-once, nil exactly-once: transactions fence).
+	gate func(now time.Time) context.Context
 	// commitNow asks the exactly-once poll loop for the cycle at once.
 	commitNow func()
 	// settle waits, before a restore, until no exactly-once cycle of this
@@ -715,7 +719,9 @@ func (t *task) sourceOf(r *kgo.Record) (int32, int64, [16]byte, bool) {
 	return int32(binary.BigEndian.Uint32(p)), int64(binary.BigEndian.Uint64(o)), id, true
 }
 
-// produce sends rec with promise, a callback made by t.promise.
+// produce sends rec with promise, a callback made by t.promise;
+// at-least-once with the lease's produce gate as its context, so that the
+// client never writes it once the lease has passed.
 func (t *task) produce(ctx context.Context, rec *kgo.Record, promise func(*kgo.Record, error)) {
 	t.out.pending.Add(1)
 	t.out.cutMu.Lock()
@@ -723,6 +729,9 @@ func (t *task) produce(ctx context.Context, rec *kgo.Record, promise func(*kgo.R
 	if t.out.cut {
 		promise(rec, errCutOff)
 		return
+	}
+	if t.deps.gate != nil {
+		rec.Context = t.deps.gate(time.Now())
 	}
 	t.deps.client.Produce(ctx, rec, promise)
 }
