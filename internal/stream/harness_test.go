@@ -364,6 +364,32 @@ func (in *instance) waitRestored(tasks int) int64 {
 	return n
 }
 
+// foldP1AndStop is the first half of a restore test: on a 3-partition
+// input, an instance of the harness's config under guarantee folds p1 = 10
+// and stops. It returns the instance's config and p1's changelog partition.
+func (h *harness) foldP1AndStop(guarantee string) (config.Config, int32) {
+	h.t.Helper()
+	h.createInput(3)
+	h.cfg.ProcessingGuarantee = guarantee
+	cfg := h.instanceCfg("a")
+	a := h.start(cfg)
+	a.waitReady()
+	h.produce(event("p1", "p1", 10))
+	a.waitTotals(map[string]int64{"p1": 10})
+	_, _, partitionOf := h.changelog(cfg)
+	var p int32 = -1
+	for q := range partitionOf["p1"] {
+		p = q
+	}
+	if p < 0 {
+		h.t.Fatal("p1 is in no changelog partition")
+	}
+	if err := a.stop(); err != nil {
+		h.t.Fatal(err)
+	}
+	return cfg, p
+}
+
 // changelog reads the whole changelog and returns the latest total per
 // product, the record count, and the partition each product was written to.
 func (h *harness) changelog(cfg config.Config) (totals map[string]int64, records int, partitionOf map[string]map[int32]bool) {

@@ -30,24 +30,7 @@ func TestRestoreWaitsForTheChangelogsOpenTransactionsToEnd(t *testing.T) {
 	// that total. (An open, undecided transaction is waited for too:
 	// TestRestoreEndsWhenTheLastRecordsVanish, TestRestoreWaitsForAnOlderOwnersOpenTransaction.)
 	h := newHarness(t)
-	h.createInput(3)
-	h.cfg.ProcessingGuarantee = config.ExactlyOnceV2
-	cfg := h.instanceCfg("a")
-	a := h.start(cfg)
-	a.waitReady()
-	h.produce(event("p1", "p1", 10))
-	a.waitTotals(map[string]int64{"p1": 10})
-	_, _, partitionOf := h.changelog(cfg)
-	var p int32 = -1
-	for q := range partitionOf["p1"] {
-		p = q
-	}
-	if p < 0 {
-		t.Fatal("p1 is in no changelog partition")
-	}
-	if err := a.stop(); err != nil {
-		t.Fatal(err)
-	}
+	cfg, p := h.foldP1AndStop(config.ExactlyOnceV2)
 
 	txn := h.client(kgo.TransactionalID("late-marker"), kgo.RecordPartitioner(kgo.ManualPartitioner()))
 	ctx := context.Background()
@@ -77,7 +60,7 @@ func TestRestoreWaitsForTheChangelogsOpenTransactionsToEnd(t *testing.T) {
 		return resp, nil, true
 	})
 
-	a = h.start(cfg)
+	a := h.start(cfg)
 	task := fmt.Sprintf("0_%d", p)
 	th.WaitFor(t, 30*time.Second, "task "+task+" to wait for the open transaction", func() error {
 		for _, tk := range a.tasks() {
@@ -116,29 +99,12 @@ func TestRestoreReadsTheEndAgainWhenATransactionEndsWhileItLooks(t *testing.T) {
 	// totals so, the marker held back by a killed changelog leader). Here the marker lands while
 	// the leader's answer is held: once ready, the store must hold the committed total.
 	h := newHarness(t)
-	h.createInput(3)
-	h.cfg.ProcessingGuarantee = config.ExactlyOnceV2
-	cfg := h.instanceCfg("a")
-	a := h.start(cfg)
-	a.waitReady()
-	h.produce(event("p1", "p1", 10))
-	a.waitTotals(map[string]int64{"p1": 10})
-	_, _, partitionOf := h.changelog(cfg)
-	var p int32 = -1
-	for q := range partitionOf["p1"] {
-		p = q
-	}
-	if p < 0 {
-		t.Fatal("p1 is in no changelog partition")
-	}
-	if err := a.stop(); err != nil {
-		t.Fatal(err)
-	}
+	cfg, p := h.foldP1AndStop(config.ExactlyOnceV2)
 	// A restart's restore brings the store's checkpoint to the changelog's
 	// last stable offset (past the commit marker), so the next restore has
 	// nothing to read up to the offset it finds: it reads no record at all
 	// unless it finds the end past the transaction below.
-	a = h.start(cfg)
+	a := h.start(cfg)
 	a.waitReady()
 	if err := a.stop(); err != nil {
 		t.Fatal(err)
@@ -196,24 +162,7 @@ func TestRestoreWaitsForAnOlderOwnersOpenTransaction(t *testing.T) {
 	// torture run lost 47 products' totals so). The restore must wait for the open
 	// transaction, name it in /v1/tasks, and once it is aborted restore the newer totals.
 	h := newHarness(t)
-	h.createInput(3)
-	h.cfg.ProcessingGuarantee = config.ExactlyOnceV2
-	cfg := h.instanceCfg("a")
-	a := h.start(cfg)
-	a.waitReady()
-	h.produce(event("p1", "p1", 10))
-	a.waitTotals(map[string]int64{"p1": 10})
-	_, _, partitionOf := h.changelog(cfg)
-	var p int32 = -1
-	for q := range partitionOf["p1"] {
-		p = q
-	}
-	if p < 0 {
-		t.Fatal("p1 is in no changelog partition")
-	}
-	if err := a.stop(); err != nil {
-		t.Fatal(err)
-	}
+	cfg, p := h.foldP1AndStop(config.ExactlyOnceV2)
 
 	ctx := context.Background()
 	older := h.client(kgo.TransactionalID("older-owner"), kgo.RecordPartitioner(kgo.ManualPartitioner()))
@@ -240,7 +189,7 @@ func TestRestoreWaitsForAnOlderOwnersOpenTransaction(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	a = h.start(cfg)
+	a := h.start(cfg)
 	task := fmt.Sprintf("0_%d", p)
 	th.WaitFor(t, 30*time.Second, "task "+task+" to wait for the older owner's transaction", func() error {
 		for _, tk := range a.tasks() {

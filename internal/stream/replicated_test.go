@@ -29,24 +29,7 @@ func TestRestoreWaitsForRecordsItsLeaderHasNotCopied(t *testing.T) {
 	// high watermark. The restore must wait (and say so in /v1/tasks), and once the record is
 	// readable restore it.
 	h := newHarness(t)
-	h.createInput(3)
-	h.cfg.ProcessingGuarantee = config.AtLeastOnce
-	cfg := h.instanceCfg("a")
-	a := h.start(cfg)
-	a.waitReady()
-	h.produce(event("p1", "p1", 10))
-	a.waitTotals(map[string]int64{"p1": 10})
-	_, _, partitionOf := h.changelog(cfg)
-	var p int32 = -1
-	for q := range partitionOf["p1"] {
-		p = q
-	}
-	if p < 0 {
-		t.Fatal("p1 is in no changelog partition")
-	}
-	if err := a.stop(); err != nil {
-		t.Fatal(err)
-	}
+	cfg, p := h.foldP1AndStop(config.AtLeastOnce)
 
 	ctx := context.Background()
 	cl := h.client(kgo.RecordPartitioner(kgo.ManualPartitioner()))
@@ -79,7 +62,7 @@ func TestRestoreWaitsForRecordsItsLeaderHasNotCopied(t *testing.T) {
 		return resp, nil, true
 	})
 
-	a = h.start(cfg)
+	a := h.start(cfg)
 	task := fmt.Sprintf("0_%d", p)
 	th.WaitFor(t, 30*time.Second, "task "+task+" to wait for the record its leader has not copied", func() error {
 		for _, tk := range a.tasks() {
@@ -120,16 +103,7 @@ func TestRestoreWaitsWhileItsLeaderCannotSayWhereItsLogEnds(t *testing.T) {
 	// The restore must keep asking, with backoff, show the wait in /v1/tasks, and run only once
 	// the leader answers.
 	h := newHarness(t)
-	h.createInput(3)
-	h.cfg.ProcessingGuarantee = config.AtLeastOnce
-	cfg := h.instanceCfg("a")
-	a := h.start(cfg)
-	a.waitReady()
-	h.produce(event("p1", "p1", 10))
-	a.waitTotals(map[string]int64{"p1": 10})
-	if err := a.stop(); err != nil {
-		t.Fatal(err)
-	}
+	cfg, _ := h.foldP1AndStop(config.AtLeastOnce)
 
 	var failing atomic.Bool
 	failing.Store(true)
@@ -156,7 +130,7 @@ func TestRestoreWaitsWhileItsLeaderCannotSayWhereItsLogEnds(t *testing.T) {
 		return resp, nil, true
 	})
 
-	a = h.start(cfg)
+	a := h.start(cfg)
 	// Six failed answers, twice what the restore once gave up after, and every task still
 	// restoring, the listing's failure in its status.
 	th.WaitFor(t, 60*time.Second, "the restores to keep asking the leaders where their logs end", func() error {
