@@ -137,10 +137,35 @@ type exactlyOnce struct {
 	// its records are produced until its End is decided; settle waits for
 	// it to be free.
 	cycle chan struct{}
+	// openSince is when the oldest transaction the broker may still hold
+	// open began (its first cycle's prepare), zero when none is: set by
+	// transact, cleared by an End that succeeded. A fencing after the
+	// transaction was open that long is the broker's timeout; one sooner
+	// is not (fencing). Written under the cycle token, read by the poll
+	// loop between cycles.
+	openSince atomic.Pointer[time.Time]
 }
 
 func newExactlyOnce(s *session) *exactlyOnce {
 	return &exactlyOnce{s: s, commitNow: make(chan struct{}, 1), cycle: make(chan struct{}, 1)}
+}
+
+// openFor returns how long the oldest transaction the broker may hold open
+// has been open, zero when none is.
+func (e *exactlyOnce) openFor() time.Duration {
+	if t := e.openSince.Load(); t != nil {
+		return time.Since(*t)
+	}
+	return 0
+}
+
+// fenced wraps err, when it is a fencing, as a fencing of this session's
+// producer with the open transaction's age.
+func (e *exactlyOnce) fenced(err error) error {
+	if errors.Is(err, kerr.ProducerFenced) || errors.Is(err, kerr.InvalidProducerEpoch) {
+		return &fencing{open: e.openFor(), err: err}
+	}
+	return err
 }
 
 func (e *exactlyOnce) client(opts []kgo.Opt) (*kgo.Client, error) {
@@ -214,8 +239,13 @@ func (e *exactlyOnce) idle() bool {
 // a task fails.
 func (e *exactlyOnce) poll(ctx, work context.Context) error {
 	s := e.s
+	// The producer id is asked for now, not at the first transaction:
+	// asking ends a transaction this process left open or committing when
+	// it was killed, which every task's restore waits for
+	// (waitSettledChangelog).
+	s.goroutine(func() { _, _, _ = e.txn.Client().ProducerID(ctx) })
 	if err := e.txn.Begin(); err != nil {
-		return fmt.Errorf("beginning transaction: %w", beginFailed(err))
+		return fmt.Errorf("beginning transaction: %w", e.beginFailed(err))
 	}
 	next := time.Now().Add(s.env.cfg.CommitInterval)
 	for {
@@ -258,7 +288,7 @@ func (e *exactlyOnce) poll(ctx, work context.Context) error {
 			return err
 		}
 		if err := e.txn.Begin(); err != nil {
-			return fmt.Errorf("beginning transaction: %w", beginFailed(err))
+			return fmt.Errorf("beginning transaction: %w", e.beginFailed(err))
 		}
 		e.polled = 0
 		next = time.Now().Add(s.env.cfg.CommitInterval)
@@ -285,6 +315,10 @@ func (e *exactlyOnce) transact(ctx context.Context) error {
 		// input and they are read again.
 		try = kgo.TryAbort
 	}
+	if e.openSince.Load() == nil {
+		now := time.Now()
+		e.openSince.Store(&now)
+	}
 	prepared, errs := prepare(ctx, ts)
 	s.env.crashPoint("changelog-produced")
 	if len(prepared) < len(ts) {
@@ -301,6 +335,9 @@ func (e *exactlyOnce) transact(ctx context.Context) error {
 	endBegan := time.Now()
 	committed, endErr := e.txn.End(ctx, try)
 	s.env.metrics.txnEndSeconds.Observe(time.Since(endBegan).Seconds())
+	if endErr == nil {
+		e.openSince.Store(nil)
+	}
 	if endErr == nil && committed {
 		s.env.metrics.txnCommitted.Add(1)
 	} else {
@@ -321,7 +358,7 @@ func (e *exactlyOnce) transact(ctx context.Context) error {
 	}
 	if endErr != nil {
 		if fatalTxnError(endErr) {
-			errs = append(errs, fmt.Errorf("ending transaction: %w", fenced(endErr)))
+			errs = append(errs, fmt.Errorf("ending transaction: %w", e.fenced(endErr)))
 		} else if err := e.abortUntilKafkaAnswers(ctx, endErr); err != nil {
 			errs = append(errs, err)
 		}
@@ -405,8 +442,29 @@ func fatalTxnError(err error) bool {
 // errSessionFenced ends a group session whose transactional producer was
 // fenced. Its open transaction is aborted, the tasks' stores hold the
 // committed state, so the runtime starts a new session (a new producer
-// epoch) instead of exiting; see Run.
+// epoch) instead of exiting; see Run. Its errors are fencings.
 var errSessionFenced = errors.New("stream: the transactional producer was fenced")
+
+// fencing is a session's producer fenced (errSessionFenced), with how long
+// its transaction had been open: the broker fences a producer whose
+// transaction outlived transaction.timeout.ms, and any producer when
+// another one initialises the same transactional id. Only the second can
+// fence a transaction younger than the timeout.
+type fencing struct {
+	open time.Duration
+	err  error
+}
+
+func (f *fencing) Error() string { return fmt.Sprintf("%v: %v", errSessionFenced, f.err) }
+
+func (f *fencing) Unwrap() []error { return []error{errSessionFenced, f.err} }
+
+// timedOut reports whether the fenced transaction had been open long
+// enough for the broker to abort it on its timeout. Half the timeout
+// leaves room for the coordinator's clock and its periodic check; the
+// fencing by another process comes within a commit interval, a tenth of
+// the default timeout.
+func (f *fencing) timedOut(timeout time.Duration) bool { return f.open >= timeout/2 }
 
 // errProducerIDLost ends a group session whose transactional producer
 // could not get its producer id (a broker failed during InitProducerID,
@@ -418,22 +476,14 @@ var errProducerIDLost = errors.New("stream: the transactional producer could not
 // beginFailed classifies a failed Begin: a fencing (errSessionFenced), a
 // producer id the client could not load (errProducerIDLost), or, for a
 // closed client or a transactional id not allowed, the error itself.
-func beginFailed(err error) error {
+func (e *exactlyOnce) beginFailed(err error) error {
 	switch {
 	case errors.Is(err, kerr.ProducerFenced), errors.Is(err, kerr.InvalidProducerEpoch):
-		return fenced(err)
+		return e.fenced(err)
 	case errors.Is(err, kgo.ErrClientClosed), errors.Is(err, kerr.TransactionalIDAuthorizationFailed):
 		return err
 	}
 	return fmt.Errorf("%w: %w", errProducerIDLost, err)
-}
-
-// fenced wraps err with errSessionFenced when it is a fencing.
-func fenced(err error) error {
-	if errors.Is(err, kerr.ProducerFenced) || errors.Is(err, kerr.InvalidProducerEpoch) {
-		return fmt.Errorf("%w: %w", errSessionFenced, err)
-	}
-	return err
 }
 
 // abortUntilKafkaAnswers handles an End that failed (Kafka unreachable, a
@@ -449,11 +499,12 @@ func (e *exactlyOnce) abortUntilKafkaAnswers(ctx context.Context, cause error) e
 	for attempt := 1; ; attempt++ {
 		_, err := e.txn.End(ctx, kgo.TryAbort)
 		if err == nil {
+			e.openSince.Store(nil)
 			env.log.Info("Transaction aborted; processing resumes from the committed offsets", zap.Int("attempts", attempt))
 			return nil
 		}
 		if fatalTxnError(err) {
-			return fmt.Errorf("aborting transaction: %w", fenced(err))
+			return fmt.Errorf("aborting transaction: %w", e.fenced(err))
 		}
 		if attempt%10 == 0 {
 			env.log.Warn("Still waiting for Kafka to abort the transaction", zap.Int("attempts", attempt), zap.Error(err))

@@ -126,7 +126,8 @@ func (rt *Runtime) InstanceID() string { return rt.env.instanceID }
 // GracePeriod bounds how long Run takes to stop once its context is done.
 const GracePeriod = 30 * time.Second
 
-// A session fenced more than maxFencings times within fencingWindow ends Run.
+// A session fenced more than maxFencings times within fencingWindow, each
+// time sooner than the transaction timeout, ends Run.
 const (
 	maxFencings   = 3
 	fencingWindow = 10 * time.Minute
@@ -197,19 +198,33 @@ func (rt *Runtime) Run(ctx context.Context) error {
 			case <-time.After(time.Second):
 			}
 		case errors.Is(err, errSessionFenced) && ctx.Err() == nil:
-			// A broker that aborted the open transaction after
-			// transaction.timeout.ms (Kafka was unreachable that long) fences
-			// once; another process using this transactional id fences
-			// every new session: give up after a few in a short time.
+			var f *fencing
+			errors.As(err, &f)
+			timeout := e.cfg.TransactionTimeout()
+			if f != nil && f.timedOut(timeout) {
+				// The broker aborted a transaction that outlived its
+				// timeout (Kafka unreachable, the process paused that
+				// long): this process's own, as often as it happens.
+				e.log.Warn("The transactional producer was fenced: its transaction was open past transaction.timeout.ms and the broker aborted it; the stores hold the committed state; starting a new session",
+					zap.Duration("open", f.open.Round(time.Millisecond)), zap.Duration("transaction_timeout", timeout), zap.Error(err))
+				break
+			}
+			// Fenced sooner than the broker's timeout: another producer
+			// initialised this transactional id. Another process using
+			// it fences every new session: give up after a few.
 			fencings = append(fencings, time.Now())
 			if len(fencings) > maxFencings {
 				fencings = fencings[1:]
 				if time.Since(fencings[0]) < fencingWindow {
-					return fmt.Errorf("fenced %d times within %s (another process with this transactional id?): %w", maxFencings+1, fencingWindow, err)
+					return fmt.Errorf("fenced %d times within %s, each time sooner than transaction.timeout.ms (another process with this transactional id?): %w", maxFencings+1, fencingWindow, err)
 				}
 			}
-			e.log.Warn("The transactional producer was fenced; the open transaction is aborted and the stores hold the committed state; starting a new session",
-				zap.Duration("transaction_timeout", e.cfg.TransactionTimeout()), zap.Error(err))
+			var open time.Duration
+			if f != nil {
+				open = f.open
+			}
+			e.log.Warn("The transactional producer was fenced sooner than transaction.timeout.ms: another producer took its transactional id (another process with this state dir's process id?); the stores hold the committed state; starting a new session",
+				zap.Duration("open", open.Round(time.Millisecond)), zap.Duration("transaction_timeout", timeout), zap.Int("recent", len(fencings)), zap.Error(err))
 		default:
 			return err
 		}

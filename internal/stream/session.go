@@ -198,13 +198,6 @@ func (s *session) run(ctx context.Context, work context.Context, cancelWork cont
 	s.goroutine(func() { watchTopology(pollCtx, s.env, s.topo, cancelPoll) })
 	s.goroutine(func() { s.probeLoop(pollCtx) })
 	s.goroutine(func() { s.leaseLoop(pollCtx) })
-	if s.env.eos {
-		// The producer id is asked for now, not at the first transaction:
-		// asking ends a transaction this process left open or committing
-		// when it was killed, which every task's restore waits for
-		// (waitSettledChangelog).
-		s.goroutine(func() { _, _, _ = cl.ProducerID(pollCtx) })
-	}
 	pollErr := s.poll(pollCtx, work)
 	changed := topologyChanged(pollCtx, ctx)
 	cancelPoll(nil)

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"net/http"
 	"strings"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -349,62 +348,6 @@ func TestExactlyOnceBoundsItsChangedProducts(t *testing.T) {
 	if d := time.Since(began); d >= h.cfg.CommitInterval {
 		t.Fatalf("committed after %s: the commit interval, not the bound", d)
 	}
-}
-
-func TestFencedByTransactionTimeoutStartsANewSession(t *testing.T) {
-	// Scenario: exactly-once with transaction.timeout.ms 1.5 s; one commit cycle hangs for 4 s
-	// after producing its changelog records (as when Kafka is unreachable that long), so the
-	// broker aborts the transaction and fences the producer. The runtime does not exit: it drops
-	// the cycle, starts a new producer session (rejoining the group at once), folds the input
-	// again from the committed offsets, and the totals are exact.
-	h := newHarness(t)
-	h.createInput(3)
-	h.cfg.TransactionTimeoutSet = 1500 * time.Millisecond
-	var hung atomic.Bool
-	var folded atomic.Bool
-	// The cycle that hangs must have folded events since the last one (so
-	// that its transaction holds records the broker aborts): a cycle with
-	// nothing in it begins no transaction on the broker, and nothing fences.
-	var rt atomic.Pointer[stream.Runtime]
-	lastProcessed := int64(0)
-	processed := func() int64 {
-		var n int64
-		if r := rt.Load(); r != nil {
-			for _, ts := range r.Tasks() {
-				n += ts.Processed
-			}
-		}
-		return n
-	}
-	in := h.startWith(h.cfg, stream.Knobs{CrashPoint: func(point string) {
-		if point != "changelog-produced" {
-			return
-		}
-		cur := processed()
-		if folded.Load() && cur > lastProcessed && hung.CompareAndSwap(false, true) {
-			time.Sleep(4 * time.Second) // the hang under test, not a wait for a condition
-		}
-		lastProcessed = cur
-	}})
-	rt.Store(in.rt)
-	in.waitReady()
-	want := spread(h, "f", 10, 3)
-	folded.Store(true)
-	more := spread(h, "f", 10, 2)
-	for p, v := range more {
-		want[p] += v
-	}
-	th.WaitFor(t, 30*time.Second, "the hung cycle", th.Holds(hung.Load))
-	in.waitTotals(want)
-	if _, ok := logTime(in.logs, "The transactional producer was fenced"); !ok {
-		t.Fatal("the runtime did not report the fencing it recovered from")
-	}
-	select {
-	case err := <-in.done:
-		t.Fatalf("the runtime stopped after the fencing: %v", err)
-	default:
-	}
-	equalTotals(t, "changelog", func() map[string]int64 { got, _, _ := h.changelog(h.cfg); return got }(), want)
 }
 
 func TestAbortedTransactionKeepsCachedEntries(t *testing.T) {
