@@ -309,7 +309,7 @@ var _ context.Context = (*produceGate)(nil)
 func (l *lease) produceGate(now time.Time) *produceGate {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if l.state != leaseHeld || !now.Before(l.until) {
+	if !l.holdsAt(now) {
 		g := &produceGate{l: l, done: make(chan struct{})}
 		g.close()
 		return g
@@ -319,6 +319,9 @@ func (l *lease) produceGate(now time.Time) *produceGate {
 	}
 	return l.gate
 }
+
+// holdsAt tells whether the lease holds at now; l.mu is held.
+func (l *lease) holdsAt(now time.Time) bool { return l.state == leaseHeld && now.Before(l.until) }
 
 // closed tells whether g is closed.
 func (g *produceGate) closed() bool {
@@ -341,7 +344,7 @@ func (g *produceGate) close() {
 func (l *lease) over(g *produceGate, now time.Time) bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	return l.gate != g || l.state != leaseHeld || !now.Before(l.until)
+	return l.gate != g || !l.holdsAt(now)
 }
 
 func (g *produceGate) Done() <-chan struct{} {

@@ -719,10 +719,11 @@ func (t *task) sourceOf(r *kgo.Record) (int32, int64, [16]byte, bool) {
 	return int32(binary.BigEndian.Uint32(p)), int64(binary.BigEndian.Uint64(o)), id, true
 }
 
-// produce sends rec with promise, a callback made by t.promise;
-// at-least-once with the lease's produce gate as its context, so that the
-// client never writes it once the lease has passed.
-func (t *task) produce(ctx context.Context, rec *kgo.Record, promise func(*kgo.Record, error)) {
+// produce sends rec with promise, a callback made by t.promise, and gate
+// (at-least-once: the lease's produce gate, taken once per cycle; nil
+// exactly-once) as its context, so that the client never writes it once
+// the lease has passed.
+func (t *task) produce(ctx, gate context.Context, rec *kgo.Record, promise func(*kgo.Record, error)) {
 	t.out.pending.Add(1)
 	t.out.cutMu.Lock()
 	defer t.out.cutMu.Unlock()
@@ -730,8 +731,8 @@ func (t *task) produce(ctx context.Context, rec *kgo.Record, promise func(*kgo.R
 		promise(rec, errCutOff)
 		return
 	}
-	if t.deps.gate != nil {
-		rec.Context = t.deps.gate(time.Now())
+	if gate != nil {
+		rec.Context = gate
 	}
 	t.deps.client.Produce(ctx, rec, promise)
 }
@@ -784,6 +785,12 @@ func (t *task) produceDirty(ctx context.Context) ([]state.Update, *atomic.Int64)
 	maxOffset := new(atomic.Int64)
 	maxOffset.Store(-1)
 	onChangelog := t.promise(maxOffset)
+	// The gate checks the lease's deadline itself whenever the client
+	// asks, so one per cycle serves every record of it.
+	var gate context.Context
+	if t.deps.gate != nil {
+		gate = t.deps.gate(time.Now())
+	}
 	i, j := 0, 0
 	for key, e := range t.fold.dirty {
 		// Each field is appended to buf and taken capacity-limited, so
@@ -799,7 +806,7 @@ func (t *task) produceDirty(ctx context.Context) ([]state.Update, *atomic.Int64)
 		headers[i] = kgo.RecordHeader{Key: sales.OffsetsHeader, Value: buf[at:len(buf):len(buf)]}
 		rec := &recs[i]
 		*rec = kgo.Record{Topic: cl, Partition: t.partition, Key: k, Value: total, Headers: headers[i : i+1 : i+1]}
-		t.produce(ctx, rec, onChangelog)
+		t.produce(ctx, gate, rec, onChangelog)
 		if sales.Notify(e.Total, threshold) {
 			at = len(buf)
 			buf = sales.AppendNotification(buf, key, e.Total)
@@ -811,13 +818,13 @@ func (t *task) produceDirty(ctx context.Context) ([]state.Update, *atomic.Int64)
 				Key:       k,
 				Value:     buf[at:len(buf):len(buf)],
 			}
-			t.produce(ctx, note, t.out.plain)
+			t.produce(ctx, gate, note, t.out.plain)
 		}
 		updates = append(updates, state.Update{Product: key, Entry: *e})
 		i++
 	}
 	for _, rec := range t.out.outbox {
-		t.produce(ctx, rec, t.out.plain)
+		t.produce(ctx, gate, rec, t.out.plain)
 	}
 	t.out.cycleRecords = len(recs) + len(t.out.outbox)
 	t.dropDirty()
