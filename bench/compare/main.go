@@ -165,28 +165,9 @@ func (o *options) validate(problems []string) error {
 	if o.commitInterval <= 0 {
 		problems = append(problems, "--commit-interval-ms must be positive")
 	}
-	if len(o.guarantees) == 0 {
-		problems = append(problems, "--guarantees is empty")
-	}
-	for _, g := range o.guarantees {
-		if g != atLeastOnce && g != exactlyOnceV2 {
-			problems = append(problems, fmt.Sprintf("--guarantees: unknown guarantee %q (allowed: %s, %s)", g, atLeastOnce, exactlyOnceV2))
-		}
-	}
-	if len(o.systems) == 0 {
-		problems = append(problems, "--systems is empty")
-	}
-	seen := map[string]bool{}
-	for _, s := range o.systems {
-		if s != sysSalesagg && s != sysReference && s != sysCeiling {
-			problems = append(problems, fmt.Sprintf("--systems: unknown system %q (allowed: %s, %s, %s)", s, sysSalesagg, sysReference, sysCeiling))
-		}
-		if seen[s] {
-			problems = append(problems, fmt.Sprintf("--systems: %q listed twice", s))
-		}
-		seen[s] = true
-	}
-	if seen[sysSalesagg] {
+	problems = append(problems, kit.OneOf("--guarantees", o.guarantees, atLeastOnce, exactlyOnceV2)...)
+	problems = append(problems, kit.OneOf("--systems", o.systems, sysSalesagg, sysReference, sysCeiling)...)
+	if slices.Contains(o.systems, sysSalesagg) {
 		for _, g := range o.guarantees {
 			if !slices.Contains(salesaggGuarantees, g) {
 				problems = append(problems, fmt.Sprintf(

@@ -106,32 +106,8 @@ func (o *options) validate() error {
 	if o.rate < 1 || o.rate > 1_000_000 {
 		problems = append(problems, "--rate must be from 1 to 1000000 events/s")
 	}
-	if len(o.scenarios) == 0 {
-		problems = append(problems, "--scenarios is empty")
-	}
-	seen := map[string]bool{}
-	for _, s := range o.scenarios {
-		if s != scKill && s != scRolling && s != scScale {
-			problems = append(problems, fmt.Sprintf("--scenarios: unknown scenario %q (allowed: %s, %s, %s)", s, scKill, scRolling, scScale))
-		}
-		if seen[s] {
-			problems = append(problems, fmt.Sprintf("--scenarios: %q listed twice", s))
-		}
-		seen[s] = true
-	}
-	if len(o.systems) == 0 {
-		problems = append(problems, "--systems is empty")
-	}
-	seenSys := map[string]bool{}
-	for _, s := range o.systems {
-		if s != sysSalesagg && s != sysReference {
-			problems = append(problems, fmt.Sprintf("--systems: unknown system %q (allowed: %s, %s)", s, sysSalesagg, sysReference))
-		}
-		if seenSys[s] {
-			problems = append(problems, fmt.Sprintf("--systems: %q listed twice", s))
-		}
-		seenSys[s] = true
-	}
+	problems = append(problems, kit.OneOf("--scenarios", o.scenarios, scKill, scRolling, scScale)...)
+	problems = append(problems, kit.OneOf("--systems", o.systems, sysSalesagg, sysReference)...)
 	if o.refRocksDB != "default" && o.refRocksDB != "tuned" {
 		problems = append(problems, "--reference-rocksdb must be default or tuned")
 	}

@@ -17,6 +17,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -62,6 +63,26 @@ func SplitList(s string) []string {
 		}
 	}
 	return out
+}
+
+// OneOf checks a list flag's values: not empty, each one of allowed, none
+// listed twice. It returns one problem per fault, naming the flag.
+func OneOf(flagName string, vs []string, allowed ...string) []string {
+	var problems []string
+	if len(vs) == 0 {
+		problems = append(problems, flagName+" is empty")
+	}
+	seen := map[string]bool{}
+	for _, v := range vs {
+		if !slices.Contains(allowed, v) {
+			problems = append(problems, fmt.Sprintf("%s: unknown value %q (allowed: %s)", flagName, v, strings.Join(allowed, ", ")))
+		}
+		if seen[v] {
+			problems = append(problems, fmt.Sprintf("%s: %q listed twice", flagName, v))
+		}
+		seen[v] = true
+	}
+	return problems
 }
 
 // FreePort returns a free TCP port on 127.0.0.1.

@@ -24,6 +24,22 @@ func TestSplitList(t *testing.T) {
 	}
 }
 
+func TestOneOf(t *testing.T) {
+	// Scenario: a list flag's values are checked: empty, unknown and repeated values are each
+	// one problem naming the flag; allowed values in any order are none.
+	if got := OneOf("--systems", []string{"b", "a"}, "a", "b"); len(got) != 0 {
+		t.Errorf("allowed values: %q", got)
+	}
+	if got := OneOf("--systems", nil, "a"); len(got) != 1 || got[0] != "--systems is empty" {
+		t.Errorf("empty: %q", got)
+	}
+	got := OneOf("--systems", []string{"a", "x", "a"}, "a", "b")
+	want := []string{`--systems: unknown value "x" (allowed: a, b)`, `--systems: "a" listed twice`}
+	if strings.Join(got, "|") != strings.Join(want, "|") {
+		t.Errorf("unknown and repeated: %q, want %q", got, want)
+	}
+}
+
 func TestErrorLines(t *testing.T) {
 	// Scenario: every error line counts, the first five are kept, each cut to the given length.
 	var e ErrorLines

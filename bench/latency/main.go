@@ -139,8 +139,8 @@ func (o *options) validate(problems []string) error {
 	if o.refRocksDB != "default" && o.refRocksDB != "tuned" {
 		problems = append(problems, fmt.Sprintf("--reference-rocksdb %q: allowed default, tuned", o.refRocksDB))
 	}
-	problems = append(problems, oneOf("--systems", o.systems, sysSalesagg, sysReference)...)
-	problems = append(problems, oneOf("--guarantees", o.guarantees, guaranteeALOS, guaranteeEOS)...)
+	problems = append(problems, kit.OneOf("--systems", o.systems, sysSalesagg, sysReference)...)
+	problems = append(problems, kit.OneOf("--guarantees", o.guarantees, guaranteeALOS, guaranteeEOS)...)
 	if len(o.intervals) == 0 {
 		problems = append(problems, "--commit-intervals is empty")
 	}
@@ -151,26 +151,4 @@ func (o *options) validate(problems []string) error {
 }
 
 // oneOf checks a list flag: not empty, each value allowed, none twice.
-func oneOf(flagName string, vs []string, allowed ...string) []string {
-	var problems []string
-	if len(vs) == 0 {
-		problems = append(problems, flagName+" is empty")
-	}
-	seen := map[string]bool{}
-	for _, v := range vs {
-		ok := false
-		for _, a := range allowed {
-			ok = ok || v == a
-		}
-		if !ok {
-			problems = append(problems, fmt.Sprintf("%s: unknown value %q (allowed: %s)", flagName, v, strings.Join(allowed, ", ")))
-		}
-		if seen[v] {
-			problems = append(problems, fmt.Sprintf("%s: %q listed twice", flagName, v))
-		}
-		seen[v] = true
-	}
-	return problems
-}
-
 func logf(format string, args ...any) { kit.NewLogf("latency")(format, args...) }
