@@ -144,6 +144,12 @@ type exactlyOnce struct {
 	// is not (fencing). Written under the cycle token, read by the poll
 	// loop between cycles.
 	openSince atomic.Pointer[time.Time]
+	// endedOpen is how long the last transaction that ended had been open:
+	// the client can take an End as done (an abort) while the broker had
+	// already aborted the transaction and fenced the producer, and tell
+	// it only at the next Begin, which then reports that transaction's
+	// fencing.
+	endedOpen atomic.Int64
 }
 
 func newExactlyOnce(s *session) *exactlyOnce {
@@ -159,11 +165,22 @@ func (e *exactlyOnce) openFor() time.Duration {
 	return 0
 }
 
+// ended records that the broker's transaction ended: an End or an abort
+// succeeded.
+func (e *exactlyOnce) ended() {
+	e.endedOpen.Store(int64(e.openFor()))
+	e.openSince.Store(nil)
+}
+
 // fenced wraps err, when it is a fencing, as a fencing of this session's
 // producer with the open transaction's age.
-func (e *exactlyOnce) fenced(err error) error {
+func (e *exactlyOnce) fenced(err error) error { return e.fencedAfter(err, e.openFor()) }
+
+// fencedAfter wraps err, when it is a fencing, as a fencing of a
+// transaction open for open.
+func (e *exactlyOnce) fencedAfter(err error, open time.Duration) error {
 	if errors.Is(err, kerr.ProducerFenced) || errors.Is(err, kerr.InvalidProducerEpoch) {
-		return &fencing{open: e.openFor(), err: err}
+		return &fencing{open: open, err: err}
 	}
 	return err
 }
@@ -336,7 +353,7 @@ func (e *exactlyOnce) transact(ctx context.Context) error {
 	committed, endErr := e.txn.End(ctx, try)
 	s.env.metrics.txnEndSeconds.Observe(time.Since(endBegan).Seconds())
 	if endErr == nil {
-		e.openSince.Store(nil)
+		e.ended()
 	}
 	if endErr == nil && committed {
 		s.env.metrics.txnCommitted.Add(1)
@@ -473,13 +490,14 @@ func (f *fencing) timedOut(timeout time.Duration) bool { return f.open >= timeou
 // with a new producer.
 var errProducerIDLost = errors.New("stream: the transactional producer could not get its producer id")
 
-// beginFailed classifies a failed Begin: a fencing (errSessionFenced), a
+// beginFailed classifies a failed Begin: a fencing (errSessionFenced) of
+// the transaction that ended last (Begin itself asks no broker), a
 // producer id the client could not load (errProducerIDLost), or, for a
 // closed client or a transactional id not allowed, the error itself.
 func (e *exactlyOnce) beginFailed(err error) error {
 	switch {
 	case errors.Is(err, kerr.ProducerFenced), errors.Is(err, kerr.InvalidProducerEpoch):
-		return e.fenced(err)
+		return e.fencedAfter(err, max(e.openFor(), time.Duration(e.endedOpen.Load())))
 	case errors.Is(err, kgo.ErrClientClosed), errors.Is(err, kerr.TransactionalIDAuthorizationFailed):
 		return err
 	}
@@ -499,7 +517,7 @@ func (e *exactlyOnce) abortUntilKafkaAnswers(ctx context.Context, cause error) e
 	for attempt := 1; ; attempt++ {
 		_, err := e.txn.End(ctx, kgo.TryAbort)
 		if err == nil {
-			e.openSince.Store(nil)
+			e.ended()
 			env.log.Info("Transaction aborted; processing resumes from the committed offsets", zap.Int("attempts", attempt))
 			return nil
 		}
