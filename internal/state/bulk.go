@@ -10,6 +10,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math/bits"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -560,21 +561,7 @@ func (b *sortBuffer) value(r *sortRef) ([]byte, bool) {
 
 // sort orders idx by key and keeps the last record of each key.
 func (b *sortBuffer) sort() {
-	slices.SortFunc(b.idx, func(x, y sortRef) int {
-		if x.prefix != y.prefix {
-			if x.prefix < y.prefix {
-				return -1
-			}
-			return 1
-		}
-		if c := bytes.Compare(b.key(&x), b.key(&y)); c != 0 {
-			return c
-		}
-		if x.chunk != y.chunk {
-			return cmp.Compare(x.chunk, y.chunk)
-		}
-		return cmp.Compare(x.off, y.off)
-	})
+	b.order(b.idx)
 	out := b.idx[:0]
 	for i := range b.idx {
 		r := b.idx[i]
@@ -584,6 +571,100 @@ func (b *sortBuffer) sort() {
 		out = append(out, r)
 	}
 	b.idx = out
+}
+
+// order sorts refs by compare.
+func (b *sortBuffer) order(refs []sortRef) {
+	// The radix passes start at the first byte in which the prefixes
+	// differ; when none does (keys that share their first 8 bytes), the
+	// comparison does it all, as the passes would find nothing to split.
+	var or, and uint64 = 0, ^uint64(0)
+	for i := range refs {
+		or |= refs[i].prefix
+		and &= refs[i].prefix
+	}
+	if diff := or ^ and; diff == 0 {
+		slices.SortFunc(refs, b.compare)
+	} else {
+		b.radixSort(refs, bits.LeadingZeros64(diff)/8)
+	}
+}
+
+// compare orders references by key, then in the order the records came
+// (chunk, offset), so that the last record of a key sorts last.
+func (b *sortBuffer) compare(x, y sortRef) int {
+	if x.prefix != y.prefix {
+		if x.prefix < y.prefix {
+			return -1
+		}
+		return 1
+	}
+	if c := bytes.Compare(b.key(&x), b.key(&y)); c != 0 {
+		return c
+	}
+	if x.chunk != y.chunk {
+		return cmp.Compare(x.chunk, y.chunk)
+	}
+	return cmp.Compare(x.off, y.off)
+}
+
+// radixSmall is the size under which a radix bucket is sorted by
+// comparison: below it the passes cost more than they save.
+const radixSmall = 64
+
+// radixSort sorts refs in place by compare: an in-place most significant
+// digit radix sort (American flag sort) on byte depth of the 8-byte key
+// prefix, which the references carry, so the chunks are read only for
+// references whose prefixes are equal: those, and the small buckets, are
+// sorted by comparison.
+func (b *sortBuffer) radixSort(refs []sortRef, depth int) {
+	for {
+		if len(refs) < radixSmall || depth == 8 {
+			slices.SortFunc(refs, b.compare)
+			return
+		}
+		shift := uint(56 - 8*depth)
+		var count [256]int
+		for i := range refs {
+			count[byte(refs[i].prefix>>shift)]++
+		}
+		if count[byte(refs[0].prefix>>shift)] == len(refs) {
+			depth++ // every reference has this byte: on to the next
+			continue
+		}
+		// next[d] is where the next reference of digit d goes; end[d]
+		// where digit d's bucket ends.
+		var next, end [256]int
+		at := 0
+		for d := range 256 {
+			next[d] = at
+			at += count[d]
+			end[d] = at
+		}
+		for d := range 256 {
+			for next[d] < end[d] {
+				r := refs[next[d]]
+				for {
+					rd := byte(r.prefix >> shift)
+					if int(rd) == d {
+						break
+					}
+					r, refs[next[rd]] = refs[next[rd]], r
+					next[rd]++
+				}
+				refs[next[d]] = r
+				next[d]++
+			}
+		}
+		start := 0
+		for d := range 256 {
+			if count[d] > 1 {
+				b.radixSort(refs[start:end[d]], depth+1)
+			}
+			start = end[d]
+		}
+		return
+	}
 }
 
 // writeRun writes the sorted records to w as a run holds them: uvarint key
