@@ -595,6 +595,48 @@ func (s *Store) Scan(after string, limit int) ([]Total, error) {
 	return out, nil
 }
 
+// ProductIter lists the products a store held when the iterator was made:
+// writes after that do not show in it (a Pebble iterator is a point-in-time
+// view). It pins what it sees, and must be closed before the store is.
+// Used by one goroutine at a time.
+type ProductIter struct {
+	it   *pebble.Iterator
+	path string
+}
+
+// Products returns an iterator over the store's products as they are now.
+func (s *Store) Products() (*ProductIter, error) {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	if s.mu.db == nil {
+		return nil, s.closedErr("listing the products of")
+	}
+	it, err := s.mu.db.NewIter(&pebble.IterOptions{LowerBound: []byte{dataPrefix}, UpperBound: []byte{dataEnd}})
+	if err != nil {
+		return nil, fmt.Errorf("listing the products of %s: %w", s.path, err)
+	}
+	return &ProductIter{it: it, path: s.path}, nil
+}
+
+// Each calls fn with every product, in order; the slice is valid during the
+// call only. It stops early, with ctx's error, once ctx is done.
+func (p *ProductIter) Each(ctx context.Context, fn func(product []byte)) error {
+	n := 0
+	for ok := p.it.First(); ok; ok = p.it.Next() {
+		if n++; n%4096 == 0 && ctx.Err() != nil {
+			return ctx.Err()
+		}
+		fn(p.it.Key()[1:])
+	}
+	if err := p.it.Error(); err != nil {
+		return fmt.Errorf("listing the products of %s: %w", p.path, err)
+	}
+	return nil
+}
+
+// Close releases what the iterator pins.
+func (p *ProductIter) Close() error { return p.it.Close() }
+
 // Count returns the number of products and the sum of their totals.
 func (s *Store) Count() (products int64, sum int64, err error) {
 	s.mu.RLock()

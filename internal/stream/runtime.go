@@ -31,6 +31,12 @@ type Knobs struct {
 	// a test holds a task in the restoring state by blocking in it (until
 	// ctx is done: the task was stopped).
 	BeforeRestore func(ctx context.Context, partition int32)
+	// BeforeProductListing, if set, is called by each task that starts on a
+	// store with data, in the goroutine that lists the store's products
+	// for its filter of new products, before it lists them; a test holds
+	// the filter learning by blocking in it (until ctx is done: the task
+	// stopped).
+	BeforeProductListing func(ctx context.Context, partition int32)
 	// beforeCopyClose, if set, is called by each standby copy that was
 	// asked to stop, before it closes its store; a test keeps the store
 	// open by blocking in it (until ctx is done: the grace period ran out).

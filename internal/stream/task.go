@@ -112,9 +112,11 @@ type foldState struct {
 	arena entryArena
 	// cache holds entries the store holds, in front of it.
 	cache *entryCache
-	// filter knows the products the store cannot hold, when it started
-	// empty (see storeFilter).
-	filter storeFilter
+	// filter knows the products the store cannot hold (see storeFilter);
+	// building is the listing of the store's products it adopts when the
+	// store started with data (nil: none under way).
+	filter   storeFilter
+	building *filterBuild
 	// cp is the checkpoint the store holds.
 	cp state.Checkpoint
 	// inputNext and repartNext are the next input and repartition offsets
@@ -396,7 +398,7 @@ func (t *task) run(ctx context.Context) (err error) {
 		return t.close(ctx, false, nil)
 	default:
 	}
-	t.fold.filter.reset(t.storeEmpty())
+	t.startFilter(ctx)
 	t.setState(taskRunning)
 	t.deps.restored(t)
 	return t.loop(ctx)
@@ -466,6 +468,8 @@ func (t *task) loop(ctx context.Context) error {
 			if t.stall.batch == nil {
 				err = t.flush(ctx)
 			}
+		case <-t.fold.building.doneC():
+			t.adoptFilter()
 		case <-t.life.quit:
 			return t.close(ctx, t.life.flushOnStop.Load(), nil)
 		case <-ctx.Done():
@@ -540,8 +544,10 @@ func (t *task) close(ctx context.Context, flush bool, cause error) error {
 		}
 	}
 	// Wait for every record produced for this task, whatever happens to
-	// them, so no callback outlives the task.
+	// them, so no callback outlives the task, and for the listing of the
+	// store's products, which pins the store.
 	t.out.pending.Wait()
+	t.fold.building.stop()
 	if s := t.store.Load(); s != nil {
 		errs = append(errs, s.Close())
 	}

@@ -1,0 +1,239 @@
+package stream
+
+import (
+	"context"
+	"fmt"
+	"hash/maphash"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/salesagg/salesagg/internal/state"
+)
+
+// storeFilter tells the products a task's store cannot hold: a blocked
+// Bloom filter of every product the store held when the task started and
+// of every product written since,
+// so that the first event of a new product (every event, while the state
+// grows) skips the store lookup, which reads the filter, index and data
+// blocks of every level. It never says no for a product the store holds
+// (no false negatives); a yes may be wrong (about 1 %), and costs the lookup
+// it would have cost anyway.
+//
+// A task whose store started empty knows every product from the start. One
+// whose store started with data learns the products it writes (learning)
+// while a goroutine of its own lists the store's products as they were at
+// the start (buildFilter); until the task adopts that list, the filter is
+// not used (known is false) and every lookup goes to the store.
+//
+// The filter grows in levels, each four times the capacity of the one
+// before, so that neither its size nor the number of levels a query reads
+// (a cache line each) depends on a guess of the state's size. Its words hold
+// no pointers: the collector does not scan them. Used by the task goroutine
+// only.
+type storeFilter struct {
+	known, learning bool
+	seed            maphash.Seed
+	levels          []filterLevel
+	bytes           int64
+}
+
+type filterLevel struct {
+	blocks []filterBlock
+	cap, n int
+}
+
+// filterBlock is one cache line: the bits of the keys that hash to it.
+type filterBlock [8]uint64
+
+// Filter geometry: 12 bits per product, 7 bits set per product within one
+// 512-bit block; the first level holds 65,536 products (96 KiB).
+const (
+	filterBitsPerKey = 12
+	filterFirstCap   = 1 << 16
+	filterGrowth     = 4
+)
+
+// reset makes the filter know the store is empty (known) or not use it.
+func (f *storeFilter) reset(known bool) {
+	f.known, f.learning, f.levels, f.bytes = known, false, nil, 0
+	f.seed = maphash.MakeSeed()
+}
+
+// learn makes a filter that is not used record the products written from
+// now on, for adopt.
+func (f *storeFilter) learn() { f.learning = !f.known }
+
+// adopt makes a learning filter known: base holds, under the same seed,
+// every product the store held when the filter began to learn, and the
+// filter every product written since.
+func (f *storeFilter) adopt(base storeFilter) {
+	if !f.learning || base.seed != f.seed {
+		return
+	}
+	f.levels = append(base.levels, f.levels...)
+	f.bytes += base.bytes
+	f.known, f.learning = true, false
+}
+
+// buildFilter returns a known filter of seed that holds every product it
+// lists: the base a learning filter adopts.
+func buildFilter(ctx context.Context, it *state.ProductIter, seed maphash.Seed) (storeFilter, int, error) {
+	f := storeFilter{known: true, seed: seed}
+	n := 0
+	err := it.Each(ctx, func(product []byte) {
+		f.addHash(maphash.Bytes(seed, product))
+		n++
+	})
+	return f, n, err
+}
+
+// mayHold reports whether the store may hold product key: false only when
+// it surely does not.
+func (f *storeFilter) mayHold(key []byte) bool {
+	if !f.known {
+		return true
+	}
+	return f.has(maphash.Bytes(f.seed, key))
+}
+
+func (f *storeFilter) has(h uint64) bool {
+	for i := range f.levels {
+		if f.levels[i].has(h) {
+			return true
+		}
+	}
+	return false
+}
+
+// add records that the store holds product key.
+func (f *storeFilter) add(key string) {
+	if f.known || f.learning {
+		f.addHash(maphash.String(f.seed, key))
+	}
+}
+
+func (f *storeFilter) addHash(h uint64) {
+	if f.has(h) {
+		return
+	}
+	if len(f.levels) == 0 || f.levels[len(f.levels)-1].n >= f.levels[len(f.levels)-1].cap {
+		c := filterFirstCap
+		if len(f.levels) > 0 {
+			c = f.levels[len(f.levels)-1].cap * filterGrowth
+		}
+		nb := c * filterBitsPerKey / 512
+		f.levels = append(f.levels, filterLevel{blocks: make([]filterBlock, nb), cap: c})
+		f.bytes += int64(nb) * 64
+	}
+	l := &f.levels[len(f.levels)-1]
+	l.set(h)
+	l.n++
+}
+
+// block is the block of hash h; bits are the 7 bit positions in it, 9 bits
+// each from a second mix of h.
+func (l *filterLevel) block(h uint64) *filterBlock {
+	return &l.blocks[(h>>32)*uint64(len(l.blocks))>>32]
+}
+
+func (l *filterLevel) has(h uint64) bool {
+	b := l.block(h)
+	g := h * 0x9e3779b97f4a7c15
+	for range 7 {
+		if b[(g>>6)&7]&(1<<(g&63)) == 0 {
+			return false
+		}
+		g >>= 9
+	}
+	return true
+}
+
+func (l *filterLevel) set(h uint64) {
+	b := l.block(h)
+	g := h * 0x9e3779b97f4a7c15
+	for range 7 {
+		b[(g>>6)&7] |= 1 << (g & 63)
+		g >>= 9
+	}
+}
+
+// filterBuild is a goroutine listing a task's store into the base of the
+// task's learning filter. Its fields are written by the goroutine before it
+// closes done, and read by the task goroutine after.
+type filterBuild struct {
+	cancel context.CancelFunc
+	done   chan struct{}
+	base   storeFilter
+	n      int
+	took   time.Duration
+	err    error
+}
+
+// doneC is closed when the listing ended; nil (never ready) when none is
+// under way.
+func (b *filterBuild) doneC() <-chan struct{} {
+	if b == nil {
+		return nil
+	}
+	return b.done
+}
+
+// stop cancels the listing under way and waits for it to let go of the
+// store.
+func (b *filterBuild) stop() {
+	if b == nil {
+		return
+	}
+	b.cancel()
+	<-b.done
+}
+
+// startFilter sets the task's filter up as it starts running on its
+// restored store: known when the store is empty; otherwise learning, with
+// the store's products listed by a goroutine of its own from a view of the
+// store taken now, before the task writes anything.
+func (t *task) startFilter(ctx context.Context) {
+	t.fold.building.stop()
+	t.fold.building = nil
+	t.fold.filter.reset(t.storeEmpty())
+	st := t.store.Load()
+	if t.fold.filter.known || st == nil {
+		return
+	}
+	it, err := st.Products()
+	if err != nil {
+		t.log.Debug(fmt.Sprintf("task [%s] Not listing the store's products; every new product is looked up in the store", t.name), zap.Error(err))
+		return
+	}
+	t.fold.filter.learn()
+	bctx, cancel := context.WithCancel(ctx)
+	b := &filterBuild{cancel: cancel, done: make(chan struct{})}
+	t.fold.building = b
+	seed := t.fold.filter.seed
+	go func() {
+		defer close(b.done)
+		if hold := t.deps.env.knobs.BeforeProductListing; hold != nil {
+			hold(bctx, t.partition)
+		}
+		began := time.Now()
+		b.base, b.n, b.err = buildFilter(bctx, it, seed)
+		b.took = time.Since(began)
+		if err := it.Close(); err != nil && b.err == nil {
+			b.err = err
+		}
+	}()
+}
+
+// adoptFilter makes the learning filter known once the listing ended well.
+func (t *task) adoptFilter() {
+	b := t.fold.building
+	t.fold.building = nil
+	if b.err != nil {
+		t.log.Info(fmt.Sprintf("task [%s] Listing the store's products failed; every new product is looked up in the store", t.name), zap.Error(b.err))
+		return
+	}
+	t.fold.filter.adopt(b.base)
+	t.log.Info(fmt.Sprintf("task [%s] The store's products are in the filter of new products", t.name),
+		zap.Int("products", b.n), zap.Int64("filter_bytes", t.fold.filter.bytes), zap.Duration("took", b.took.Round(time.Millisecond)))
+}
