@@ -366,10 +366,13 @@ func (e *exactlyOnce) transact(ctx context.Context) error {
 	if endErr == nil && !committed && try == kgo.TryCommit {
 		s.env.log.Warn("Transaction aborted (a rebalance or a fenced commit); the input is rewound to the committed offsets and folded again")
 	}
-	for _, t := range prepared {
-		// A task revoked after End has nothing to finish: its store is a
-		// cycle behind its changelog, which the next owner restores.
-		if err := t.send(ctx, cycleReq{phase: cycleFinish, committed: committed && endErr == nil, produceErr: failed[t]}); err != nil && !errors.Is(err, errTaskStopped) {
+	// The tasks write their stores at once, each in its own goroutine. A
+	// task revoked after End has nothing to finish: its store is a cycle
+	// behind its changelog, which the next owner restores.
+	for _, err := range sendAll(ctx, prepared, func(t *task) cycleReq {
+		return cycleReq{phase: cycleFinish, committed: committed && endErr == nil, produceErr: failed[t]}
+	}) {
+		if err != nil && !errors.Is(err, errTaskStopped) {
 			errs = append(errs, err)
 		}
 	}
@@ -412,20 +415,35 @@ func (e *exactlyOnce) settle(ctx context.Context, t *task) error {
 	}
 }
 
-// prepare asks each task to produce its cycle's records. It returns the
-// tasks that did, and the errors of those that failed other than by being
-// stopped.
+// prepare asks every task to produce its cycle's records, all at once. It
+// returns the tasks that did, and the errors of those that failed other
+// than by being stopped.
 func prepare(ctx context.Context, ts []*task) (prepared []*task, errs []error) {
-	for _, t := range ts {
-		if err := t.send(ctx, cycleReq{phase: cyclePrepare}); err != nil {
+	for i, err := range sendAll(ctx, ts, func(*task) cycleReq { return cycleReq{phase: cyclePrepare} }) {
+		if err != nil {
 			if !errors.Is(err, errTaskStopped) {
 				errs = append(errs, err)
 			}
 			continue
 		}
-		prepared = append(prepared, t)
+		prepared = append(prepared, ts[i])
 	}
 	return prepared, errs
+}
+
+// sendAll hands each task its cycle step, then waits for every answer: the
+// tasks carry out the step in parallel, each in its own goroutine. The
+// errors are in the order of ts.
+func sendAll(ctx context.Context, ts []*task, req func(*task) cycleReq) []error {
+	waits := make([]func() error, len(ts))
+	for i, t := range ts {
+		waits[i] = t.post(ctx, req(t))
+	}
+	errs := make([]error, len(ts))
+	for i, wait := range waits {
+		errs[i] = wait()
+	}
+	return errs
 }
 
 // produced waits until every record of the cycle is acknowledged or failed,
@@ -539,9 +557,10 @@ func (e *exactlyOnce) abortUntilKafkaAnswers(ctx context.Context, cause error) e
 // errTaskStopped: the task was stopped (revoked) before it answered.
 var errTaskStopped = errors.New("stream: task stopped")
 
-// send hands a cycle step to the task and waits for its answer. It returns
-// errTaskStopped when the task was stopped, the task's error when it failed.
-func (t *task) send(ctx context.Context, req cycleReq) error {
+// post hands a cycle step to the task and returns the wait for its answer:
+// errTaskStopped when the task was stopped, the task's error when it
+// failed.
+func (t *task) post(ctx context.Context, req cycleReq) (wait func() error) {
 	req.done = make(chan error, 1)
 	stopped := func() error {
 		if t.State() == taskFailed {
@@ -552,14 +571,17 @@ func (t *task) send(ctx context.Context, req cycleReq) error {
 	select {
 	case t.mail.cycle <- req:
 	case <-t.life.done:
-		return stopped()
+		return stopped
 	case <-ctx.Done():
-		return ctx.Err()
+		err := ctx.Err()
+		return func() error { return err }
 	}
-	select {
-	case err := <-req.done:
-		return err
-	case <-t.life.done:
-		return stopped()
+	return func() error {
+		select {
+		case err := <-req.done:
+			return err
+		case <-t.life.done:
+			return stopped()
+		}
 	}
 }
