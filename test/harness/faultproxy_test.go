@@ -117,6 +117,12 @@ func TestFaultProxyPass(t *testing.T) {
 	if n := p.Conns(); n != 1 {
 		t.Errorf("Conns() = %d, want 1", n)
 	}
+	// The proxy counts a write once it returned, which can be after the
+	// client read it.
+	WaitFor(t, 5*time.Second, "the proxy to count 5 bytes each way", Holds(func() bool {
+		up, down := p.Forwarded()
+		return up == 5 && down == 5
+	}))
 	if up, down := p.Forwarded(); up != 5 || down != 5 {
 		t.Errorf("Forwarded() = %d, %d, want 5, 5", up, down)
 	}
