@@ -5,8 +5,10 @@
 #   docker build --build-arg GO_IMAGE=golang:1.26.8-bookworm -t salesagg .
 #
 # GO_IMAGE is the builder: any image with Go 1.26 (as go.mod asks), a POSIX
-# shell and /etc/ssl/certs/ca-certificates.crt; test/docker builds one locally
-# when no registry is reachable. RUNTIME_IMAGE defaults to scratch: nothing but
+# shell and /etc/ssl/certs/ca-certificates.crt, and for the fast build a C
+# compiler with a static libc (gcc, libc6-dev: scripts/build.sh then links
+# with cgo, statically; without, it builds without cgo); test/docker builds
+# one locally when no registry is reachable. RUNTIME_IMAGE defaults to scratch: nothing but
 # what the build stage copies in (no shell, no package manager), so the image
 # needs no registry and carries nothing to patch but the binary.
 # GOPROXY (and GOFLAGS, GONOSUMDB, GOPRIVATE) pass through to `go mod download`.
@@ -29,7 +31,7 @@ COPY . /src/
 # shell: the binary, CA certificates, passwd/group naming uid 65532, and the
 # volume's mount point (owned by 65532 through the COPY --chown below: an empty
 # named volume mounted there starts with that owner and mode).
-RUN cd /src && CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" -o /out/root/usr/local/bin/salesagg ./cmd/salesagg \
+RUN cd /src && LDFLAGS="-s -w" sh scripts/build.sh /out/root/usr/local/bin/salesagg \
  && /out/root/usr/local/bin/salesagg help >/dev/null \
  && mkdir -p /out/root/etc/ssl/certs /out/volume/shared-volume/state_store \
  && cp /etc/ssl/certs/ca-certificates.crt /out/root/etc/ssl/certs/ca-certificates.crt \

@@ -9,12 +9,14 @@ export KAFKA_DIR ?= $(CURDIR)/.kafka
 help: ## list the targets
 	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-19s %s\n", $$1, $$2}'
 
-build: ## build bin/salesagg (static)
-	CGO_ENABLED=0 $(GO) build -trimpath -o $(BIN) ./cmd/salesagg
+build: ## build bin/salesagg (static; cgo when a C compiler is there: scripts/build.sh)
+	./scripts/build.sh $(BIN)
 
 test: ## unit and component tests (in-process dev broker, real Pebble), with -race
 	$(GO) vet ./...
 	$(GO) test -race -count=1 -timeout 30m ./...
+	$(GO) test -count=1 -run StoreCachesInHeap ./internal/config
+	CGO_ENABLED=0 $(GO) test -count=1 -run StoreCachesInHeap ./internal/config
 	$(MAKE) test-k8s
 
 test-browser: ## the status page in headless Chromium (Debian's chromium at /usr/bin/chromium, or CHROMIUM=path)

@@ -13,7 +13,7 @@
 #
 # Environment (all optional):
 #   BIN          the binary (default bin/salesagg)
-#   BUILD        1 (default): go build BIN first; 0: use BIN as it is
+#   BUILD        1 (default): build BIN first (scripts/build.sh); 0: use BIN as it is
 #   BROKER       host:port of a broker already running to use instead of
 #                the dev broker (default: none, start the dev broker)
 #   BROKER_LISTEN  where the dev broker listens (default 127.0.0.1:9092)
@@ -52,7 +52,7 @@ fmt_args=()
 [ -n "$format" ] && fmt_args=(--log.format "$format")
 
 if [ "$BUILD" != 0 ]; then
-  go build -o "$BIN" ./cmd/salesagg
+  ./scripts/build.sh "$BIN"
 fi
 mkdir -p "$DATA"
 root=$(pwd -P)

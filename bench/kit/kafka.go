@@ -220,13 +220,19 @@ func WarmGroupCoordinator(ctx context.Context, adm *kadm.Client, group, topic st
 
 // BuildSalesagg builds cmd/salesagg of the repository at repo into out
 // (untimed: before anything is measured), its output on standard error. It
-// builds it as make build and the image do, without cgo: Pebble then keeps
-// its block cache and memtables in the Go heap instead of C memory, which
-// changes what the collector and the memory limit see.
+// builds it as make build and the image do, with the repository's
+// scripts/build.sh (cgo, linked statically, when a C compiler is there:
+// Pebble's block cache and memtables are then C memory, outside the Go
+// heap); a checkout older than the script gets `go build -trimpath`.
 func BuildSalesagg(ctx context.Context, repo, out string, logf Logf) error {
-	logf("building salesagg: CGO_ENABLED=0 go build -trimpath -o %s ./cmd/salesagg", out)
-	cmd := exec.CommandContext(ctx, "go", "build", "-trimpath", "-o", out, "./cmd/salesagg")
-	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+	var cmd *exec.Cmd
+	if _, err := os.Stat(filepath.Join(repo, "scripts", "build.sh")); err == nil {
+		logf("building salesagg: scripts/build.sh %s", out)
+		cmd = exec.CommandContext(ctx, "sh", "scripts/build.sh", out)
+	} else {
+		logf("building salesagg: go build -trimpath -o %s ./cmd/salesagg", out)
+		cmd = exec.CommandContext(ctx, "go", "build", "-trimpath", "-o", out, "./cmd/salesagg")
+	}
 	cmd.Dir, cmd.Stdout, cmd.Stderr = repo, os.Stderr, os.Stderr
 	if err := cmd.Run(); err != nil {
 		return fmt.Errorf("building salesagg: %w", err)

@@ -387,7 +387,7 @@ func goVersionM(t *testing.T, bin string) map[string]string {
 			m["go"] = f[1]
 		case len(f) >= 3 && f[0] == "mod":
 			m["module"], m["version"] = f[1], f[2]
-		case len(f) == 2 && f[0] == "build" && strings.HasPrefix(f[1], "vcs."):
+		case len(f) == 2 && f[0] == "build" && (strings.HasPrefix(f[1], "vcs.") || strings.HasPrefix(f[1], "CGO_ENABLED=")):
 			k, v, _ := strings.Cut(f[1], "=")
 			m[k] = v
 		}
@@ -407,7 +407,7 @@ func TestVersionPrintsTheBuild(t *testing.T) {
 	// Scenario: `salesagg version` and `salesagg --version` print the same lines, exit 0: the
 	// module version first, then the module, the VCS commit, time and modified flag (unknown
 	// when the build carries no VCS stamp) and the Go version, as `go version -m` reads them
-	// from the binary. An argument after it is a usage error (exit 2).
+	// from the binary, and whether cgo was on. An argument after it is a usage error (exit 2).
 	want := goVersionM(t, binary)
 	wantText := fmt.Sprintf("salesagg %s\n  module:   %s\n  commit:   %s\n  time:     %s\n  modified: %s\n  go:       %s\n",
 		want["version"], want["module"], orUnknown(want["vcs.revision"]), orUnknown(want["vcs.time"]), orUnknown(want["vcs.modified"]), want["go"])
@@ -416,7 +416,9 @@ func TestVersionPrintsTheBuild(t *testing.T) {
 		if err != nil {
 			t.Errorf("salesagg %s: %v", arg, err)
 		}
-		if !strings.HasPrefix(string(out), wantText) || !strings.Contains(string(out), "  platform: linux/") {
+		cgo := map[string]string{"1": "on (", "0": "off ("}[want["CGO_ENABLED"]]
+		if !strings.HasPrefix(string(out), wantText) || !strings.Contains(string(out), "  platform: linux/") ||
+			cgo == "" || !strings.Contains(string(out), "\n  cgo:      "+cgo) {
 			t.Errorf("salesagg %s printed\n%s\nwant it to start with\n%s", arg, out, wantText)
 		}
 	}

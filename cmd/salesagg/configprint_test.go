@@ -3,8 +3,11 @@ package main
 import (
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
+
+	"github.com/salesagg/salesagg/internal/config"
 )
 
 func TestConfigPrintShowsDerivedValues(t *testing.T) {
@@ -35,10 +38,16 @@ func TestConfigPrintShowsDerivedValues(t *testing.T) {
 			lines[f[0]] = strings.Join(f[1:], " ")
 		}
 	}
+	// 256 MiB + the 64 MiB entry cache; built without cgo, + the 64 MiB
+	// block cache and 96 MiB of memtables as well.
+	memoryLimit := int64(335544320)
+	if config.StoreCachesInHeap {
+		memoryLimit += 64<<20 + config.MemtablesInHeap
+	}
 	for key, want := range map[string]string{
 		"commit.interval.ms":     "100 derived",
 		"transaction.timeout.ms": "10000 derived",
-		"memory.limit.bytes":     "335544320 derived",
+		"memory.limit.bytes":     strconv.FormatInt(memoryLimit, 10) + " derived",
 		"application.server":     host + ":8123 derived",
 		"group.instance.id":      "sales-aggregator-1b2c3d derived",
 		"input.topic":            "sales-events-v1 default",

@@ -82,6 +82,10 @@ func runService(args []string) error {
 	for _, w := range cfg.Warnings {
 		log.Warn(w)
 	}
+	if config.StoreCachesInHeap {
+		log.Warn("Built without cgo: Pebble's block cache and memtables are Go heap, counted in the default memory limit; once the state outgrows the block cache an event costs about twice the CPU (scripts/build.sh builds with cgo where a C compiler is)",
+			zap.Int64("memory.limit.bytes", cfg.MemoryLimit()))
+	}
 	if cfg.StateDirUnderTemp() {
 		log.Warn("state.dir is under the OS temp dir: it may not survive a reboot, and a lost state dir means a full restore from the changelog",
 			zap.String("state.dir", cfg.StateDir))

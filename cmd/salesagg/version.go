@@ -16,18 +16,20 @@ import (
 
 // buildInfo is what the binary knows of its own build (from
 // runtime/debug.ReadBuildInfo): the main module's version, the VCS commit,
-// its time and whether the tree had local changes, and the Go version.
+// its time and whether the tree had local changes, the Go version, and
+// whether cgo was on (Pebble's caches then live outside the Go heap).
 // Unknown fields are "unknown": a binary built with -buildvcs=false (or
 // outside a checkout) carries no VCS stamp, and `go build` in a checkout
 // gives the module version "(devel)".
 type buildInfo struct {
 	Module, Version, Commit, Time, GoVersion, Platform string
 	Modified                                           string // "true", "false" or "unknown"
+	CGO                                                string // CGO_ENABLED: "1", "0" or "unknown"
 }
 
 // readBuildInfo returns the binary's buildInfo.
 func readBuildInfo() buildInfo {
-	bi := buildInfo{Module: "unknown", Version: "unknown", Commit: "unknown", Time: "unknown", Modified: "unknown",
+	bi := buildInfo{Module: "unknown", Version: "unknown", Commit: "unknown", Time: "unknown", Modified: "unknown", CGO: "unknown",
 		GoVersion: runtime.Version(), Platform: runtime.GOOS + "/" + runtime.GOARCH}
 	info, ok := debug.ReadBuildInfo()
 	if !ok {
@@ -45,6 +47,8 @@ func readBuildInfo() buildInfo {
 			bi.Time = s.Value
 		case "vcs.modified":
 			bi.Modified = s.Value
+		case "CGO_ENABLED":
+			bi.CGO = s.Value
 		}
 	}
 	return bi
@@ -54,7 +58,8 @@ func readBuildInfo() buildInfo {
 func runVersion(args []string) error {
 	fs := pflag.NewFlagSet("version", pflag.ContinueOnError)
 	setHelp(fs, "version", "Prints the build: the module version on the first line, then the VCS commit, its time,\n"+
-		"whether the tree was modified, the Go version and the platform.", false)
+		"whether the tree was modified, the Go version, the platform and whether cgo was on (with cgo\n"+
+		"Pebble's block cache and memtables are outside the Go heap).", false)
 	if err := config.ParseFlags(fs, args); errors.Is(err, pflag.ErrHelp) {
 		return err
 	} else if err != nil {
@@ -70,8 +75,8 @@ func runVersion(args []string) error {
 func printVersion(w io.Writer) {
 	bi := readBuildInfo()
 	fmt.Fprintf(w, "salesagg %s\n", bi.Version)
-	fmt.Fprintf(w, "  module:   %s\n  commit:   %s\n  time:     %s\n  modified: %s\n  go:       %s\n  platform: %s\n",
-		bi.Module, bi.Commit, bi.Time, bi.Modified, bi.GoVersion, bi.Platform)
+	fmt.Fprintf(w, "  module:   %s\n  commit:   %s\n  time:     %s\n  modified: %s\n  go:       %s\n  platform: %s\n  cgo:      %s\n",
+		bi.Module, bi.Commit, bi.Time, bi.Modified, bi.GoVersion, bi.Platform, bi.cgo())
 }
 
 // newBuildInfoGauge returns salesagg_build_info{version,commit,go_version},
@@ -86,6 +91,17 @@ func newBuildInfoGauge() prometheus.Collector {
 	})
 	g.Set(1)
 	return g
+}
+
+// cgo says whether the build had cgo and what that means for the memory.
+func (bi buildInfo) cgo() string {
+	switch bi.CGO {
+	case "1":
+		return "on (Pebble's block cache and memtables outside the Go heap)"
+	case "0":
+		return "off (Pebble's block cache and memtables in the Go heap)"
+	}
+	return bi.CGO
 }
 
 // short is the version with the commit's first 12 digits when known, for

@@ -197,12 +197,22 @@ func (s Security) SASL() bool {
 // memory.limit.bytes without cache.max.bytes.
 const BaseMemory = 256 << 20
 
+// MemtablesInHeap is what the default memory limit counts for Pebble's
+// memtables when they are Go heap (StoreCachesInHeap): three stores (one
+// instance running every task of three partitions), each with a 16 MiB
+// memtable and one more while it is flushed.
+const MemtablesInHeap = 3 * 2 * 16 << 20
+
 // MemoryLimit is the Go heap's soft limit: memory.limit.bytes, by default
-// BaseMemory plus cache.max.bytes (the entry cache lives in the Go heap;
-// Pebble's block cache and memtables do not). 0 means none.
+// BaseMemory plus cache.max.bytes (the entry cache lives in the Go heap),
+// plus store.cache.bytes and MemtablesInHeap in a build without cgo, where
+// Pebble's block cache and memtables are Go heap too. 0 means none.
 func (c Config) MemoryLimit() int64 {
 	if c.MemoryLimitSet >= 0 {
 		return c.MemoryLimitSet
+	}
+	if StoreCachesInHeap {
+		return BaseMemory + c.CacheMaxBytes + c.StoreCacheBytes + MemtablesInHeap
 	}
 	return BaseMemory + c.CacheMaxBytes
 }

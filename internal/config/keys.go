@@ -169,7 +169,7 @@ var keys = []key{
 		help: "bytes of product totals kept in memory in front of the stores, over all tasks, so hot products read no disk (0: none)",
 		bind: number(0, 1<<40, func(c *Config) *int64 { return &c.CacheMaxBytes })},
 	{name: "memory.limit.bytes",
-		help: "soft limit of the Go heap (the runtime's memory limit: the GC works harder near it), default 268435456 + cache.max.bytes; 0: none; the GOMEMLIMIT environment variable, when set, wins",
+		help: "soft limit of the Go heap (the runtime's memory limit: the GC works harder near it), default 268435456 + cache.max.bytes (built without cgo, + store.cache.bytes + 100663296 for the memtables: Pebble's caches are then Go heap); 0: none; the GOMEMLIMIT environment variable, when set, wins",
 		bind: number(0, 1<<50, func(c *Config) *int64 { return &c.MemoryLimitSet }).unsetAs(-1).
 			shows(func(c Config) any { return c.MemoryLimit() }), derived: true},
 	{name: "store.cache.bytes", def: "67108864",

@@ -308,7 +308,14 @@ func checkImage(t *testing.T, e *engine, image string) {
 	if files["bin/sh"] != nil {
 		t.Errorf("the image has a shell")
 	}
-	t.Logf("image %s: user %s, %d entries, no shell", image, c.User, len(files))
+	// The builder has a C compiler: the binary is the cgo build, linked
+	// statically (Pebble's caches outside the Go heap), and runs on an image
+	// without libc.
+	version := e.docker(t, "run", "--rm", "--network", "host", image, "version").stdout
+	if !strings.Contains(version, "\n  cgo:      on (") {
+		t.Errorf("salesagg version in the image says\n%s\nwant cgo on (scripts/build.sh with the builder's gcc)", version)
+	}
+	t.Logf("image %s: user %s, %d entries, no shell, cgo on", image, c.User, len(files))
 }
 
 // startKafka starts the project's Apache Kafka test broker with KAFKA_DIR

@@ -374,7 +374,7 @@ func builderImages(t *testing.T, e *engine, cache, tmp string) (debian, golang s
 	suite := debianSuite()
 	debian = fmt.Sprintf("%s/debian:%s", imagePrefix, suite)
 	golang = fmt.Sprintf("%s/golang:%s-%s", imagePrefix, goVersion, suite)
-	saved := filepath.Join(cache, fmt.Sprintf("images-go%s-%s-%s.tar", goVersion, suite, runtime.GOARCH))
+	saved := filepath.Join(cache, fmt.Sprintf("images-go%s-%s-gcc-%s.tar", goVersion, suite, runtime.GOARCH))
 
 	unlock := lockCache(t, cache)
 	defer unlock()
@@ -502,7 +502,7 @@ func writeBuilderContext(w io.Writer, dockerfile, goroot string) error {
 // system (debootstrap --variant=minbase), making it the first time.
 func debianRootfs(t *testing.T, cache, tmp, suite string) string {
 	t.Helper()
-	tgz := filepath.Join(cache, fmt.Sprintf("rootfs-debian-%s-minbase-%s.tar.gz", suite, runtime.GOARCH))
+	tgz := filepath.Join(cache, fmt.Sprintf("rootfs-debian-%s-minbase-gcc-%s.tar.gz", suite, runtime.GOARCH))
 	if _, err := os.Stat(tgz); err == nil {
 		return tgz
 	}
@@ -510,7 +510,9 @@ func debianRootfs(t *testing.T, cache, tmp, suite string) string {
 	mirror := debianMirror(suite)
 	dir := filepath.Join(tmp, "rootfs")
 	start := time.Now()
-	must(t, runOpts{timeout: 20 * time.Minute}, "debootstrap", "--variant=minbase", suite, dir, mirror)
+	// gcc and libc6-dev, as golang:*-bookworm has them: scripts/build.sh
+	// links the service with cgo, statically.
+	must(t, runOpts{timeout: 20 * time.Minute}, "debootstrap", "--variant=minbase", "--include=gcc,libc6-dev", suite, dir, mirror)
 	// Without apt's package lists and caches, docs, man pages and locales:
 	// about 75 MB instead of 200. /dev is the engine's to fill.
 	must(t, runOpts{timeout: 5 * time.Minute}, "bash", "-c",
@@ -523,6 +525,12 @@ func debianRootfs(t *testing.T, cache, tmp, suite string) string {
 		t.Fatal(err)
 	}
 	_ = os.RemoveAll(dir)
+	old, _ := filepath.Glob(filepath.Join(cache, "rootfs-debian-*.tar.gz"))
+	for _, f := range old {
+		if f != tgz {
+			_ = os.Remove(f)
+		}
+	}
 	t.Logf("debootstrapped Debian %s from %s in %s: %s", suite, mirror, time.Since(start).Round(time.Second), tgz)
 	return tgz
 }

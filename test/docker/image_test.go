@@ -104,7 +104,7 @@ func TestProjectImage(t *testing.T) {
 
 // projectImageKey names the sources an image is built from: a SHA-256 of
 // the files the .dockerignore lets into the build context (go.mod, go.sum,
-// and cmd/ and internal/ without tests or testdata), path and content, and
+// scripts/build.sh, and cmd/ and internal/ without tests or testdata), path and content, and
 // of the Go version of the builder image.
 func projectImageKey(t *testing.T, repo string) string {
 	t.Helper()
@@ -119,7 +119,7 @@ func projectImageKey(t *testing.T, repo string) string {
 		h.Write(b)
 		return nil
 	}
-	for _, f := range []string{"go.mod", "go.sum", "Dockerfile", ".dockerignore"} {
+	for _, f := range []string{"go.mod", "go.sum", "Dockerfile", ".dockerignore", "scripts/build.sh"} {
 		if err := add(f); err != nil {
 			t.Fatal(err)
 		}
