@@ -88,40 +88,6 @@ func TestEntryCacheStaysWithinItsBound(t *testing.T) {
 	}
 }
 
-func TestStoreFilterNeverMissesAWrittenProduct(t *testing.T) {
-	// Scenario: a filter of a store that started empty learns 1,000,000 products (four
-	// levels): it says "may hold" for each of them, "cannot hold" for nearly every other
-	// product (at most 3 % wrong), and a filter of a store that started with data always
-	// says "may hold".
-	var f storeFilter
-	f.reset(true)
-	const n = 1_000_000
-	for i := range n {
-		f.add(fmt.Sprintf("p%d", i))
-	}
-	for i := range n {
-		if !f.mayHold([]byte(fmt.Sprintf("p%d", i))) {
-			t.Fatalf("product p%d was added, the filter says the store cannot hold it", i)
-		}
-	}
-	wrong := 0
-	for i := range n {
-		if f.mayHold([]byte(fmt.Sprintf("q%d", i))) {
-			wrong++
-		}
-	}
-	if wrong > n*3/100 {
-		t.Errorf("%d of %d products never added may be held (want ≤ 3 %%)", wrong, n)
-	}
-	t.Logf("%d levels, %d bytes, %.2f %% false positives", len(f.levels), f.bytes, 100*float64(wrong)/n)
-	var unknown storeFilter
-	unknown.reset(false)
-	unknown.add("p1")
-	if !unknown.mayHold([]byte("anything")) {
-		t.Error("a filter of a store with unknown products says it cannot hold one")
-	}
-}
-
 func TestEntryCacheEstimateMatchesItsHeap(t *testing.T) {
 	// Scenario: a cache of a task's default share (64 MiB over 3 tasks) filled with products
 	// as a growing state fills it (short keys, offsets of one partition, many evictions): its

@@ -20,11 +20,13 @@ import (
 // (no false negatives); a yes may be wrong (about 1 %), and costs the lookup
 // it would have cost anyway.
 //
-// A task whose store started empty knows every product from the start. One
-// whose store started with data learns the products it writes (learning)
-// while a goroutine of its own lists the store's products as they were at
-// the start (buildFilter); until the task adopts that list, the filter is
-// not used (known is false) and every lookup goes to the store.
+// A task whose store started empty knows every product from the start
+// (filterKnown). One whose store started with data learns the products it
+// writes (filterLearning) while a goroutine of its own lists the store's
+// products as they were at the start (buildFilter); until the task adopts
+// that list the filter is not used, and every lookup goes to the store.
+// A listing that fails leaves the filter off for the rest of the task's run
+// (filterOff: not used, records nothing).
 //
 // The filter grows in levels, each four times the capacity of the one
 // before, so that neither its size nor the number of levels a query reads
@@ -32,10 +34,33 @@ import (
 // no pointers: the collector does not scan them. Used by the task goroutine
 // only.
 type storeFilter struct {
-	known, learning bool
-	seed            maphash.Seed
-	levels          []filterLevel
-	bytes           int64
+	mode   filterMode
+	seed   maphash.Seed
+	levels []filterLevel
+	bytes  int64
+}
+
+// filterMode is a storeFilter's state. Its moves: reset to filterKnown (an
+// empty store) or filterOff from any state; filterOff → filterLearning
+// (learn); filterLearning → filterKnown (adopt) or filterOff (abandon).
+type filterMode uint8
+
+const (
+	filterOff      filterMode = iota // not used, records nothing
+	filterLearning                   // not used, records what is written
+	filterKnown                      // used: holds every product of the store
+)
+
+func (m filterMode) String() string {
+	switch m {
+	case filterOff:
+		return "off"
+	case filterLearning:
+		return "learning"
+	case filterKnown:
+		return "known"
+	}
+	return fmt.Sprintf("filterMode(%d)", uint8(m))
 }
 
 type filterLevel struct {
@@ -54,32 +79,48 @@ const (
 	filterGrowth     = 4
 )
 
-// reset makes the filter know the store is empty (known) or not use it.
-func (f *storeFilter) reset(known bool) {
-	f.known, f.learning, f.levels, f.bytes = known, false, nil, 0
+// reset starts the filter over, under a new seed: known when the store is
+// empty, else off.
+func (f *storeFilter) reset(empty bool) {
+	f.mode, f.levels, f.bytes = filterOff, nil, 0
+	if empty {
+		f.mode = filterKnown
+	}
 	f.seed = maphash.MakeSeed()
 }
 
-// learn makes a filter that is not used record the products written from
-// now on, for adopt.
-func (f *storeFilter) learn() { f.learning = !f.known }
+// learn makes a filter that is off record the products written from now
+// on, for adopt.
+func (f *storeFilter) learn() {
+	if f.mode == filterOff {
+		f.mode = filterLearning
+	}
+}
 
 // adopt makes a learning filter known: base holds, under the same seed,
 // every product the store held when the filter began to learn, and the
 // filter every product written since.
 func (f *storeFilter) adopt(base storeFilter) {
-	if !f.learning || base.seed != f.seed {
+	if f.mode != filterLearning || base.seed != f.seed {
 		return
 	}
 	f.levels = append(base.levels, f.levels...)
 	f.bytes += base.bytes
-	f.known, f.learning = true, false
+	f.mode = filterKnown
+}
+
+// abandon turns a learning filter off (its listing failed) and lets go of
+// what it learned.
+func (f *storeFilter) abandon() {
+	if f.mode == filterLearning {
+		f.mode, f.levels, f.bytes = filterOff, nil, 0
+	}
 }
 
 // buildFilter returns a known filter of seed that holds every product it
 // lists: the base a learning filter adopts.
 func buildFilter(ctx context.Context, it *state.ProductIter, seed maphash.Seed) (storeFilter, int, error) {
-	f := storeFilter{known: true, seed: seed}
+	f := storeFilter{mode: filterKnown, seed: seed}
 	n := 0
 	err := it.Each(ctx, func(product []byte) {
 		f.addHash(maphash.Bytes(seed, product))
@@ -91,7 +132,7 @@ func buildFilter(ctx context.Context, it *state.ProductIter, seed maphash.Seed) 
 // mayHold reports whether the store may hold product key: false only when
 // it surely does not.
 func (f *storeFilter) mayHold(key []byte) bool {
-	if !f.known {
+	if f.mode != filterKnown {
 		return true
 	}
 	return f.has(maphash.Bytes(f.seed, key))
@@ -108,7 +149,7 @@ func (f *storeFilter) has(h uint64) bool {
 
 // add records that the store holds product key.
 func (f *storeFilter) add(key string) {
-	if f.known || f.learning {
+	if f.mode != filterOff {
 		f.addHash(maphash.String(f.seed, key))
 	}
 }
@@ -198,7 +239,7 @@ func (t *task) startFilter(ctx context.Context) {
 	t.fold.building = nil
 	t.fold.filter.reset(t.storeEmpty())
 	st := t.store.Load()
-	if t.fold.filter.known || st == nil {
+	if t.fold.filter.mode == filterKnown || st == nil {
 		return
 	}
 	it, err := st.Products()
@@ -230,6 +271,7 @@ func (t *task) adoptFilter() {
 	b := t.fold.building
 	t.fold.building = nil
 	if b.err != nil {
+		t.fold.filter.abandon()
 		t.log.Info(fmt.Sprintf("task [%s] Listing the store's products failed; every new product is looked up in the store", t.name), zap.Error(b.err))
 		return
 	}

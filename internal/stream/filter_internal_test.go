@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"hash/maphash"
+	"strconv"
 	"testing"
 
 	"go.uber.org/zap"
@@ -67,20 +68,20 @@ func TestALearningFilterAdoptsTheStoreAsItWasAtTheStart(t *testing.T) {
 	other := f
 	other.seed = maphash.MakeSeed()
 	other.adopt(base)
-	if other.known {
+	if other.mode != filterLearning {
 		t.Fatal("a filter adopted a listing of another seed")
 	}
 	var notLearning storeFilter
 	notLearning.reset(false)
 	notLearning.seed = base.seed
 	notLearning.adopt(base)
-	if notLearning.known {
+	if notLearning.mode != filterOff {
 		t.Fatal("a filter that was not learning adopted a listing")
 	}
 
 	f.adopt(base)
-	if !f.known || f.learning {
-		t.Fatalf("after adopt: known %v, learning %v; want known and not learning", f.known, f.learning)
+	if f.mode != filterKnown {
+		t.Fatalf("after adopt: %v, want known", f.mode)
 	}
 	for i := range old {
 		if p := fmt.Sprintf("old%d", i); !f.mayHold([]byte(p)) {
@@ -92,12 +93,7 @@ func TestALearningFilterAdoptsTheStoreAsItWasAtTheStart(t *testing.T) {
 			t.Fatalf("the store holds %s (learned), the filter says it cannot", p)
 		}
 	}
-	wrong := 0
-	for i := range old {
-		if f.mayHold([]byte(fmt.Sprintf("never%d", i))) {
-			wrong++
-		}
-	}
+	wrong := falsePositives(&f, "never", old)
 	if wrong > old*3/100 {
 		t.Errorf("%d of %d products never written may be held (want ≤ 3 %%)", wrong, old)
 	}
@@ -116,4 +112,96 @@ func TestALearningFilterAdoptsTheStoreAsItWasAtTheStart(t *testing.T) {
 	if _, _, err := buildFilter(ctx, it, f.seed); err != context.Canceled {
 		t.Fatalf("a listing under a canceled context ended with %v, want context.Canceled", err)
 	}
+}
+
+func TestTheFilterModesMoveOnlyAsAllowed(t *testing.T) {
+	// Scenario: each move of a storeFilter from each state. reset goes to known (an empty
+	// store) or off from anywhere; learn moves off → learning only; adopt moves learning →
+	// known only, with a listing of its seed; abandon moves learning → off only and drops what
+	// was learned, so that a failed listing leaves a filter that records nothing and is not
+	// used (every lookup goes to the store).
+	at := func(m filterMode) storeFilter {
+		var f storeFilter
+		f.reset(m == filterKnown)
+		if m == filterLearning {
+			f.learn()
+		}
+		if f.mode != m {
+			t.Fatalf("could not put a filter in %v (it is %v)", m, f.mode)
+		}
+		return f
+	}
+	modes := []filterMode{filterOff, filterLearning, filterKnown}
+	for _, from := range modes {
+		for _, m := range []struct {
+			name string
+			do   func(*storeFilter)
+			want map[filterMode]filterMode
+		}{
+			{"reset(empty)", func(f *storeFilter) { f.reset(true) }, map[filterMode]filterMode{filterOff: filterKnown, filterLearning: filterKnown, filterKnown: filterKnown}},
+			{"reset(data)", func(f *storeFilter) { f.reset(false) }, map[filterMode]filterMode{filterOff: filterOff, filterLearning: filterOff, filterKnown: filterOff}},
+			{"learn", (*storeFilter).learn, map[filterMode]filterMode{filterOff: filterLearning, filterLearning: filterLearning, filterKnown: filterKnown}},
+			{"adopt", func(f *storeFilter) { f.adopt(storeFilter{mode: filterKnown, seed: f.seed}) }, map[filterMode]filterMode{filterOff: filterOff, filterLearning: filterKnown, filterKnown: filterKnown}},
+			{"abandon", (*storeFilter).abandon, map[filterMode]filterMode{filterOff: filterOff, filterLearning: filterOff, filterKnown: filterKnown}},
+		} {
+			f := at(from)
+			f.add("p")
+			m.do(&f)
+			if f.mode != m.want[from] {
+				t.Errorf("%v --%s--> %v, want %v", from, m.name, f.mode, m.want[from])
+			}
+		}
+	}
+
+	f := at(filterLearning)
+	f.add("learned")
+	f.abandon()
+	if f.levels != nil || f.bytes != 0 {
+		t.Errorf("an abandoned filter keeps %d levels, %d bytes", len(f.levels), f.bytes)
+	}
+	f.add("after")
+	if f.levels != nil || !f.mayHold([]byte("never")) {
+		t.Error("a filter that is off records a write or says a product cannot be held")
+	}
+}
+
+func TestStoreFilterNeverMissesAWrittenProduct(t *testing.T) {
+	// Scenario: a filter of a store that started empty learns 1,000,000 products (four
+	// levels): it says "may hold" for each of them, "cannot hold" for nearly every other
+	// product (at most 3 % wrong), and a filter of a store that started with data always
+	// says "may hold".
+	var f storeFilter
+	f.reset(true)
+	const n = 1_000_000
+	for i := range n {
+		f.add(fmt.Sprintf("p%d", i))
+	}
+	for i := range n {
+		if !f.mayHold([]byte(fmt.Sprintf("p%d", i))) {
+			t.Fatalf("product p%d was added, the filter says the store cannot hold it", i)
+		}
+	}
+	wrong := falsePositives(&f, "q", n)
+	if wrong > n*3/100 {
+		t.Errorf("%d of %d products never added may be held (want ≤ 3 %%)", wrong, n)
+	}
+	t.Logf("%d levels, %d bytes, %.2f %% false positives", len(f.levels), f.bytes, 100*float64(wrong)/n)
+	var unknown storeFilter
+	unknown.reset(false)
+	unknown.add("p1")
+	if !unknown.mayHold([]byte("anything")) {
+		t.Error("a filter of a store with unknown products says it cannot hold one")
+	}
+}
+
+// falsePositives counts the products prefix0 … prefix(n-1), none of them
+// ever added, that f says the store may hold.
+func falsePositives(f *storeFilter, prefix string, n int) int {
+	wrong := 0
+	for i := range n {
+		if f.mayHold([]byte(prefix + strconv.Itoa(i))) {
+			wrong++
+		}
+	}
+	return wrong
 }
