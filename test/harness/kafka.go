@@ -57,15 +57,21 @@ func (k Kafka) Run(timeout time.Duration, args ...string) (string, error) {
 }
 
 // Up runs `kafka.sh up` and returns the bootstrap address, the last line it
-// prints (127.0.0.1:PORT).
+// prints (HOST:PORT, HOST the KAFKA_HOST of Env, else 127.0.0.1).
 func (k Kafka) Up(timeout time.Duration) (string, error) {
 	out, err := k.Run(timeout, "up")
 	if err != nil {
 		return "", fmt.Errorf("kafka.sh up: %w\n%s", err, out)
 	}
+	host := "127.0.0.1"
+	for _, e := range k.Env {
+		if v, ok := strings.CutPrefix(e, "KAFKA_HOST="); ok && v != "" {
+			host = v
+		}
+	}
 	addr := LastLine(out)
-	if !strings.HasPrefix(addr, "127.0.0.1:") {
-		return "", fmt.Errorf("kafka.sh up printed %q as its last line, want 127.0.0.1:PORT", addr)
+	if !strings.HasPrefix(addr, host+":") {
+		return "", fmt.Errorf("kafka.sh up printed %q as its last line, want %s:PORT", addr, host)
 	}
 	return addr, nil
 }
@@ -97,7 +103,19 @@ func StartKafka(t testing.TB, root, dir string) (addr string, external bool) {
 		t.Logf("using the broker at %s (KAFKA_BOOTSTRAP_SERVERS)", addr)
 		return addr, true
 	}
+	return StartKafkaOn(t, root, dir, ""), false
+}
+
+// StartKafkaOn starts the project's Apache Kafka test broker under dir
+// with every listener bound to and advertised at host (kafka.sh's
+// KAFKA_HOST; "" is 127.0.0.1), stopped when the test ends, and returns its
+// bootstrap address.
+func StartKafkaOn(t testing.TB, root, dir, host string) string {
+	t.Helper()
 	k := NewKafka(root, filepath.Join(dir, "kafka"))
+	if host != "" {
+		k.Env = append(k.Env, "KAFKA_HOST="+host)
+	}
 	wd, err := k.Watchdog("kafka-watchdog", "")
 	if err != nil {
 		t.Fatal(err)
@@ -110,12 +128,12 @@ func StartKafka(t testing.TB, root, dir string) (addr string, external bool) {
 		_ = wd.Wait()
 	})
 	t0 := time.Now()
-	addr, err = k.Up(5 * time.Minute)
+	addr, err := k.Up(5 * time.Minute)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Logf("Apache Kafka up at %s in %s (KAFKA_DIR=%s)", addr, time.Since(t0).Round(time.Millisecond), k.Dir)
-	return addr, false
+	return addr
 }
 
 // LastLine is the last non-empty line of s, trimmed.

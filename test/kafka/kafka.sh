@@ -32,6 +32,9 @@
 #   KAFKA_NODES             up: number of nodes (default: 1; 1 is the single-node layout)
 #   KAFKA_CLIENT_LISTENERS  up: extra listeners CLIENT1..CLIENTK on every node, each listening on
 #                           one port and advertising another, for fault proxies (default: 0)
+#   KAFKA_HOST              up: the address every listener binds and advertises (default:
+#                           127.0.0.1; another local address, e.g. one a test put on a
+#                           network interface of its own for pods to reach)
 #   KAFKA_VERSION           Kafka version from Maven Central (default: 4.4.0)
 #   KAFKA_CACHE_DIR         jar cache (default: ${XDG_CACHE_HOME:-$HOME/.cache}/salesagg/kafka-$KAFKA_VERSION-<pom.xml
 #                           checksum>: work trees with different pom.xml files do not refetch each other's jars)
@@ -55,6 +58,11 @@ REPO_ROOT="$(cd "$SCRIPT_DIR/../.." && pwd)"
 KAFKA_VERSION="${KAFKA_VERSION:-4.4.0}"
 KAFKA_DIR="${KAFKA_DIR:-$REPO_ROOT/.kafka}"
 [[ "$KAFKA_DIR" == /* ]] || KAFKA_DIR="$PWD/$KAFKA_DIR"
+# The host up was given is kept in $KAFKA_DIR/host for the other commands.
+HOST_FILE="$KAFKA_DIR/host"
+KAFKA_HOST_GIVEN="${KAFKA_HOST:-}"
+if [[ -z "$KAFKA_HOST_GIVEN" && -s "$HOST_FILE" ]]; then KAFKA_HOST=$(<"$HOST_FILE"); fi
+export KAFKA_HOST="${KAFKA_HOST:-127.0.0.1}"
 POM_SUM="$(cksum <"$SCRIPT_DIR/pom.xml")"
 POM_SUM="${POM_SUM%% *}"
 KAFKA_CACHE_DIR="${KAFKA_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/salesagg/kafka-$KAFKA_VERSION-$POM_SUM}"
@@ -256,7 +264,7 @@ is_paused() {
 
 port_open() {
   local port="$1"
-  (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null
+  (exec 3<>"/dev/tcp/$KAFKA_HOST/$port") 2>/dev/null
 }
 
 # $1 distinct free TCP ports on 127.0.0.1, on one line.
@@ -268,7 +276,7 @@ free_ports() {
 # take their local ports, so a port picked there can be taken before the
 # broker binds it), as test/port does. All are held bound at once, so they
 # differ.
-import random, socket, sys
+import os, random, socket, sys
 count = int(sys.argv[1])
 try:
     low = int(open("/proc/sys/net/ipv4/ip_local_port_range").read().split()[0])
@@ -281,14 +289,14 @@ for _ in range(100 * count):
     p = random.randrange(10000, low)
     s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     try:
-        s.bind(("127.0.0.1", p))
+        s.bind((os.environ.get("KAFKA_HOST", "127.0.0.1"), p))
     except OSError:
         s.close()
         continue
     socks.append(s)
 while len(socks) < count:
     s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    s.bind(("127.0.0.1", 0))
+    s.bind((os.environ.get("KAFKA_HOST", "127.0.0.1"), 0))
     socks.append(s)
 print(" ".join(str(s.getsockname()[1]) for s in socks))
 for s in socks:
@@ -323,8 +331,8 @@ client_listener_props() {
   local n name lport aport
   while read -r n name lport aport; do
     [[ "$n" == "$NODE" ]] || continue
-    LISTEN_EXTRA+=",$name://127.0.0.1:$lport"
-    ADV_EXTRA+=",$name://127.0.0.1:$aport"
+    LISTEN_EXTRA+=",$name://$KAFKA_HOST:$lport"
+    ADV_EXTRA+=",$name://$KAFKA_HOST:$aport"
     MAP_EXTRA+=",$name:PLAINTEXT"
   done <"$LISTENERS_FILE"
 }
@@ -336,12 +344,12 @@ write_props() {
 # Written by test/kafka/kafka.sh: single combined broker+controller on loopback, for tests.
 process.roles=broker,controller
 node.id=1
-listeners=PLAINTEXT://127.0.0.1:$port,CONTROLLER://127.0.0.1:$cport$LISTEN_EXTRA
-advertised.listeners=PLAINTEXT://127.0.0.1:$port,CONTROLLER://127.0.0.1:$cport$ADV_EXTRA
+listeners=PLAINTEXT://$KAFKA_HOST:$port,CONTROLLER://$KAFKA_HOST:$cport$LISTEN_EXTRA
+advertised.listeners=PLAINTEXT://$KAFKA_HOST:$port,CONTROLLER://$KAFKA_HOST:$cport$ADV_EXTRA
 controller.listener.names=CONTROLLER
 inter.broker.listener.name=PLAINTEXT
 listener.security.protocol.map=CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT$MAP_EXTRA
-controller.quorum.bootstrap.servers=127.0.0.1:$cport
+controller.quorum.bootstrap.servers=$KAFKA_HOST:$cport
 log.dirs=$DATA_DIR
 
 # One node: every internal topic at replication 1, or groups hang and transactions never start.
@@ -387,8 +395,8 @@ write_cluster_props() {
 # on loopback, for tests.
 process.roles=broker,controller
 node.id=$NODE
-listeners=PLAINTEXT://127.0.0.1:$port,CONTROLLER://127.0.0.1:$cport$LISTEN_EXTRA
-advertised.listeners=PLAINTEXT://127.0.0.1:$port,CONTROLLER://127.0.0.1:$cport$ADV_EXTRA
+listeners=PLAINTEXT://$KAFKA_HOST:$port,CONTROLLER://$KAFKA_HOST:$cport$LISTEN_EXTRA
+advertised.listeners=PLAINTEXT://$KAFKA_HOST:$port,CONTROLLER://$KAFKA_HOST:$cport$ADV_EXTRA
 controller.listener.names=CONTROLLER
 inter.broker.listener.name=PLAINTEXT
 listener.security.protocol.map=CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT$MAP_EXTRA
@@ -530,7 +538,7 @@ wait_ready() {
       # (grep reads a process substitution, not a pipe: with pipefail, `tail | grep -q`
       # can fail on SIGPIPE even when grep matched.)
       if grep -qF "$READY_MARKER" < <(tail -c +"$((offset + 1))" "$LOG_FILE") && port_open "$port"; then
-        log "$(node_name) ready at 127.0.0.1:$port (pid $pid) in $(( $(now_ms) - t0 )) ms"
+        log "$(node_name) ready at $KAFKA_HOST:$port (pid $pid) in $(( $(now_ms) - t0 )) ms"
       else
         still+=("$item")
       fi
@@ -658,7 +666,7 @@ kill_all_layouts() {
 remove_files() {
   local d
   rm -rf "$KAFKA_DIR/data" "$KAFKA_DIR/server.properties" "$KAFKA_DIR/broker.pid" "$ADDR_FILE" "$CTRL_FILE" \
-    "$LISTENERS_FILE" "$KAFKA_DIR/broker.log" "$KAFKA_DIR/format.log"
+    "$LISTENERS_FILE" "$HOST_FILE" "$KAFKA_DIR/broker.log" "$KAFKA_DIR/format.log"
   for d in "$KAFKA_DIR"/node[0-9]*; do
     [[ -d "$d" ]] && rm -rf "$d"
   done
@@ -678,6 +686,8 @@ cmd_up() {
   set_layout "${KAFKA_NODES:-1}"
   mkdir -p "$KAFKA_DIR"
   [[ -f "$KAFKA_DIR/.gitignore" ]] || printf '*\n' >"$KAFKA_DIR/.gitignore"
+  export KAFKA_HOST="${KAFKA_HOST_GIVEN:-127.0.0.1}"
+  printf '%s\n' "$KAFKA_HOST" >"$HOST_FILE"
 
   # Per node: broker, controller, then per client listener: listen, advertised.
   local -a ports
@@ -687,9 +697,9 @@ cmd_up() {
   for n in $(seq 1 "$NODES"); do
     port[n]="${ports[i]}" cport[n]="${ports[i + 1]}"
     i=$((i + 2))
-    addrs+="${addrs:+,}127.0.0.1:${port[n]}"
-    ctrls+="${ctrls:+,}127.0.0.1:${cport[n]}"
-    voters+="${voters:+,}$n@127.0.0.1:${cport[n]}"
+    addrs+="${addrs:+,}$KAFKA_HOST:${port[n]}"
+    ctrls+="${ctrls:+,}$KAFKA_HOST:${cport[n]}"
+    voters+="${voters:+,}$n@$KAFKA_HOST:${cport[n]}"
     for ((k = 1; k <= listeners; k++)); do
       printf '%s CLIENT%s %s %s\n' "$n" "$k" "${ports[i]}" "${ports[i + 1]}"
       i=$((i + 2))
@@ -810,9 +820,9 @@ cmd_status() {
     if pid="$(broker_pid)"; then
       state=running
       is_paused "$pid" && state=paused
-      echo "node $n $state pid=$pid address=127.0.0.1:$(node_port "$n")"
+      echo "node $n $state pid=$pid address=$KAFKA_HOST:$(node_port "$n")"
     else
-      echo "node $n not running address=127.0.0.1:$(node_port "$n" 2>/dev/null || echo '?')"
+      echo "node $n not running address=$KAFKA_HOST:$(node_port "$n" 2>/dev/null || echo '?')"
       rc=1
     fi
   done
