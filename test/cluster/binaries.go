@@ -21,9 +21,15 @@ import (
 const KubernetesVersion = "v1.37.2"
 
 // Commands are the binaries the cluster runs: the control plane, the
-// kubelet and kubectl from k8s.io/kubernetes, and etcd (build/etcd, the
-// etcd server of go.etcd.io/etcd/server/v3).
-var Commands = []string{"etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubelet", "kubectl"}
+// kubelet, kube-proxy and kubectl from k8s.io/kubernetes, etcd
+// (build/etcd, the etcd server of go.etcd.io/etcd/server/v3), CoreDNS
+// (build/coredns) and the CNI reference plugins the pod network uses.
+var Commands = []string{"etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubelet", "kube-proxy", "kubectl",
+	"coredns", "bridge", "host-local", "loopback", "portmap"}
+
+// CNIPlugins are the Commands that are CNI plugins: containerd's CRI
+// finds them in the cache dir (its cni bin_dir).
+var CNIPlugins = []string{"bridge", "host-local", "loopback", "portmap"}
 
 var packages = map[string]string{
 	"etcd":                    "./etcd",
@@ -31,7 +37,13 @@ var packages = map[string]string{
 	"kube-controller-manager": "k8s.io/kubernetes/cmd/kube-controller-manager",
 	"kube-scheduler":          "k8s.io/kubernetes/cmd/kube-scheduler",
 	"kubelet":                 "k8s.io/kubernetes/cmd/kubelet",
+	"kube-proxy":              "k8s.io/kubernetes/cmd/kube-proxy",
 	"kubectl":                 "k8s.io/kubernetes/cmd/kubectl",
+	"coredns":                 "./coredns",
+	"bridge":                  "github.com/containernetworking/plugins/plugins/main/bridge",
+	"host-local":              "github.com/containernetworking/plugins/plugins/ipam/host-local",
+	"loopback":                "github.com/containernetworking/plugins/plugins/main/loopback",
+	"portmap":                 "github.com/containernetworking/plugins/plugins/meta/portmap",
 }
 
 // CacheDir is where the binaries are kept between runs:

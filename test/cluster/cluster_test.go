@@ -33,6 +33,10 @@ const (
 	runNS  = "salesagg-run"
 	// inputTopic is the config's input.topic.
 	inputTopic = "sales-events-v1"
+	// runAppID is the test overlay's application.id: a group and
+	// changelog of its own, apart from the prod overlay's, whose static
+	// members stay in their group for session.timeout.ms after they went.
+	runAppID = "sales-aggregator-run"
 )
 
 func TestCluster(t *testing.T) {
@@ -50,6 +54,7 @@ func TestCluster(t *testing.T) {
 	}
 	t.Logf("Kubernetes %s binaries in %s (%s)", KubernetesVersion, bin, time.Since(start).Round(time.Millisecond))
 	dir := t.TempDir()
+	hostNetwork(t)
 	c := startControlPlane(t, bin, dir)
 	c.mustKubectl("version")
 
@@ -61,12 +66,23 @@ func TestCluster(t *testing.T) {
 	t.Run("ProdOverlayRestricted", func(t *testing.T) { c.t = t; prodOverlay(t, c, root) })
 	c.t = t
 
-	images := buildImages(t, root, filepath.Join(dir, "images"))
+	images := buildImages(t, root, bin, filepath.Join(dir, "images"))
 	ensureContainerd(t)
 	if err := c.startNode(images); err != nil {
 		t.Skipf("the node (containerd, kubelet) cannot run on this machine, so no pod runs; the control plane and the prod overlay's checks ran. Reason: %v", err)
 	}
-	kafka, _ := harness.StartKafka(t, root, dir)
+	start = time.Now()
+	if err := c.startKubeProxy(); err != nil {
+		t.Fatalf("kube-proxy: %v", err)
+	}
+	t.Logf("kube-proxy's rules in place after %s", time.Since(start).Round(100*time.Millisecond))
+	c.deployCoreDNS()
+	c.startProbe()
+	// Kafka on the control plane's address: the test, host-network pods
+	// and pods on the pod network all reach it there.
+	kafka := harness.StartKafkaOn(t, root, dir, cpAddr)
+	t.Run("ProdOverlayOnThePodNetwork", func(t *testing.T) { c.t = t; podNetwork(t, c, root, kafka) })
+	c.t = t
 	runOverlay(t, c, root, dir, kafka, pvs)
 }
 
@@ -99,8 +115,8 @@ func ensureContainerd(t *testing.T) {
 // PersistentVolumes of 1Gi on node localhost, and returns their host paths
 // by PV name.
 func storage(t *testing.T, c *cluster, dir string, n int) map[string]string {
-	var b strings.Builder
-	b.WriteString(`apiVersion: storage.k8s.io/v1
+	f := filepath.Join(dir, "storageclass.yaml")
+	if err := os.WriteFile(f, []byte(`apiVersion: storage.k8s.io/v1
 kind: StorageClass
 metadata:
   name: local
@@ -109,14 +125,25 @@ metadata:
 provisioner: kubernetes.io/no-provisioner
 volumeBindingMode: WaitForFirstConsumer
 reclaimPolicy: Retain
-`)
+`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	c.mustKubectl("apply", "--server-side", "-f", f)
+	return localVolumes(t, c, filepath.Join(dir, "pv"), "local", n, "1Gi")
+}
+
+// localVolumes makes n local PersistentVolumes of size in class local on
+// node localhost, named prefix-0…, their directories under dir, and returns
+// their host paths by PV name.
+func localVolumes(t *testing.T, c *cluster, dir, prefix string, n int, size string) map[string]string {
+	var b strings.Builder
 	pvs := map[string]string{}
 	for i := range n {
-		p := filepath.Join(dir, "pv", fmt.Sprintf("pv-%d", i))
+		p := filepath.Join(dir, fmt.Sprintf("pv-%d", i))
 		if err := os.MkdirAll(p, 0o755); err != nil {
 			t.Fatal(err)
 		}
-		name := fmt.Sprintf("local-%d", i)
+		name := fmt.Sprintf("%s-%d", prefix, i)
 		pvs[name] = p
 		fmt.Fprintf(&b, `---
 apiVersion: v1
@@ -124,7 +151,7 @@ kind: PersistentVolume
 metadata:
   name: %s
 spec:
-  capacity: {storage: 1Gi}
+  capacity: {storage: %s}
   accessModes: [ReadWriteOnce]
   persistentVolumeReclaimPolicy: Retain
   storageClassName: local
@@ -135,9 +162,9 @@ spec:
       nodeSelectorTerms:
         - matchExpressions:
             - {key: kubernetes.io/hostname, operator: In, values: [localhost]}
-`, name, p)
+`, name, size, p)
 	}
-	f := filepath.Join(dir, "storage.yaml")
+	f := filepath.Join(c.dir, prefix+"-volumes.yaml")
 	if err := os.WriteFile(f, []byte(b.String()), 0o644); err != nil {
 		t.Fatal(err)
 	}
@@ -253,38 +280,52 @@ func hasLine(out, prefix, s string) bool {
 }
 
 // buildImages returns, as `docker save` tarballs in dir, the sandbox
-// (pause) image, built here from ./pause, and the project's image: the one
+// (pause) and probe images, built here from ./pause and ./probe, CoreDNS's
+// (the binary in bin), and the project's image: the one
 // the container test builds with `docker build` from the Dockerfile, which
 // test/docker's TestProjectImage finds in its cache or builds on a dockerd
 // of its own (root dir, the repository). SALESAGG_K8S_IMAGE names a
 // `docker save` tarball of salesagg:latest to use instead, e.g. from
 // `docker build -t salesagg . && docker save -o salesagg.tar salesagg:latest`.
-func buildImages(t *testing.T, root, dir string) []string {
+func buildImages(t *testing.T, root, bin, dir string) []string {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		t.Fatal(err)
 	}
 	start := time.Now()
-	pauseBin := filepath.Join(dir, "pause")
-	cmd := exec.Command("go", "build", "-trimpath", "-ldflags", "-s -w", "-o", pauseBin, "./pause")
-	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
-	if b, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("go build ./pause: %v\n%s", err, b)
-	}
-	pause, err := os.ReadFile(pauseBin)
-	if err != nil {
-		t.Fatal(err)
-	}
-	pauseTar := filepath.Join(dir, "pause.tar")
-	if err := WriteImageFile(pauseTar, pauseRef, ImageConfig{Entrypoint: []string{"/pause"}},
-		[]File{{Name: "pause", Mode: 0o755, Data: pause}}); err != nil {
-		t.Fatal(err)
+	// One static binary per image: pause and probe built here, CoreDNS
+	// from the binaries' cache.
+	var tars []string
+	for _, img := range []struct{ ref, name, src string }{
+		{pauseRef, "pause", "./pause"},
+		{probeRef, "probe", "./probe"},
+		{corednsRef, "coredns", filepath.Join(bin, "coredns")},
+	} {
+		path := img.src
+		if strings.HasPrefix(img.src, "./") {
+			path = filepath.Join(dir, img.name)
+			cmd := exec.Command("go", "build", "-trimpath", "-ldflags", "-s -w", "-o", path, img.src)
+			cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+			if b, err := cmd.CombinedOutput(); err != nil {
+				t.Fatalf("go build %s: %v\n%s", img.src, err, b)
+			}
+		}
+		data, err := os.ReadFile(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		tar := filepath.Join(dir, img.name+".tar")
+		if err := WriteImageFile(tar, img.ref, ImageConfig{Entrypoint: []string{"/" + img.name}},
+			[]File{{Name: img.name, Mode: 0o755, Data: data}}); err != nil {
+			t.Fatal(err)
+		}
+		tars = append(tars, tar)
 	}
 	if prebuilt := os.Getenv("SALESAGG_K8S_IMAGE"); prebuilt != "" {
 		t.Logf("the project's image from %s (SALESAGG_K8S_IMAGE)", prebuilt)
-		return []string{pauseTar, prebuilt}
+		return append(tars, prebuilt)
 	}
 	imgTar := filepath.Join(dir, "salesagg.tar")
-	cmd = exec.Command("go", "test", "-tags", "docker", "-count=1", "-timeout", "40m", "-v",
+	cmd := exec.Command("go", "test", "-tags", "docker", "-count=1", "-timeout", "40m", "-v",
 		"-run", "^TestProjectImage$", "./test/docker/")
 	cmd.Dir = root
 	cmd.Env = append(os.Environ(), "SALESAGG_IMAGE_OUT="+imgTar)
@@ -295,8 +336,8 @@ func buildImages(t *testing.T, root, dir string) []string {
 	if err != nil {
 		t.Fatalf("the project's image from test/docker (go test -tags docker -run TestProjectImage ./test/docker/): %v", err)
 	}
-	t.Logf("the images %s (built here) and %s (docker build, from test/docker) in %s", pauseRef, imageRef, time.Since(start).Round(time.Millisecond))
-	return []string{pauseTar, imgTar}
+	t.Logf("the images %s, %s, %s (built here) and %s (docker build, from test/docker) in %s", pauseRef, probeRef, corednsRef, imageRef, time.Since(start).Round(time.Millisecond))
+	return append(tars, imgTar)
 }
 
 // The parts of the API objects the test reads.
@@ -445,7 +486,7 @@ func runOverlay(t *testing.T, c *cluster, root, dir, kafka string, pvs map[strin
 		claim, pvPath = nc, pvs[nc.Spec.VolumeName]
 		c.checkContainer(t, p, pvPath)
 		restored := restoredAll(t, c.logs(t, false), -1)
-		changelog, err := harness.ReadTopic(kafka, sales.ChangelogTopic("sales-aggregator", sales.StoreName), 30*time.Second)
+		changelog, err := harness.ReadTopic(kafka, sales.ChangelogTopic(runAppID, sales.StoreName), 30*time.Second)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -535,7 +576,7 @@ patches:
         value: %s
 `, runNS, base, httpPort),
 		"namespace.yaml": "apiVersion: v1\nkind: Namespace\nmetadata:\n  name: " + runNS + "\n",
-		"salesagg.yaml": fmt.Sprintf(`application.id: sales-aggregator
+		"salesagg.yaml": fmt.Sprintf(`application.id: %s
 bootstrap.servers: %s
 input.topic: %s
 notification.topic: notifications-events-v1
@@ -549,7 +590,7 @@ session.timeout.ms: 45000
 num.standby.replicas: 0
 log.level: info
 log.format: json
-`, kafka, inputTopic),
+`, runAppID, kafka, inputTopic),
 		"statefulset.yaml": fmt.Sprintf(`apiVersion: apps/v1
 kind: StatefulSet
 metadata:

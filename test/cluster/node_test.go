@@ -59,7 +59,7 @@ func run(timeout time.Duration, env []string, name string, args ...string) (stri
 // test log unless quiet.
 func (c *cluster) kubectl(args ...string) (string, string, error) {
 	c.t.Helper()
-	out, errOut, err := run(3*time.Minute, []string{"KUBECONFIG=" + c.admin}, filepath.Join(c.bin, "kubectl"), args...)
+	out, errOut, err := run(6*time.Minute, []string{"KUBECONFIG=" + c.admin}, filepath.Join(c.bin, "kubectl"), args...)
 	c.t.Logf("$ kubectl %s\n%s%s", strings.Join(args, " "), out, errOut)
 	return out, errOut, err
 }
@@ -128,7 +128,7 @@ func startControlPlane(t *testing.T, bin, dir string) *cluster {
 		t.Fatal(err)
 	}
 	c.pki = pki
-	svcIP := "10.0.0.1"
+	svcIP := kubeSvcIP
 	issue := []struct {
 		name, cn string
 		orgs     []string
@@ -136,12 +136,13 @@ func startControlPlane(t *testing.T, bin, dir string) *cluster {
 	}{
 		{"etcd", "etcd", nil, []string{"127.0.0.1", "localhost"}},
 		{"apiserver-etcd-client", "kube-apiserver-etcd-client", nil, nil},
-		{"apiserver", "kube-apiserver", nil, []string{"127.0.0.1", "localhost", svcIP, "kubernetes", "kubernetes.default", "kubernetes.default.svc", "kubernetes.default.svc.cluster.local"}},
+		{"apiserver", "kube-apiserver", nil, []string{"127.0.0.1", "localhost", cpAddr, svcIP, "kubernetes", "kubernetes.default", "kubernetes.default.svc", "kubernetes.default.svc.cluster.local"}},
 		{"apiserver-kubelet-client", "kube-apiserver-kubelet-client", []string{"system:masters"}, nil},
 		{"admin", "admin", []string{"system:masters"}, nil},
 		{"controller-manager", "system:kube-controller-manager", nil, []string{"127.0.0.1", "localhost"}},
 		{"scheduler", "system:kube-scheduler", nil, []string{"127.0.0.1", "localhost"}},
 		{"kubelet", "system:node:localhost", []string{"system:nodes"}, nil},
+		{"kube-proxy", "system:kube-proxy", nil, nil},
 		{"kubelet-serving", "system:node:localhost", []string{"system:nodes"}, []string{"127.0.0.1", "localhost"}},
 	}
 	for _, i := range issue {
@@ -165,20 +166,19 @@ func startControlPlane(t *testing.T, bin, dir string) *cluster {
 		"--log-level", "warn", "--unsafe-no-fsync")
 
 	apiPort := port(t)
-	c.server = "https://127.0.0.1:" + apiPort
+	c.server = "https://" + cpAddr + ":" + apiPort
 	ac, ak := cert("apiserver")
 	eccl, eckl := cert("apiserver-etcd-client")
 	kc, kk := cert("apiserver-kubelet-client")
 	c.start("kube-apiserver",
-		"--bind-address", "127.0.0.1", "--secure-port", apiPort, "--advertise-address", "127.0.0.1",
-		// The "kubernetes" Service's endpoints would be 127.0.0.1, which
-		// an Endpoints object may not hold: nothing reconciles them.
-		"--endpoint-reconciler-type", "none",
+		// On the control plane's address, which pods reach: the
+		// "kubernetes" Service's endpoint (CoreDNS's way to the API).
+		"--bind-address", cpAddr, "--secure-port", apiPort, "--advertise-address", cpAddr,
 		"--etcd-servers", "https://127.0.0.1:"+etcdClient, "--etcd-cafile", pki.CA(), "--etcd-certfile", eccl, "--etcd-keyfile", eckl,
 		"--tls-cert-file", ac, "--tls-private-key-file", ak, "--client-ca-file", pki.CA(),
 		"--service-account-key-file", saPub, "--service-account-signing-key-file", saKey,
 		"--service-account-issuer", "https://kubernetes.default.svc.cluster.local",
-		"--service-cluster-ip-range", "10.0.0.0/24",
+		"--service-cluster-ip-range", svcCIDR,
 		"--authorization-mode", "Node,RBAC", "--enable-admission-plugins", "NodeRestriction",
 		"--kubelet-client-certificate", kc, "--kubelet-client-key", kk, "--kubelet-certificate-authority", pki.CA(),
 		// The node's name and Hostname address is localhost: the API
@@ -188,7 +188,7 @@ func startControlPlane(t *testing.T, bin, dir string) *cluster {
 		"--profiling=false", "--v=1")
 
 	c.admin = filepath.Join(dir, "admin.kubeconfig")
-	for _, n := range []string{"admin", "controller-manager", "scheduler", "kubelet"} {
+	for _, n := range []string{"admin", "controller-manager", "scheduler", "kubelet", "kube-proxy"} {
 		if err := pki.Kubeconfig(filepath.Join(dir, n+".kubeconfig"), c.server, n); err != nil {
 			t.Fatal(err)
 		}
@@ -270,10 +270,9 @@ func (c *cluster) startNode(images []string) error {
 	// test's dir, the pod cgroups.
 	t.Cleanup(func() { c.teardownNode(dir) })
 
-	// CNI: pods run on the host's network only. containerd's CRI calls its
-	// network ready once a network config loads; the one given, loopback
-	// only, is what a pod not on the host network would get.
-	if err := os.WriteFile(filepath.Join(cniConf, "10-loopback.conflist"), []byte(`{"cniVersion": "0.4.0", "name": "loopback-only", "plugins": [{"type": "loopback"}]}`+"\n"), 0o644); err != nil {
+	// CNI: the pod network (cniConfig), with the reference plugins built
+	// from source into the binaries' dir.
+	if err := os.WriteFile(filepath.Join(cniConf, "10-salesagg-pods.conflist"), []byte(cniConfig(filepath.Join(dir, "cni-ipam"))), 0o644); err != nil {
 		return err
 	}
 	cfg := fmt.Sprintf(`version = 2
@@ -307,10 +306,10 @@ state = %[2]q
       [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
         SystemdCgroup = false
   [plugins."io.containerd.grpc.v1.cri".cni]
-    bin_dir = "/usr/lib/cni"
+    bin_dir = %[9]q
     conf_dir = %[7]q
 `, filepath.Join(ctrDir, "root"), filepath.Join(ctrDir, "state"), c.ctrSock, c.ctrSock+".ttrpc",
-		filepath.Join(ctrDir, "opt"), pauseRef, cniConf, !hasCapability(capSysResource))
+		filepath.Join(ctrDir, "opt"), pauseRef, cniConf, !hasCapability(capSysResource), c.bin)
 	cfgPath := filepath.Join(ctrDir, "config.toml")
 	if err := os.WriteFile(cfgPath, []byte(cfg), 0o644); err != nil {
 		return err
@@ -373,16 +372,21 @@ evictionHard:
   nodefs.available: 1%%
   imagefs.available: 1%%
 registerNode: true
+# The pods' resolver: CoreDNS behind the kube-dns Service; no host resolver
+# behind it (nothing outside the cluster is looked up).
+clusterDNS: [%s]
+clusterDomain: %s
+resolvConf: ""
 syncFrequency: 5s
 fileCheckFrequency: 5s
 nodeStatusUpdateFrequency: 5s
-`, kubeletPort, healthz, kcrt, kkey, c.pki.CA(), c.ctrSock, filepath.Join(dir, "pod-logs"))
+`, kubeletPort, healthz, kcrt, kkey, c.pki.CA(), c.ctrSock, filepath.Join(dir, "pod-logs"), dnsSvcIP, clusterDomain)
 	kcfgPath := filepath.Join(dir, "kubelet.yaml")
 	if err := os.WriteFile(kcfgPath, []byte(kcfg), 0o644); err != nil {
 		return err
 	}
 	kubelet := c.start("kubelet", "--config", kcfgPath, "--kubeconfig", filepath.Join(c.dir, "kubelet.kubeconfig"),
-		"--root-dir", filepath.Join(dir, "kubelet"), "--hostname-override", "localhost", "--v=1")
+		"--root-dir", filepath.Join(dir, "kubelet"), "--hostname-override", "localhost", "--node-ip", cpAddr, "--v=1")
 	var last string
 	err := harness.Poll(3*time.Minute, func() error {
 		if err := kubelet.Exited(); err != nil {

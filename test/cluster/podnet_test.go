@@ -1,0 +1,545 @@
+//go:build cluster
+
+package cluster
+
+import (
+	"encoding/json"
+	"fmt"
+	"maps"
+	"math/rand/v2"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/salesagg/salesagg/test/harness"
+)
+
+// The cluster's addresses, all in 198.18.0.0/15 (RFC 2544's range for
+// testing network devices: no real network uses it), on interfaces the
+// test makes and removes: the control plane and Kafka on a bridge without
+// ports (this kernel has no dummy interfaces), the pods on a bridge the
+// CNI bridge plugin makes, the Services' virtual IPs (kube-proxy's rules)
+// in 198.19.0.0/24.
+const (
+	cpIface   = "sa-cp0"
+	cpAddr    = "198.18.0.1"
+	podBridge = "sa-pods0"
+	podSubnet = "198.18.1.0/24"
+	podGW     = "198.18.1.1"
+	svcCIDR   = "198.19.0.0/24"
+	kubeSvcIP = "198.19.0.1"
+	dnsSvcIP  = "198.19.0.10"
+	// clusterDomain is the kubelet's cluster domain, CoreDNS's zone.
+	clusterDomain = "cluster.local"
+	// The images the test builds besides the project's.
+	corednsRef = "salesagg.test/coredns:1"
+	probeRef   = "salesagg.test/probe:1"
+)
+
+// ip runs ip(8) with args.
+func ip(args ...string) error {
+	_, _, err := run(30*time.Second, nil, "ip", args...)
+	return err
+}
+
+// hostNetwork makes the control plane's address (cpAddr on cpIface, a
+// bridge without ports) and, when the test ends, removes it, the pods' bridge
+// and the IP forwarding the bridge plugin turned on. Interfaces of a run
+// that was killed are removed first.
+func hostNetwork(t *testing.T) {
+	if _, err := exec.LookPath("ip"); err != nil {
+		t.Fatalf("the cluster's network needs ip(8) (Debian's iproute2): %v", err)
+	}
+	for _, l := range []string{cpIface, podBridge} {
+		if ip("link", "show", l) == nil {
+			t.Logf("removing %s, left by an earlier run", l)
+			_ = ip("link", "del", l)
+		}
+	}
+	forward, _ := os.ReadFile("/proc/sys/net/ipv4/ip_forward")
+	t.Cleanup(func() {
+		for _, l := range []string{podBridge, cpIface} {
+			if ip("link", "show", l) == nil {
+				if err := ip("link", "del", l); err != nil {
+					t.Errorf("removing %s: %v", l, err)
+				}
+			}
+		}
+		if len(forward) > 0 {
+			_ = os.WriteFile("/proc/sys/net/ipv4/ip_forward", forward, 0o644)
+		}
+		// libcni's cache of each pod's network result (containerd gives no
+		// other place for it).
+		for _, g := range []string{"salesagg-pods-*", "cni-loopback-*"} {
+			results, _ := filepath.Glob(filepath.Join("/var/lib/cni/results", g))
+			for _, r := range results {
+				_ = os.Remove(r)
+			}
+		}
+		removeKubeletChains(t)
+	})
+	for _, args := range [][]string{
+		{"link", "add", cpIface, "type", "bridge"},
+		{"addr", "add", cpAddr + "/32", "dev", cpIface},
+		{"link", "set", cpIface, "up"},
+	} {
+		if err := ip(args...); err != nil {
+			t.Fatal(err)
+		}
+	}
+	t.Logf("the control plane's address %s on %s; pods on %s (%s), Services in %s", cpAddr, cpIface, podBridge, podSubnet, svcCIDR)
+}
+
+// cniConfig is the node's pod network: the bridge plugin (the bridge,
+// a veth per pod, the gateway address, IP forwarding) with host-local
+// addresses from podSubnet, and portmap for hostPorts.
+func cniConfig(ipamDir string) string {
+	return fmt.Sprintf(`{
+  "cniVersion": "1.0.0",
+  "name": "salesagg-pods",
+  "plugins": [
+    {
+      "type": "bridge",
+      "bridge": %q,
+      "isGateway": true,
+      "ipMasq": false,
+      "hairpinMode": true,
+      "ipam": {
+        "type": "host-local",
+        "ranges": [[{"subnet": %q, "gateway": %q}]],
+        "routes": [{"dst": "0.0.0.0/0"}],
+        "dataDir": %q
+      }
+    },
+    {"type": "portmap", "capabilities": {"portMappings": true}}
+  ]
+}
+`, podBridge, podSubnet, podGW, ipamDir)
+}
+
+// startKubeProxy runs kube-proxy in iptables mode for node localhost: the
+// Services' virtual IPs in the host's iptables. It touches no sysctl
+// (conntrack sizes and timeouts left as they are, no localhost NodePorts)
+// and, when the test ends, `kube-proxy --cleanup` removes its rules.
+func (c *cluster) startKubeProxy() error {
+	t := c.t
+	if _, err := exec.LookPath("iptables-restore"); err != nil {
+		return fmt.Errorf("kube-proxy needs iptables (Debian's iptables): %w", err)
+	}
+	cfg := fmt.Sprintf(`apiVersion: kubeproxy.config.k8s.io/v1alpha1
+kind: KubeProxyConfiguration
+clientConnection:
+  kubeconfig: %s
+mode: iptables
+hostnameOverride: localhost
+clusterCIDR: %s
+nodePortAddresses: ["%s/32"]
+healthzBindAddress: 127.0.0.1:%s
+metricsBindAddress: 127.0.0.1:%s
+iptables:
+  localhostNodePorts: false
+  syncPeriod: 30s
+  minSyncPeriod: 0s
+conntrack:
+  maxPerCore: 0
+  min: 0
+  tcpEstablishedTimeout: 0s
+  tcpCloseWaitTimeout: 0s
+`, filepath.Join(c.dir, "kube-proxy.kubeconfig"), podSubnet, cpAddr, port(t), port(t))
+	path := filepath.Join(c.dir, "kube-proxy.yaml")
+	if err := os.WriteFile(path, []byte(cfg), 0o644); err != nil {
+		return err
+	}
+	t.Cleanup(func() {
+		if _, errOut, err := run(time.Minute, nil, filepath.Join(c.bin, "kube-proxy"), "--cleanup"); err != nil {
+			t.Logf("kube-proxy --cleanup: %v\n%s", err, errOut)
+		}
+	})
+	p := c.start("kube-proxy", "--config", path, "--v=1")
+	return harness.Poll(time.Minute, func() error {
+		if err := p.Exited(); err != nil {
+			return fmt.Errorf("%w: %w", harness.ErrGiveUp, err)
+		}
+		out, _, err := run(10*time.Second, nil, "iptables", "-t", "nat", "-S", "KUBE-SERVICES")
+		if err != nil {
+			return err
+		}
+		if !strings.Contains(out, kubeSvcIP+"/32") {
+			return fmt.Errorf("no rule for the kubernetes Service (%s) yet", kubeSvcIP)
+		}
+		return nil
+	})
+}
+
+// deployCoreDNS runs CoreDNS (built from source, image corednsRef) in
+// kube-system with the kubernetes plugin serving clusterDomain, behind the
+// Service kube-dns at dnsSvcIP, and waits for it to be ready.
+func (c *cluster) deployCoreDNS() {
+	t := c.t
+	manifest := fmt.Sprintf(`apiVersion: v1
+kind: ServiceAccount
+metadata: {name: coredns, namespace: kube-system}
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRole
+metadata: {name: system:coredns}
+rules:
+  - apiGroups: [""]
+    resources: [services, pods, namespaces]
+    verbs: [list, watch]
+  - apiGroups: [discovery.k8s.io]
+    resources: [endpointslices]
+    verbs: [list, watch]
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRoleBinding
+metadata: {name: system:coredns}
+roleRef: {apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: system:coredns}
+subjects:
+  - {kind: ServiceAccount, name: coredns, namespace: kube-system}
+---
+apiVersion: v1
+kind: ConfigMap
+metadata: {name: coredns, namespace: kube-system}
+data:
+  Corefile: |
+    .:1053 {
+        errors
+        health :8080
+        ready :8181
+        kubernetes %[1]s in-addr.arpa ip6.arpa {
+            pods insecure
+            fallthrough in-addr.arpa ip6.arpa
+            ttl 5
+        }
+        cache 5
+        loadbalance
+    }
+---
+apiVersion: apps/v1
+kind: Deployment
+metadata:
+  name: coredns
+  namespace: kube-system
+  labels: {k8s-app: kube-dns}
+spec:
+  replicas: 1
+  selector:
+    matchLabels: {k8s-app: kube-dns}
+  template:
+    metadata:
+      labels: {k8s-app: kube-dns}
+    spec:
+      serviceAccountName: coredns
+      dnsPolicy: Default
+      securityContext:
+        runAsNonRoot: true
+        runAsUser: 65532
+        runAsGroup: 65532
+        seccompProfile: {type: RuntimeDefault}
+      containers:
+        - name: coredns
+          image: %[2]s
+          imagePullPolicy: Never
+          args: ["-conf", "/etc/coredns/Corefile"]
+          ports:
+            - {name: dns, containerPort: 1053, protocol: UDP}
+            - {name: dns-tcp, containerPort: 1053, protocol: TCP}
+          readinessProbe:
+            httpGet: {path: /ready, port: 8181}
+            periodSeconds: 2
+          livenessProbe:
+            httpGet: {path: /health, port: 8080}
+            periodSeconds: 10
+          securityContext:
+            readOnlyRootFilesystem: true
+            allowPrivilegeEscalation: false
+            capabilities: {drop: [ALL]}
+          volumeMounts:
+            - {name: config, mountPath: /etc/coredns, readOnly: true}
+      volumes:
+        - name: config
+          configMap: {name: coredns}
+---
+apiVersion: v1
+kind: Service
+metadata:
+  name: kube-dns
+  namespace: kube-system
+  labels: {k8s-app: kube-dns}
+spec:
+  clusterIP: %[3]s
+  selector: {k8s-app: kube-dns}
+  ports:
+    - {name: dns, port: 53, targetPort: 1053, protocol: UDP}
+    - {name: dns-tcp, port: 53, targetPort: 1053, protocol: TCP}
+`, clusterDomain, corednsRef, dnsSvcIP)
+	path := filepath.Join(c.dir, "coredns.yaml")
+	if err := os.WriteFile(path, []byte(manifest), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	c.mustKubectl("apply", "--server-side", "-f", path)
+	c.mustKubectl("rollout", "status", "deployment/coredns", "-n", "kube-system", "--timeout=3m")
+	t.Logf("CoreDNS ready at %s after %s", dnsSvcIP, time.Since(start).Round(100*time.Millisecond))
+}
+
+// probeNS is the namespace of the probe pod: another namespace than the
+// service's, labelled as a client the service's NetworkPolicy admits.
+const probeNS = "salesagg-client"
+
+// startProbe runs the probe pod (image probeRef) in probeNS and waits for it.
+func (c *cluster) startProbe() {
+	manifest := fmt.Sprintf(`apiVersion: v1
+kind: Namespace
+metadata:
+  name: %[1]s
+  labels: {salesagg.io/client: "true"}
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: probe, namespace: %[1]s}
+spec:
+  terminationGracePeriodSeconds: 1
+  securityContext:
+    runAsNonRoot: true
+    runAsUser: 65532
+    seccompProfile: {type: RuntimeDefault}
+  containers:
+    - name: probe
+      image: %[2]s
+      imagePullPolicy: Never
+      securityContext:
+        readOnlyRootFilesystem: true
+        allowPrivilegeEscalation: false
+        capabilities: {drop: [ALL]}
+`, probeNS, probeRef)
+	path := filepath.Join(c.dir, "probe.yaml")
+	if err := os.WriteFile(path, []byte(manifest), 0o644); err != nil {
+		c.t.Fatal(err)
+	}
+	c.mustKubectl("apply", "--server-side", "-f", path)
+	c.mustKubectl("wait", "pod/probe", "-n", probeNS, "--for=condition=Ready", "--timeout=2m")
+}
+
+// probe runs the probe command in the probe pod (kubectl exec) and returns
+// its output lines as "first word → rest".
+func (c *cluster) probe(args ...string) (map[string]string, error) {
+	out, errOut, err := run(time.Minute, []string{"KUBECONFIG=" + c.admin}, filepath.Join(c.bin, "kubectl"),
+		append([]string{"exec", "-n", probeNS, "probe", "--", "/probe"}, args...)...)
+	m := map[string]string{}
+	for _, l := range strings.Split(strings.TrimSpace(out), "\n") {
+		if k, v, ok := strings.Cut(l, " "); ok {
+			m[k] = v
+		}
+	}
+	if err != nil {
+		return m, fmt.Errorf("%w\n%s%s", err, out, errOut)
+	}
+	return m, nil
+}
+
+// podNetwork: the prod overlay as shipped, three replicas on the pod
+// network. Its bootstrap.servers, kafka-bootstrap.kafka.svc.cluster.local:9092,
+// is a Service without selector whose EndpointSlice is the test's Kafka;
+// its claims (10Gi) bind local volumes of that size. Every pod gets an
+// address of the pod network and a DNS name of the headless Service,
+// advertised as its application.server; from a pod in another namespace
+// every product's total is exact through the Service and from each pod
+// (which gathers from the others, pod to pod).
+func podNetwork(t *testing.T, c *cluster, root, kafka string) {
+	_, kport, ok := strings.Cut(kafka, ":")
+	if !ok || strings.Contains(kafka, ",") {
+		t.Fatalf("Kafka at %q: want one host:port", kafka)
+	}
+	bootstrap := fmt.Sprintf(`apiVersion: v1
+kind: Namespace
+metadata: {name: kafka}
+---
+apiVersion: v1
+kind: Service
+metadata: {name: kafka-bootstrap, namespace: kafka}
+spec:
+  ports:
+    - {name: kafka, port: 9092, targetPort: %[1]s, protocol: TCP}
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata:
+  name: kafka-bootstrap-1
+  namespace: kafka
+  labels: {kubernetes.io/service-name: kafka-bootstrap}
+addressType: IPv4
+ports:
+  - {name: kafka, port: %[1]s, protocol: TCP}
+endpoints:
+  - addresses: [%[2]q]
+`, kport, cpAddr)
+	path := filepath.Join(c.dir, "kafka-bootstrap.yaml")
+	if err := os.WriteFile(path, []byte(bootstrap), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	c.mustKubectl("apply", "--server-side", "-f", path)
+	localVolumes(t, c, filepath.Join(c.dir, "pv-prod"), "local-prod", 3, "10Gi")
+	// The prod overlay creates its internal topics, not its input topic
+	// (topics.input.create is false): the operator makes it, with the
+	// partitions the replicas need.
+	cl := harness.NewClient(t, kafka)
+	harness.CreateTopic(t, kafka, inputTopic, 3, nil)
+
+	// The first subtest's namespace is gone before this one is made again.
+	harness.WaitFor(t, 3*time.Minute, "namespace "+prodNS+" of the first subtest to be gone", func() error {
+		var ns map[string]any
+		if err := c.get("/api/v1/namespaces/"+prodNS, &ns); err == nil {
+			return fmt.Errorf("still there")
+		} else if !strings.Contains(err.Error(), "404") {
+			return err
+		}
+		return nil
+	})
+	c.mustKubectl("apply", "--server-side", "-f", filepath.Join(c.dir, "prod-namespace.yaml"))
+	// Whatever happens here, the namespace goes: its pods must not stay in
+	// the group of the overlay the next test runs. On a failure, what the
+	// pods and their logs say first.
+	t.Cleanup(func() {
+		if t.Failed() {
+			_, _, _ = c.kubectl("get", "pods,endpointslices", "-A", "-o", "wide")
+			_, _, _ = c.kubectl("describe", "pods", "-n", prodNS)
+			for i := range 3 {
+				_, _, _ = c.kubectl("logs", fmt.Sprintf("salesagg-%d", i), "-n", prodNS, "--tail=40")
+			}
+			_, _, _ = c.kubectl("logs", "-n", "kube-system", "deployment/coredns", "--tail=40")
+		}
+		_, _, _ = c.kubectl("delete", "namespace", prodNS, "--wait=true", "--timeout=3m")
+	})
+	c.mustKubectl("apply", "--server-side", "-n", prodNS, "-k", filepath.Join(root, "deploy", "k8s", "overlays", "prod"))
+	c.mustKubectl("rollout", "status", "statefulset/salesagg", "-n", prodNS, "--timeout=5m")
+	c.mustKubectl("get", "pods,svc,endpointslices,pvc", "-n", prodNS, "-o", "wide")
+
+	var pods struct {
+		Items []struct {
+			Metadata meta
+			Spec     struct{ HostNetwork bool }
+			Status   struct{ PodIP string }
+		}
+	}
+	if err := c.get("/api/v1/namespaces/"+prodNS+"/pods", &pods); err != nil {
+		t.Fatal(err)
+	}
+	if len(pods.Items) != 3 {
+		t.Fatalf("%d pods in %s, want 3", len(pods.Items), prodNS)
+	}
+	podIP := map[string]string{}
+	for _, p := range pods.Items {
+		if p.Spec.HostNetwork || !strings.HasPrefix(p.Status.PodIP, "198.18.1.") {
+			t.Errorf("%s: host network %v, pod IP %q; want an address of %s", p.Metadata.Name, p.Spec.HostNetwork, p.Status.PodIP, podSubnet)
+		}
+		podIP[p.Metadata.Name] = p.Status.PodIP
+	}
+	var svc struct{ Spec struct{ ClusterIP string } }
+	if err := c.get("/api/v1/namespaces/"+prodNS+"/services/salesagg", &svc); err != nil {
+		t.Fatal(err)
+	}
+
+	// Names, from the probe pod's resolver (CoreDNS).
+	service := "salesagg." + prodNS + ".svc." + clusterDomain
+	names := []string{service}
+	for i := range 3 {
+		names = append(names, fmt.Sprintf("salesagg-%d.salesagg-headless.%s.svc.%s", i, prodNS, clusterDomain))
+	}
+	got, err := c.probe(append([]string{"resolve"}, names...)...)
+	if err != nil {
+		t.Fatalf("resolving from the probe pod: %v", err)
+	}
+	if got[service] != svc.Spec.ClusterIP {
+		t.Errorf("%s resolves to %q, want the Service's cluster IP %s", service, got[service], svc.Spec.ClusterIP)
+	}
+	for i, n := range names[1:] {
+		if want := podIP[fmt.Sprintf("salesagg-%d", i)]; got[n] != want {
+			t.Errorf("%s resolves to %q, want the pod's IP %s", n, got[n], want)
+		}
+	}
+	t.Logf("from the probe pod: %v", got)
+
+	// The group: each pod advertises its DNS name.
+	members, err := c.probe("get", "http://"+service+":8080/v1/instances")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range names[1:] {
+		if !strings.Contains(members["http://"+service+":8080/v1/instances"], `"server":"`+n+`:8080"`) {
+			t.Errorf("/v1/instances does not name %s:8080: %s", n, members["http://"+service+":8080/v1/instances"])
+		}
+	}
+
+	// Totals: through the Service and from each pod, from the probe pod.
+	rng := rand.New(rand.NewPCG(3, 4))
+	evs := harness.GenEvents(rng, "q", 60, 3000)
+	harness.Produce(t, cl, harness.Records(inputTopic, evs)...)
+	want := harness.TotalsOf(evs)
+	urls := []string{"http://" + service + ":8080/v1/products?limit=1000"}
+	for _, n := range names[1:] {
+		urls = append(urls, "http://"+n+":8080/v1/products?limit=1000")
+	}
+	harness.WaitFor(t, 3*time.Minute, "every total exact through the Service and from each pod", func() error {
+		pages, err := c.probe(append([]string{"get"}, urls...)...)
+		if err != nil {
+			return err
+		}
+		var diffs []string
+		for _, u := range urls {
+			code, body, _ := strings.Cut(pages[u], " ")
+			var page struct {
+				Products []struct {
+					Product string
+					Total   int64
+				}
+				Unavailable []string `json:"unavailable_tasks"`
+			}
+			if code != "200" || json.Unmarshal([]byte(body), &page) != nil {
+				diffs = append(diffs, fmt.Sprintf("%s: %s", u, pages[u]))
+				continue
+			}
+			totals := map[string]int64{}
+			for _, p := range page.Products {
+				totals[p.Product] = p.Total
+			}
+			if !maps.Equal(totals, want) || len(page.Unavailable) > 0 {
+				diffs = append(diffs, fmt.Sprintf("%s: %d products (want %d), unavailable %v", u, len(totals), len(want), page.Unavailable))
+			}
+		}
+		return harness.Summarize(diffs)
+	})
+	t.Logf("%d events, %d products: every total exact through the Service and from each of the 3 pods", len(evs), len(want))
+}
+
+// removeKubeletChains removes the iptables chains the kubelet makes (its
+// canary, and the firewall rule against connections to 127.0.0.0/8 from
+// other addresses) once it has stopped; kube-proxy --cleanup leaves them.
+func removeKubeletChains(t *testing.T) {
+	if _, err := exec.LookPath("iptables"); err != nil {
+		return
+	}
+	for _, jump := range []struct{ table, chain, target string }{
+		{"filter", "INPUT", "KUBE-FIREWALL"},
+		{"filter", "OUTPUT", "KUBE-FIREWALL"},
+	} {
+		for range 10 {
+			if _, _, err := run(10*time.Second, nil, "iptables", "-t", jump.table, "-D", jump.chain, "-j", jump.target); err != nil {
+				break
+			}
+		}
+	}
+	for _, table := range []string{"filter", "nat", "mangle"} {
+		for _, chain := range []string{"KUBE-FIREWALL", "KUBE-KUBELET-CANARY", "KUBE-IPTABLES-HINT"} {
+			if _, _, err := run(10*time.Second, nil, "iptables", "-t", table, "-F", chain); err == nil {
+				if _, _, err := run(10*time.Second, nil, "iptables", "-t", table, "-X", chain); err != nil {
+					t.Logf("removing the kubelet's chain %s of table %s: %v", chain, table, err)
+				}
+			}
+		}
+	}
+}
