@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -289,15 +290,29 @@ spec:
 
 // probeNS is the namespace of the probe pod: another namespace than the
 // service's, labelled as a client the service's NetworkPolicy admits.
-const probeNS = "salesagg-client"
+// monitoringNS is where Prometheus runs, as the NetworkPolicy expects.
+const (
+	probeNS      = "salesagg-client"
+	monitoringNS = "monitoring"
+)
 
 // startProbe runs the probe pod (image probeRef) in probeNS and waits for it.
 func (c *cluster) startProbe() {
+	c.startProbeIn(probeNS, map[string]string{"salesagg.io/client": "true"})
+}
+
+// startProbeIn runs a probe pod in namespace ns (made with labels) and
+// waits for it.
+func (c *cluster) startProbeIn(ns string, labels map[string]string) {
+	var l strings.Builder
+	for k, v := range labels {
+		fmt.Fprintf(&l, "\n    %s: %q", k, v)
+	}
 	manifest := fmt.Sprintf(`apiVersion: v1
 kind: Namespace
 metadata:
   name: %[1]s
-  labels: {salesagg.io/client: "true"}
+  labels: {}%[3]s
 ---
 apiVersion: v1
 kind: Pod
@@ -316,20 +331,28 @@ spec:
         readOnlyRootFilesystem: true
         allowPrivilegeEscalation: false
         capabilities: {drop: [ALL]}
-`, probeNS, probeRef)
-	path := filepath.Join(c.dir, "probe.yaml")
+`, ns, probeRef, l.String())
+	if len(labels) > 0 {
+		manifest = strings.Replace(manifest, "labels: {}", "labels:", 1)
+	}
+	path := filepath.Join(c.dir, "probe-"+ns+".yaml")
 	if err := os.WriteFile(path, []byte(manifest), 0o644); err != nil {
 		c.t.Fatal(err)
 	}
 	c.mustKubectl("apply", "--server-side", "-f", path)
-	c.mustKubectl("wait", "pod/probe", "-n", probeNS, "--for=condition=Ready", "--timeout=2m")
+	c.mustKubectl("wait", "pod/probe", "-n", ns, "--for=condition=Ready", "--timeout=2m")
 }
 
-// probe runs the probe command in the probe pod (kubectl exec) and returns
-// its output lines as "first word → rest".
+// probe runs the probe command in the probe pod of probeNS.
 func (c *cluster) probe(args ...string) (map[string]string, error) {
+	return c.probeIn(probeNS, args...)
+}
+
+// probeIn runs the probe command in the probe pod of namespace ns (kubectl
+// exec) and returns its output lines as "first word → rest".
+func (c *cluster) probeIn(ns string, args ...string) (map[string]string, error) {
 	out, errOut, err := run(time.Minute, []string{"KUBECONFIG=" + c.admin}, filepath.Join(c.bin, "kubectl"),
-		append([]string{"exec", "-n", probeNS, "probe", "--", "/probe"}, args...)...)
+		append([]string{"exec", "-n", ns, "probe", "--", "/probe"}, args...)...)
 	m := map[string]string{}
 	for _, l := range strings.Split(strings.TrimSpace(out), "\n") {
 		if k, v, ok := strings.Cut(l, " "); ok {
@@ -421,9 +444,12 @@ endpoints:
 
 	var pods struct {
 		Items []struct {
-			Metadata meta
-			Spec     struct{ HostNetwork bool }
-			Status   struct{ PodIP string }
+			Metadata struct {
+				Name        string
+				Annotations map[string]string
+			}
+			Spec   struct{ HostNetwork bool }
+			Status struct{ PodIP string }
 		}
 	}
 	if err := c.get("/api/v1/namespaces/"+prodNS+"/pods", &pods); err != nil {
@@ -514,6 +540,48 @@ endpoints:
 		return harness.Summarize(diffs)
 	})
 	t.Logf("%d events, %d products: every total exact through the Service and from each of the 3 pods", len(evs), len(want))
+
+	// Prometheus' way in: from a pod of the namespace monitoring, each
+	// pod's metrics at the address its annotations give (kubernetes_sd,
+	// role pod). Every pod is ready, and together they folded every event.
+	c.startProbeIn(monitoringNS, nil)
+	var targets []string
+	for _, p := range pods.Items {
+		a := p.Metadata.Annotations
+		if a["prometheus.io/scrape"] != "true" || a["prometheus.io/port"] == "" || a["prometheus.io/path"] == "" {
+			t.Fatalf("%s: annotations %v, want prometheus.io/scrape, port and path", p.Metadata.Name, a)
+		}
+		targets = append(targets, "http://"+p.Status.PodIP+":"+a["prometheus.io/port"]+a["prometheus.io/path"])
+	}
+	scrapes, err := c.probeIn(monitoringNS, append([]string{"get"}, targets...)...)
+	if err != nil {
+		t.Fatalf("scraping from namespace %s: %v", monitoringNS, err)
+	}
+	var processed float64
+	for _, u := range targets {
+		code, body, _ := strings.Cut(scrapes[u], " ")
+		// The probe puts the body on one line: "name{labels} value name …".
+		f := strings.Fields(body)
+		ready := false
+		for i := 0; i+1 < len(f); i++ {
+			switch {
+			case f[i] == "salesagg_ready" && f[i+1] == "1":
+				ready = true
+			case strings.HasPrefix(f[i], "salesagg_events_processed_total{"):
+				v, err := strconv.ParseFloat(f[i+1], 64)
+				if err == nil {
+					processed += v
+				}
+			}
+		}
+		if code != "200" || !ready {
+			t.Errorf("scrape of %s: HTTP %s, salesagg_ready 1: %v", u, code, ready)
+		}
+	}
+	if processed < float64(len(evs)) {
+		t.Errorf("the scrapes count %.0f events processed over the 3 pods, want at least the %d produced", processed, len(evs))
+	}
+	t.Logf("scraped %d pods from namespace %s: all ready, %.0f events processed", len(targets), monitoringNS, processed)
 }
 
 // removeKubeletChains removes the iptables chains the kubelet makes (its

@@ -259,8 +259,8 @@ func checkOverlay(t *testing.T, m *Manifests, wantReplicas int32, grace time.Dur
 		t.Errorf("PodDisruptionBudget %s does not select the pods (%v)", pdb.Name, tmpl.Labels)
 	}
 
-	// The NetworkPolicy: the HTTP port from the app's own pods and labelled
-	// client namespaces only.
+	// The NetworkPolicy: the HTTP port from the app's own pods, labelled
+	// client namespaces and the namespace monitoring only.
 	np := m.Policies[0]
 	if !selects(t, "NetworkPolicy podSelector", &np.Spec.PodSelector, podLabels) {
 		t.Errorf("NetworkPolicy %s does not select the pods (%v)", np.Name, tmpl.Labels)
@@ -269,21 +269,31 @@ func checkOverlay(t *testing.T, m *Manifests, wantReplicas int32, grace time.Dur
 		t.Fatalf("NetworkPolicy %s: policy types %v, %d ingress rules; want one Ingress rule", np.Name, np.Spec.PolicyTypes, len(np.Spec.Ingress))
 	}
 	rule := np.Spec.Ingress[0]
-	var fromPods, fromNamespaces bool
+	var fromPods, fromNamespaces, fromMonitoring bool
 	for _, peer := range rule.From {
 		switch {
 		case peer.PodSelector != nil && peer.NamespaceSelector == nil && selects(t, "NetworkPolicy from podSelector", peer.PodSelector, podLabels):
 			fromPods = true
-		case peer.NamespaceSelector != nil && peer.PodSelector == nil && peer.NamespaceSelector.MatchLabels["salesagg.io/client"] == "true":
+		case peer.NamespaceSelector != nil && peer.PodSelector == nil && len(peer.NamespaceSelector.MatchLabels) == 1 &&
+			peer.NamespaceSelector.MatchLabels["salesagg.io/client"] == "true":
 			fromNamespaces = true
+		case peer.NamespaceSelector != nil && peer.PodSelector == nil && len(peer.NamespaceSelector.MatchLabels) == 1 &&
+			peer.NamespaceSelector.MatchLabels["kubernetes.io/metadata.name"] == "monitoring":
+			fromMonitoring = true
 		default:
-			t.Errorf("NetworkPolicy %s admits more than the app's pods and labelled namespaces: %+v", np.Name, peer)
+			t.Errorf("NetworkPolicy %s admits more than the app's pods, labelled namespaces and monitoring: %+v", np.Name, peer)
 		}
 	}
-	if !fromPods || !fromNamespaces || len(rule.Ports) != 1 {
-		t.Errorf("NetworkPolicy %s: from the app's pods %v, from salesagg.io/client namespaces %v, %d ports", np.Name, fromPods, fromNamespaces, len(rule.Ports))
+	if !fromPods || !fromNamespaces || !fromMonitoring || len(rule.Ports) != 1 {
+		t.Errorf("NetworkPolicy %s: from the app's pods %v, from salesagg.io/client namespaces %v, from monitoring %v, %d ports",
+			np.Name, fromPods, fromNamespaces, fromMonitoring, len(rule.Ports))
 	} else if n, err := ContainerPort(c, *rule.Ports[0].Port); err != nil || n != httpPort {
 		t.Errorf("NetworkPolicy %s admits port %v, not the http port %d", np.Name, rule.Ports[0].Port, httpPort)
+	}
+
+	// Prometheus' annotations: scrape /metrics on the http port.
+	if a := tmpl.Annotations; a["prometheus.io/scrape"] != "true" || a["prometheus.io/port"] != strconv.Itoa(int(httpPort)) || a["prometheus.io/path"] != "/metrics" {
+		t.Errorf("pod annotations %v: want prometheus.io/scrape \"true\", port %d, path /metrics", a, httpPort)
 	}
 
 	// Volumes: the state claim, the config, the optional credentials.
