@@ -582,6 +582,99 @@ endpoints:
 		t.Errorf("the scrapes count %.0f events processed over the 3 pods, want at least the %d produced", processed, len(evs))
 	}
 	t.Logf("scraped %d pods from namespace %s: all ready, %.0f events processed", len(targets), monitoringNS, processed)
+
+	// A rolling update with a config change: an overlay of the prod overlay
+	// whose config file sets one more key. The controller replaces each pod
+	// (a new ConfigMap name in the template); each comes back as the same
+	// static member on the same claim and restores 0 records.
+	changed := filepath.Join(c.dir, "overlay-prod-changed")
+	prodDir := filepath.Join(root, "deploy", "k8s", "overlays", "prod")
+	rel, err := filepath.Rel(changed, prodDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := os.ReadFile(filepath.Join(prodDir, "salesagg.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.MkdirAll(changed, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for name, content := range map[string]string{
+		"kustomization.yaml": fmt.Sprintf(`apiVersion: kustomize.config.k8s.io/v1beta1
+kind: Kustomization
+resources: [%s]
+configMapGenerator:
+  - name: salesagg-config
+    behavior: replace
+    files: [salesagg.yaml]
+`, rel),
+		"salesagg.yaml": string(cfg) + "\nacceptable.recovery.lag: 20000\n",
+	} {
+		if err := os.WriteFile(filepath.Join(changed, name), []byte(content), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	oldUID := map[string]string{}
+	var before struct{ Items []pod }
+	if err := c.get("/api/v1/namespaces/"+prodNS+"/pods", &before); err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range before.Items {
+		oldUID[p.Metadata.Name] = p.Metadata.UID
+	}
+	start := time.Now()
+	c.mustKubectl("apply", "--server-side", "-n", prodNS, "-k", changed)
+	c.mustKubectl("rollout", "status", "statefulset/salesagg", "-n", prodNS, "--timeout=5m")
+	t.Logf("rolling update with a config change done in %s", time.Since(start).Round(100*time.Millisecond))
+	var after struct{ Items []pod }
+	if err := c.get("/api/v1/namespaces/"+prodNS+"/pods", &after); err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range after.Items {
+		if p.Metadata.UID == oldUID[p.Metadata.Name] {
+			t.Errorf("%s was not replaced by the rolling update", p.Metadata.Name)
+			continue
+		}
+		out, _, err := c.kubectl("logs", p.Metadata.Name, "-n", prodNS)
+		if err != nil {
+			t.Fatal(err)
+		}
+		restores := harness.RestoreLines(harness.JSONLines(strings.Split(strings.TrimSpace(out), "\n")))
+		if len(restores) == 0 {
+			t.Errorf("%s logged no restore after the rolling update", p.Metadata.Name)
+		}
+		for _, l := range restores {
+			if l.Records != 0 || !l.Agrees {
+				t.Errorf("%s restored %d records for changelog partition %d after the rolling update, want 0: %s", p.Metadata.Name, l.Records, l.Partition, l.Msg)
+			}
+		}
+		t.Logf("%s: %d restore lines, each of 0 records", p.Metadata.Name, len(restores))
+	}
+	harness.WaitFor(t, 2*time.Minute, "every total exact after the rolling update", func() error {
+		pages, err := c.probe("get", urls[0])
+		if err != nil {
+			return err
+		}
+		code, body, _ := strings.Cut(pages[urls[0]], " ")
+		var page struct {
+			Products []struct {
+				Product string
+				Total   int64
+			}
+		}
+		if code != "200" || json.Unmarshal([]byte(body), &page) != nil {
+			return fmt.Errorf("%s", pages[urls[0]])
+		}
+		totals := map[string]int64{}
+		for _, p := range page.Products {
+			totals[p.Product] = p.Total
+		}
+		if !maps.Equal(totals, want) {
+			return fmt.Errorf("%d products, not the %d totals expected", len(totals), len(want))
+		}
+		return nil
+	})
 }
 
 // removeKubeletChains removes the iptables chains the kubelet makes (its
