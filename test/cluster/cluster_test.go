@@ -54,8 +54,8 @@ func TestCluster(t *testing.T) {
 	}
 	t.Logf("Kubernetes %s binaries in %s (%s)", KubernetesVersion, bin, time.Since(start).Round(time.Millisecond))
 	dir := t.TempDir()
-	hostNetwork(t)
-	c := startControlPlane(t, bin, dir)
+	nodes := hostNetwork(t)
+	c := startControlPlane(t, bin, dir, nodes)
 	c.mustKubectl("version")
 
 	// Storage: local volumes under the test's dir, bound when a pod using
@@ -68,9 +68,15 @@ func TestCluster(t *testing.T) {
 
 	images := buildImages(t, root, bin, filepath.Join(dir, "images"))
 	ensureContainerd(t)
-	if err := c.startNode(images); err != nil {
-		t.Skipf("the node (containerd, kubelet) cannot run on this machine, so no pod runs; the control plane and the prod overlay's checks ran. Reason: %v", err)
+	for _, n := range c.nodes {
+		start := time.Now()
+		n.dir = filepath.Join(dir, "nodes", n.name)
+		if err := c.startNode(n, images); err != nil {
+			t.Skipf("the nodes (containerd, kubelet) cannot run on this machine, so no pod runs; the control plane and the prod overlay's checks ran. Reason: %v", err)
+		}
+		t.Logf("node %s Ready after %s", n.name, time.Since(start).Round(100*time.Millisecond))
 	}
+	c.mustKubectl("get", "nodes", "-o", "wide")
 	start = time.Now()
 	if err := c.startKubeProxy(); err != nil {
 		t.Fatalf("kube-proxy: %v", err)
@@ -112,7 +118,7 @@ func ensureContainerd(t *testing.T) {
 }
 
 // storage makes a StorageClass (default, WaitForFirstConsumer) and n local
-// PersistentVolumes of 1Gi on node localhost, and returns their host paths
+// PersistentVolumes of 1Gi on the first node, and returns their host paths
 // by PV name.
 func storage(t *testing.T, c *cluster, dir string, n int) map[string]string {
 	f := filepath.Join(dir, "storageclass.yaml")
@@ -129,13 +135,13 @@ reclaimPolicy: Retain
 		t.Fatal(err)
 	}
 	c.mustKubectl("apply", "--server-side", "-f", f)
-	return localVolumes(t, c, filepath.Join(dir, "pv"), "local", n, "1Gi")
+	return localVolumes(t, c, filepath.Join(dir, "pv"), "local", n, "1Gi", nodeSpecs[0].name)
 }
 
-// localVolumes makes n local PersistentVolumes of size in class local on
-// node localhost, named prefix-0…, their directories under dir, and returns
+// localVolumes makes n local PersistentVolumes of size in class local, named
+// prefix-0…, on the nodes in turn, their directories under dir, and returns
 // their host paths by PV name.
-func localVolumes(t *testing.T, c *cluster, dir, prefix string, n int, size string) map[string]string {
+func localVolumes(t *testing.T, c *cluster, dir, prefix string, n int, size string, nodes ...string) map[string]string {
 	var b strings.Builder
 	pvs := map[string]string{}
 	for i := range n {
@@ -161,8 +167,8 @@ spec:
     required:
       nodeSelectorTerms:
         - matchExpressions:
-            - {key: kubernetes.io/hostname, operator: In, values: [localhost]}
-`, name, size, p)
+            - {key: kubernetes.io/hostname, operator: In, values: [%s]}
+`, name, size, p, nodes[i%len(nodes)])
 	}
 	f := filepath.Join(c.dir, prefix+"-volumes.yaml")
 	if err := os.WriteFile(f, []byte(b.String()), 0o644); err != nil {
@@ -411,8 +417,10 @@ func (p pod) condition(typ string) string {
 
 // runOverlay: the test's overlay runs for real.
 func runOverlay(t *testing.T, c *cluster, root, dir, kafka string, pvs map[string]string) {
-	httpAddr := harness.FreeAddr(t)
-	_, httpPort, _ := strings.Cut(httpAddr, ":")
+	// On the host network of the node its volumes are on: the pod's
+	// address is the node's; the test reaches it there.
+	httpPort := port(t)
+	httpAddr := c.nodes[0].addr + ":" + httpPort
 	overlay := filepath.Join(dir, "overlay-run")
 	writeRunOverlay(t, root, overlay, kafka, httpAddr, httpPort)
 	c.mustKubectl("apply", "--server-side", "-k", overlay)
@@ -541,7 +549,7 @@ func runOverlay(t *testing.T, c *cluster, root, dir, kafka string, pvs map[strin
 }
 
 // writeRunOverlay writes the test's overlay: the base with 1 replica on the
-// host's network, HTTP on a loopback address (the probes ask it there),
+// node's network, HTTP on the node's address (the probes ask it there),
 // Kafka at kafka, leave.group.on.close so that the shutdown leaves the
 // group, and a liveness probe faster than the base's (same path).
 func writeRunOverlay(t *testing.T, root, overlay, kafka, httpAddr, httpPort string) {
@@ -607,19 +615,19 @@ spec:
             - name: SALESAGG_APPLICATION_SERVER
               value: %[1]q
           startupProbe:
-            httpGet: {host: 127.0.0.1}
+            httpGet: {host: %[2]s}
             periodSeconds: 1
           readinessProbe:
-            httpGet: {host: 127.0.0.1}
+            httpGet: {host: %[2]s}
           livenessProbe:
-            httpGet: {host: 127.0.0.1}
+            httpGet: {host: %[2]s}
             periodSeconds: 2
             timeoutSeconds: 1
             failureThreshold: 3
             terminationGracePeriodSeconds: 5
           resources:
             requests: {cpu: 100m, memory: 256Mi}
-`, httpAddr),
+`, httpAddr, strings.Split(httpAddr, ":")[0]),
 	}
 	for name, content := range files {
 		if err := os.WriteFile(filepath.Join(overlay, name), []byte(content), 0o644); err != nil {

@@ -1,13 +1,15 @@
 // Package cluster runs salesagg's Kubernetes manifests (deploy/k8s) on a real
-// single-node cluster built from source: etcd, kube-apiserver,
-// kube-controller-manager, kube-scheduler, a kubelet on a containerd of the
-// test's own, kube-proxy (iptables mode), CoreDNS and a pod network of the
-// CNI reference plugins (bridge, host-local, loopback, portmap), with
-// certificates the test makes. etcd, the controllers and the kubelet's API
-// are on loopback; the API server, Kafka and the node's address are on
-// 198.18.0.1 and the pods on 198.18.1.0/24 (RFC 2544's test range), on two
-// bridges the test makes and removes; the Services'
-// virtual IPs are 198.19.0.0/24.
+// two-node cluster built from source: etcd, kube-apiserver,
+// kube-controller-manager and kube-scheduler on the host; two nodes, each a
+// network namespace in which a kubelet, a containerd of the test's own and
+// kube-proxy (iptables mode) run; CoreDNS and a pod network of the CNI
+// reference plugins (bridge, host-local, loopback, portmap), with
+// certificates the test makes. etcd and the controllers are on loopback; the
+// API server and Kafka on 198.18.0.1, on a bridge the nodes' veths join
+// (198.18.0.2 and .3); the pods on 198.18.1.0/24 and 198.18.2.0/24, one
+// subnet per node (RFC 2544's test range); the Services' virtual IPs are
+// 198.19.0.0/24. The test makes every interface and namespace and removes
+// them.
 //
 // The binaries are built from k8s.io/kubernetes, go.etcd.io/etcd,
 // github.com/coredns/coredns and github.com/containernetworking/plugins

@@ -24,17 +24,18 @@ import (
 	"github.com/salesagg/salesagg/test/harness"
 )
 
-// cluster is the control plane and the node the test runs.
+// cluster is the control plane and the nodes the test runs. The test's
+// goroutine owns it (t is the running subtest's).
 type cluster struct {
-	t       *testing.T
-	bin     string // the binaries (cache dir)
-	dir     string // everything the cluster writes
-	pki     *PKI
-	server  string // https://127.0.0.1:PORT
-	admin   string // the admin kubeconfig
-	api     *http.Client
-	procs   map[string]*harness.Proc
-	ctrSock string // containerd's socket, once it runs
+	t      *testing.T
+	bin    string // the binaries (cache dir)
+	dir    string // everything the cluster writes
+	pki    *PKI
+	server string // https://cpAddr:PORT
+	admin  string // the admin kubeconfig
+	api    *http.Client
+	procs  map[string]*harness.Proc
+	nodes  []*node
 }
 
 // run runs a command with a time bound and returns stdout, stderr.
@@ -104,6 +105,23 @@ func (c *cluster) start(name string, args ...string) *harness.Proc {
 	return p
 }
 
+// startIn runs a component as start does, in node n's network namespace;
+// its name (and log) is <name>-<node>.
+func (c *cluster) startIn(n *node, name string, args ...string) *harness.Proc {
+	c.t.Helper()
+	path := name
+	if !filepath.IsAbs(name) {
+		if _, err := os.Stat(filepath.Join(c.bin, name)); err == nil {
+			path = filepath.Join(c.bin, name)
+		}
+	}
+	nsenter, nargs := n.in(path, args...)
+	key := filepath.Base(name) + "-" + n.name
+	p := harness.Start(c.t, harness.Spec{Name: key, Path: nsenter, Args: nargs, Job: true})
+	c.procs[key] = p
+	return p
+}
+
 // alive is nil while the components run.
 func (c *cluster) alive() error {
 	for _, p := range c.procs {
@@ -121,19 +139,20 @@ func port(t *testing.T) string {
 
 // startControlPlane makes the certificates and starts etcd, the API server,
 // the controller manager and the scheduler, and waits for the API server.
-func startControlPlane(t *testing.T, bin, dir string) *cluster {
-	c := &cluster{t: t, bin: bin, dir: dir, procs: map[string]*harness.Proc{}}
+func startControlPlane(t *testing.T, bin, dir string, nodes []*node) *cluster {
+	c := &cluster{t: t, bin: bin, dir: dir, procs: map[string]*harness.Proc{}, nodes: nodes}
 	pki, err := NewPKI(filepath.Join(dir, "pki"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	c.pki = pki
 	svcIP := kubeSvcIP
-	issue := []struct {
+	type certSpec struct {
 		name, cn string
 		orgs     []string
 		hosts    []string
-	}{
+	}
+	issue := []certSpec{
 		{"etcd", "etcd", nil, []string{"127.0.0.1", "localhost"}},
 		{"apiserver-etcd-client", "kube-apiserver-etcd-client", nil, nil},
 		{"apiserver", "kube-apiserver", nil, []string{"127.0.0.1", "localhost", cpAddr, svcIP, "kubernetes", "kubernetes.default", "kubernetes.default.svc", "kubernetes.default.svc.cluster.local"}},
@@ -141,9 +160,15 @@ func startControlPlane(t *testing.T, bin, dir string) *cluster {
 		{"admin", "admin", []string{"system:masters"}, nil},
 		{"controller-manager", "system:kube-controller-manager", nil, []string{"127.0.0.1", "localhost"}},
 		{"scheduler", "system:kube-scheduler", nil, []string{"127.0.0.1", "localhost"}},
-		{"kubelet", "system:node:localhost", []string{"system:nodes"}, nil},
 		{"kube-proxy", "system:kube-proxy", nil, nil},
-		{"kubelet-serving", "system:node:localhost", []string{"system:nodes"}, []string{"127.0.0.1", "localhost"}},
+	}
+	// Each node's kubelet: its client identity (the Node authorizer and
+	// NodeRestriction admit it to its own Node and pods only) and its
+	// serving certificate, for the API server's calls at its address.
+	for _, n := range nodes {
+		issue = append(issue,
+			certSpec{"kubelet-" + n.name, "system:node:" + n.name, []string{"system:nodes"}, nil},
+			certSpec{"kubelet-serving-" + n.name, "system:node:" + n.name, []string{"system:nodes"}, []string{n.addr, n.name}})
 	}
 	for _, i := range issue {
 		if err := pki.Issue(i.name, i.cn, i.orgs, i.hosts...); err != nil {
@@ -181,14 +206,17 @@ func startControlPlane(t *testing.T, bin, dir string) *cluster {
 		"--service-cluster-ip-range", svcCIDR,
 		"--authorization-mode", "Node,RBAC", "--enable-admission-plugins", "NodeRestriction",
 		"--kubelet-client-certificate", kc, "--kubelet-client-key", kk, "--kubelet-certificate-authority", pki.CA(),
-		// The node's name and Hostname address is localhost: the API
-		// server reaches the kubelet (logs) on loopback, not at the node's
-		// InternalIP.
-		"--kubelet-preferred-address-types", "Hostname",
+		// The API server reaches each kubelet (logs, exec) at its node's
+		// address, in the node's network namespace.
+		"--kubelet-preferred-address-types", "InternalIP",
 		"--profiling=false", "--v=1")
 
 	c.admin = filepath.Join(dir, "admin.kubeconfig")
-	for _, n := range []string{"admin", "controller-manager", "scheduler", "kubelet", "kube-proxy"} {
+	kubeconfigs := []string{"admin", "controller-manager", "scheduler", "kube-proxy"}
+	for _, n := range nodes {
+		kubeconfigs = append(kubeconfigs, "kubelet-"+n.name)
+	}
+	for _, n := range kubeconfigs {
 		if err := pki.Kubeconfig(filepath.Join(dir, n+".kubeconfig"), c.server, n); err != nil {
 			t.Fatal(err)
 		}
@@ -247,11 +275,13 @@ func startControlPlane(t *testing.T, bin, dir string) *cluster {
 	return c
 }
 
-// node starts containerd and the kubelet. An error says which part could
-// not run on this machine and why; the caller skips what needs the node.
-func (c *cluster) startNode(images []string) error {
+// startNode starts node n's containerd and kubelet in its network
+// namespace, imports the images into its containerd and waits for the Node
+// to be Ready. An error says which part could not run on this machine and
+// why; the caller skips what needs the nodes.
+func (c *cluster) startNode(n *node, images []string) error {
 	t := c.t
-	dir := filepath.Join(c.dir, "node")
+	dir := n.dir
 	for _, need := range []string{"containerd", "containerd-shim-runc-v2", "runc", "ctr"} {
 		if _, err := exec.LookPath(need); err != nil {
 			return fmt.Errorf("%s is not installed (apt-get install docker.io brings containerd and runc): %w", need, err)
@@ -264,15 +294,20 @@ func (c *cluster) startNode(images []string) error {
 			return err
 		}
 	}
-	c.ctrSock = filepath.Join(ctrDir, "c.sock")
+	n.ctrSock = filepath.Join(ctrDir, "c.sock")
 	// Teardown, last of all (registered before containerd starts, so it
 	// runs after containerd stopped): the shims left, the mounts under the
 	// test's dir, the pod cgroups.
-	t.Cleanup(func() { c.teardownNode(dir) })
+	t.Cleanup(func() { c.teardownNode(n) })
+	// The kubelet's cgroup root, its own (the two kubelets share the
+	// machine's hierarchies): it must exist before the kubelet starts.
+	if err := makeCgroupRoot(n.cgroupRoot()); err != nil {
+		return err
+	}
 
 	// CNI: the pod network (cniConfig), with the reference plugins built
 	// from source into the binaries' dir.
-	if err := os.WriteFile(filepath.Join(cniConf, "10-salesagg-pods.conflist"), []byte(cniConfig(filepath.Join(dir, "cni-ipam"))), 0o644); err != nil {
+	if err := os.WriteFile(filepath.Join(cniConf, "10-salesagg-pods.conflist"), []byte(n.cniConfig()), 0o644); err != nil {
 		return err
 	}
 	cfg := fmt.Sprintf(`version = 2
@@ -308,43 +343,43 @@ state = %[2]q
   [plugins."io.containerd.grpc.v1.cri".cni]
     bin_dir = %[9]q
     conf_dir = %[7]q
-`, filepath.Join(ctrDir, "root"), filepath.Join(ctrDir, "state"), c.ctrSock, c.ctrSock+".ttrpc",
+`, filepath.Join(ctrDir, "root"), filepath.Join(ctrDir, "state"), n.ctrSock, n.ctrSock+".ttrpc",
 		filepath.Join(ctrDir, "opt"), pauseRef, cniConf, !hasCapability(capSysResource), c.bin)
 	cfgPath := filepath.Join(ctrDir, "config.toml")
 	if err := os.WriteFile(cfgPath, []byte(cfg), 0o644); err != nil {
 		return err
 	}
 	containerd, _ := exec.LookPath("containerd")
-	ctrd := c.start(containerd, "--config", cfgPath)
+	ctrd := c.startIn(n, containerd, "--config", cfgPath)
 	if err := harness.Poll(time.Minute, func() error {
 		if err := ctrd.Exited(); err != nil {
 			return err
 		}
-		_, _, err := c.ctr("version")
+		_, _, err := n.ctr("version")
 		return err
 	}); err != nil {
 		return fmt.Errorf("containerd did not start: %w\n%s", err, ctrd.Tail(20))
 	}
 	// Registered after containerd, so run before it stops: the pods'
 	// containers and sandboxes, killed and removed.
-	t.Cleanup(func() { c.removeContainers() })
-	v, _, _ := c.ctr("version")
-	t.Logf("containerd up (%s)", strings.Join(strings.Fields(v), " "))
+	t.Cleanup(func() { n.removeContainers() })
+	v, _, _ := n.ctr("version")
+	t.Logf("node %s: containerd up (%s)", n.name, strings.Join(strings.Fields(v), " "))
 	for _, img := range images {
 		start := time.Now()
-		if _, _, err := c.ctr("images", "import", "--snapshotter", "overlayfs", img); err != nil {
+		if _, _, err := n.ctr("images", "import", "--snapshotter", "overlayfs", img); err != nil {
 			return fmt.Errorf("importing %s into containerd: %w", filepath.Base(img), err)
 		}
 		t.Logf("imported %s into containerd in %s", filepath.Base(img), time.Since(start).Round(time.Millisecond))
 	}
-	out, _, _ := c.ctr("images", "ls", "-q")
+	out, _, _ := n.ctr("images", "ls", "-q")
 	t.Logf("containerd images (namespace k8s.io):\n%s", out)
 
 	kubeletPort, healthz := port(t), port(t)
-	kcrt, kkey := c.pki.Cert("kubelet-serving")
+	kcrt, kkey := c.pki.Cert("kubelet-serving-" + n.name)
 	kcfg := fmt.Sprintf(`apiVersion: kubelet.config.k8s.io/v1beta1
 kind: KubeletConfiguration
-address: 127.0.0.1
+address: %s
 port: %s
 readOnlyPort: 0
 healthzBindAddress: 127.0.0.1
@@ -360,6 +395,7 @@ containerRuntimeEndpoint: unix://%s
 # This machine's cgroups are v1; kubelets refuse them unless told.
 failCgroupV1: false
 cgroupDriver: cgroupfs
+cgroupRoot: %s
 failSwapOn: false
 podLogsDir: %s
 staticPodPath: ""
@@ -380,13 +416,13 @@ resolvConf: ""
 syncFrequency: 5s
 fileCheckFrequency: 5s
 nodeStatusUpdateFrequency: 5s
-`, kubeletPort, healthz, kcrt, kkey, c.pki.CA(), c.ctrSock, filepath.Join(dir, "pod-logs"), dnsSvcIP, clusterDomain)
+`, n.addr, kubeletPort, healthz, kcrt, kkey, c.pki.CA(), n.ctrSock, n.cgroupRoot(), filepath.Join(dir, "pod-logs"), dnsSvcIP, clusterDomain)
 	kcfgPath := filepath.Join(dir, "kubelet.yaml")
 	if err := os.WriteFile(kcfgPath, []byte(kcfg), 0o644); err != nil {
 		return err
 	}
-	kubelet := c.start("kubelet", "--config", kcfgPath, "--kubeconfig", filepath.Join(c.dir, "kubelet.kubeconfig"),
-		"--root-dir", filepath.Join(dir, "kubelet"), "--hostname-override", "localhost", "--node-ip", cpAddr, "--v=1")
+	kubelet := c.startIn(n, "kubelet", "--config", kcfgPath, "--kubeconfig", filepath.Join(c.dir, "kubelet-"+n.name+".kubeconfig"),
+		"--root-dir", filepath.Join(dir, "kubelet"), "--hostname-override", n.name, "--node-ip", n.addr, "--v=1")
 	var last string
 	err := harness.Poll(3*time.Minute, func() error {
 		if err := kubelet.Exited(); err != nil {
@@ -397,7 +433,7 @@ nodeStatusUpdateFrequency: 5s
 				Conditions []struct{ Type, Status, Reason, Message string }
 			}
 		}
-		if err := c.get("/api/v1/nodes/localhost", &node); err != nil {
+		if err := c.get("/api/v1/nodes/"+n.name, &node); err != nil {
 			return err
 		}
 		for _, cond := range node.Status.Conditions {
@@ -408,12 +444,11 @@ nodeStatusUpdateFrequency: 5s
 				}
 			}
 		}
-		return fmt.Errorf("node localhost not ready: %s", last)
+		return fmt.Errorf("node %s not ready: %s", n.name, last)
 	})
 	if err != nil {
-		return fmt.Errorf("the kubelet's node did not turn Ready: %w\nkubelet log:\n%s", err, kubeletErrors(kubelet))
+		return fmt.Errorf("node %s did not turn Ready: %w\nkubelet log:\n%s", n.name, err, kubeletErrors(kubelet))
 	}
-	c.mustKubectl("get", "nodes", "-o", "wide")
 	return nil
 }
 
@@ -452,50 +487,57 @@ func kubeletErrors(p *harness.Proc) string {
 	return strings.Join(errs, "\n")
 }
 
-// ctr runs containerd's client on the namespace the CRI uses.
-func (c *cluster) ctr(args ...string) (string, string, error) {
-	return run(5*time.Minute, nil, "ctr", append([]string{"--address", c.ctrSock, "--namespace", "k8s.io"}, args...)...)
+// ctr runs the node's containerd client on the namespace the CRI uses.
+func (n *node) ctr(args ...string) (string, string, error) {
+	return run(5*time.Minute, nil, "ctr", append([]string{"--address", n.ctrSock, "--namespace", "k8s.io"}, args...)...)
 }
 
-// taskPID is the host pid of a container's process (its id is the CRI's).
+// taskPID is the host pid of a container's process (its id is the CRI's),
+// on whichever node runs it.
 func (c *cluster) taskPID(id string) (int, error) {
-	out, _, err := c.ctr("tasks", "ls")
-	if err != nil {
-		return 0, err
-	}
-	for _, l := range strings.Split(out, "\n") {
-		f := strings.Fields(l)
-		if len(f) >= 3 && f[0] == id {
-			return strconv.Atoi(f[1])
+	for _, n := range c.nodes {
+		if n.ctrSock == "" {
+			continue
+		}
+		out, _, err := n.ctr("tasks", "ls")
+		if err != nil {
+			return 0, err
+		}
+		for _, l := range strings.Split(out, "\n") {
+			f := strings.Fields(l)
+			if len(f) >= 3 && f[0] == id {
+				return strconv.Atoi(f[1])
+			}
 		}
 	}
-	return 0, fmt.Errorf("no task %s in containerd", id)
+	return 0, fmt.Errorf("no task %s in the nodes' containerd", id)
 }
 
 // removeContainers kills every container's task and removes the
-// containers, while containerd runs.
-func (c *cluster) removeContainers() {
-	out, _, err := c.ctr("containers", "ls", "-q")
+// containers, while the node's containerd runs.
+func (n *node) removeContainers() {
+	out, _, err := n.ctr("containers", "ls", "-q")
 	if err != nil {
 		return
 	}
 	for _, id := range strings.Fields(out) {
-		_, _, _ = c.ctr("tasks", "kill", "-s", "SIGKILL", id)
+		_, _, _ = n.ctr("tasks", "kill", "-s", "SIGKILL", id)
 		_ = harness.Poll(10*time.Second, func() error {
-			_, _, err := c.ctr("tasks", "delete", id)
+			_, _, err := n.ctr("tasks", "delete", id)
 			if err != nil && strings.Contains(err.Error(), "not found") {
 				return nil
 			}
 			return err
 		})
-		_, _, _ = c.ctr("containers", "delete", id)
+		_, _, _ = n.ctr("containers", "delete", id)
 	}
 }
 
-// teardownNode ends the shims of this containerd still running, unmounts
-// everything mounted under dir (the kubelet's volumes, containerd's
-// snapshots and sandboxes' shm) and removes the cgroups the kubelet made.
-func (c *cluster) teardownNode(dir string) {
+// teardownNode ends the shims of the node's containerd still running,
+// unmounts everything mounted under the node's dir (the kubelet's volumes,
+// containerd's snapshots and sandboxes' shm) and removes the cgroups the
+// kubelet made and its cgroup root.
+func (c *cluster) teardownNode(n *node) {
 	entries, _ := os.ReadDir("/proc")
 	for _, e := range entries {
 		pid, err := strconv.Atoi(e.Name())
@@ -507,13 +549,52 @@ func (c *cluster) teardownNode(dir string) {
 			continue
 		}
 		args := strings.Split(string(cmdline), "\x00")
-		if strings.HasSuffix(args[0], "containerd-shim-runc-v2") && slices.Contains(args, c.ctrSock) {
-			c.t.Logf("killing containerd shim %d left running", pid)
+		if strings.HasSuffix(args[0], "containerd-shim-runc-v2") && slices.Contains(args, n.ctrSock) {
+			c.t.Logf("killing containerd shim %d of node %s left running", pid, n.name)
 			_ = syscall.Kill(pid, syscall.SIGKILL)
 		}
 	}
-	unmountUnder(c.t, c.dir)
-	removePodCgroups(c.t)
+	unmountUnder(c.t, n.dir)
+	removeCgroups(c.t, n.cgroupRoot())
+}
+
+// cgroupRoot is the node's kubelet's cgroup root (cgroupfs driver): its
+// pods are under <root>/kubepods in every hierarchy.
+func (n *node) cgroupRoot() string { return "/salesagg-" + n.name }
+
+// cgroupHierarchies are the cgroup hierarchies mounted under
+// /sys/fs/cgroup: the v1 ones, and the unified one of a hybrid mount (where
+// runc makes cgroups too) if unified.
+func cgroupHierarchies(unified bool) []string {
+	var dirs []string
+	entries, _ := os.ReadDir("/sys/fs/cgroup")
+	for _, e := range entries {
+		p := filepath.Join("/sys/fs/cgroup", e.Name())
+		if st, err := os.Stat(p); err != nil || !st.IsDir() || (e.Name() == "unified" && !unified) || e.Type()&os.ModeSymlink != 0 {
+			continue
+		}
+		dirs = append(dirs, p)
+	}
+	return dirs
+}
+
+// makeCgroupRoot makes the cgroup root in every v1 hierarchy; in cpuset's,
+// with the parent's CPUs and memory nodes (a new cpuset has none).
+func makeCgroupRoot(root string) error {
+	for _, h := range cgroupHierarchies(false) {
+		d := filepath.Join(h, root)
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			return fmt.Errorf("the kubelet's cgroup root: %w", err)
+		}
+		for _, f := range []string{"cpuset.cpus", "cpuset.mems"} {
+			if b, err := os.ReadFile(filepath.Join(h, f)); err == nil {
+				if err := os.WriteFile(filepath.Join(d, f), b, 0o644); err != nil {
+					return fmt.Errorf("the kubelet's cgroup root: %w", err)
+				}
+			}
+		}
+	}
+	return nil
 }
 
 // unmountUnder detaches every mount below dir, deepest first.
@@ -544,13 +625,13 @@ func unmountUnder(t *testing.T, dir string) {
 	}
 }
 
-// removePodCgroups removes the kubelet's cgroups (kubepods, deepest first)
-// from every v1 hierarchy; a cgroup with a process left stays and is named.
-func removePodCgroups(t *testing.T) {
-	roots, _ := filepath.Glob("/sys/fs/cgroup/*/kubepods")
-	for _, root := range roots {
+// removeCgroups removes the cgroup root and every cgroup under it,
+// deepest first, from every hierarchy; a cgroup with a process left stays
+// and is named.
+func removeCgroups(t *testing.T, root string) {
+	for _, h := range cgroupHierarchies(true) {
 		var dirs []string
-		_ = filepath.WalkDir(root, func(p string, d os.DirEntry, err error) error {
+		_ = filepath.WalkDir(filepath.Join(h, root), func(p string, d os.DirEntry, err error) error {
 			if err == nil && d.IsDir() {
 				dirs = append(dirs, p)
 			}

@@ -7,9 +7,11 @@ import (
 	"fmt"
 	"maps"
 	"math/rand/v2"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -19,20 +21,27 @@ import (
 )
 
 // The cluster's addresses, all in 198.18.0.0/15 (RFC 2544's range for
-// testing network devices: no real network uses it), on interfaces the
-// test makes and removes: the control plane and Kafka on a bridge without
-// ports (this kernel has no dummy interfaces), the pods on a bridge the
-// CNI bridge plugin makes, the Services' virtual IPs (kube-proxy's rules)
-// in 198.19.0.0/24.
+// testing network devices: no real network uses it), on interfaces and in
+// network namespaces the test makes and removes. The host's bridge cpIface
+// (no address of the machine's on it) carries the control plane's address
+// (the API server, Kafka) and links the nodes: each node is a network
+// namespace of its own with a veth to the bridge, its address the Node's
+// InternalIP, its pods on a bridge of its own (the CNI bridge plugin's) in
+// a subnet of its own, routed between the nodes; the Services' virtual IPs
+// (kube-proxy's rules, in each node) are in 198.19.0.0/24.
 const (
-	cpIface   = "sa-cp0"
-	cpAddr    = "198.18.0.1"
+	cpIface = "sa-cp0"
+	cpAddr  = "198.18.0.1"
+	// cpPrefix is the length of the prefix the nodes share with cpAddr.
+	cpPrefix = "24"
+	// podBridge is each node's bridge, in the node's namespace.
 	podBridge = "sa-pods0"
-	podSubnet = "198.18.1.0/24"
-	podGW     = "198.18.1.1"
-	svcCIDR   = "198.19.0.0/24"
-	kubeSvcIP = "198.19.0.1"
-	dnsSvcIP  = "198.19.0.10"
+	// clusterCIDR holds every node's pod subnet (kube-proxy's clusterCIDR:
+	// traffic from elsewhere to a Service is masqueraded).
+	clusterCIDR = "198.18.0.0/22"
+	svcCIDR     = "198.19.0.0/24"
+	kubeSvcIP   = "198.19.0.1"
+	dnsSvcIP    = "198.19.0.10"
 	// clusterDomain is the kubelet's cluster domain, CoreDNS's zone.
 	clusterDomain = "cluster.local"
 	// The images the test builds besides the project's.
@@ -40,37 +49,93 @@ const (
 	probeRef   = "salesagg.test/probe:1"
 )
 
+// node is one of the cluster's nodes: a network namespace of its own,
+// linked to the host's bridge cpIface by a veth pair, in which its
+// containerd, kubelet and kube-proxy run (the mount and pid namespaces are
+// the host's: the test reads the containers' processes and volumes from
+// the host). Its fields are set by the test's goroutine: the network ones
+// by hostNetwork, dir and ctrSock by startNode.
+type node struct {
+	name      string // the Node's name and kubernetes.io/hostname label
+	netns     string // its network namespace (ip netns)
+	link      string // the host's end of its veth, on cpIface
+	addr      string // its address on cpIface's subnet: the InternalIP
+	podSubnet string // its pods' addresses
+	podGW     string // its bridge's address, the pods' gateway
+	dir       string // what its containerd and kubelet write
+	ctrSock   string // containerd's socket, once it runs
+}
+
+// nodeSpecs are the cluster's two nodes.
+var nodeSpecs = []node{
+	{name: "node-a", netns: "sa-node-a", link: "sa-node-a", addr: "198.18.0.2", podSubnet: "198.18.1.0/24", podGW: "198.18.1.1"},
+	{name: "node-b", netns: "sa-node-b", link: "sa-node-b", addr: "198.18.0.3", podSubnet: "198.18.2.0/24", podGW: "198.18.2.1"},
+}
+
+// in is the command line that runs name with args in the node's network
+// namespace (nsenter: the network namespace only).
+func (n *node) in(name string, args ...string) (string, []string) {
+	return "nsenter", append([]string{"--net=/run/netns/" + n.netns, "--", name}, args...)
+}
+
 // ip runs ip(8) with args.
 func ip(args ...string) error {
 	_, _, err := run(30*time.Second, nil, "ip", args...)
 	return err
 }
 
-// hostNetwork makes the control plane's address (cpAddr on cpIface, a
-// bridge without ports) and, when the test ends, removes it, the pods' bridge
-// and the IP forwarding the bridge plugin turned on. Interfaces of a run
-// that was killed are removed first.
-func hostNetwork(t *testing.T) {
-	if _, err := exec.LookPath("ip"); err != nil {
-		t.Fatalf("the cluster's network needs ip(8) (Debian's iproute2): %v", err)
-	}
-	for _, l := range []string{cpIface, podBridge} {
-		if ip("link", "show", l) == nil {
-			t.Logf("removing %s, left by an earlier run", l)
-			_ = ip("link", "del", l)
+// hostNetwork makes the cluster's network and returns its nodes: the
+// bridge cpIface with the control plane's address, and for each node a
+// network namespace, a veth from it to the bridge with the node's address,
+// a default route to the host and routes to the other nodes' pod subnets
+// (the host gets a route to each). When the test ends it removes them all,
+// the pods' network namespaces containerd left (the containers are killed
+// through containerd, not torn down through the CRI) and libcni's cached
+// results. What a run that was killed left is removed first.
+func hostNetwork(t *testing.T) []*node {
+	for _, need := range []string{"ip", "nsenter", "sysctl"} {
+		if _, err := exec.LookPath(need); err != nil {
+			t.Fatalf("the cluster's network needs %s (Debian's iproute2, util-linux, procps): %v", need, err)
 		}
 	}
-	forward, _ := os.ReadFile("/proc/sys/net/ipv4/ip_forward")
-	t.Cleanup(func() {
-		for _, l := range []string{podBridge, cpIface} {
-			if ip("link", "show", l) == nil {
-				if err := ip("link", "del", l); err != nil {
-					t.Errorf("removing %s: %v", l, err)
+	nodes := make([]*node, len(nodeSpecs))
+	for i := range nodeSpecs {
+		n := nodeSpecs[i]
+		nodes[i] = &n
+	}
+	remove := func(logf func(string, ...any)) {
+		for _, n := range nodes {
+			if _, err := os.Stat("/run/netns/" + n.netns); err == nil {
+				if err := ip("netns", "del", n.netns); err != nil {
+					logf("removing network namespace %s: %v", n.netns, err)
 				}
 			}
+			if ip("link", "show", n.link) == nil {
+				_ = ip("link", "del", n.link)
+			}
 		}
-		if len(forward) > 0 {
-			_ = os.WriteFile("/proc/sys/net/ipv4/ip_forward", forward, 0o644)
+		if ip("link", "show", cpIface) == nil {
+			if err := ip("link", "del", cpIface); err != nil {
+				logf("removing %s: %v", cpIface, err)
+			}
+		}
+	}
+	remove(t.Logf)
+	podNetns := map[string]bool{}
+	if entries, err := os.ReadDir("/run/netns"); err == nil {
+		for _, e := range entries {
+			podNetns[e.Name()] = true
+		}
+	}
+	t.Cleanup(func() {
+		remove(t.Errorf)
+		entries, _ := os.ReadDir("/run/netns")
+		for _, e := range entries {
+			if strings.HasPrefix(e.Name(), "cni-") && !podNetns[e.Name()] {
+				if err := ip("netns", "del", e.Name()); err != nil {
+					t.Logf("removing a pod's network namespace %s: %v", e.Name(), err)
+				}
+			}
 		}
 		// libcni's cache of each pod's network result (containerd gives no
 		// other place for it).
@@ -80,24 +145,52 @@ func hostNetwork(t *testing.T) {
 				_ = os.Remove(r)
 			}
 		}
-		removeKubeletChains(t)
 	})
-	for _, args := range [][]string{
+	steps := [][]string{
 		{"link", "add", cpIface, "type", "bridge"},
-		{"addr", "add", cpAddr + "/32", "dev", cpIface},
+		{"addr", "add", cpAddr + "/" + cpPrefix, "dev", cpIface},
 		{"link", "set", cpIface, "up"},
-	} {
+	}
+	for _, n := range nodes {
+		steps = append(steps,
+			[]string{"netns", "add", n.netns},
+			[]string{"link", "add", n.link, "type", "veth", "peer", "name", "eth0", "netns", n.netns},
+			[]string{"link", "set", n.link, "master", cpIface},
+			[]string{"link", "set", n.link, "up"},
+			[]string{"-n", n.netns, "link", "set", "lo", "up"},
+			[]string{"-n", n.netns, "addr", "add", n.addr + "/" + cpPrefix, "dev", "eth0"},
+			[]string{"-n", n.netns, "link", "set", "eth0", "up"},
+			[]string{"-n", n.netns, "route", "add", "default", "via", cpAddr},
+			[]string{"route", "add", n.podSubnet, "via", n.addr},
+		)
+		for _, m := range nodes {
+			if m != n {
+				steps = append(steps, []string{"-n", n.netns, "route", "add", m.podSubnet, "via", m.addr})
+			}
+		}
+	}
+	for _, args := range steps {
 		if err := ip(args...); err != nil {
 			t.Fatal(err)
 		}
 	}
-	t.Logf("the control plane's address %s on %s; pods on %s (%s), Services in %s", cpAddr, cpIface, podBridge, podSubnet, svcCIDR)
+	for _, n := range nodes {
+		// The node routes its pods' packets (the bridge plugin would too,
+		// when its first pod starts).
+		name, args := n.in("sysctl", "-qw", "net.ipv4.ip_forward=1")
+		if _, _, err := run(10*time.Second, nil, name, args...); err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("node %s: network namespace %s, %s on eth0 (%s on %s), pods on %s (%s)", n.name, n.netns, n.addr, n.link, cpIface, podBridge, n.podSubnet)
+	}
+	t.Logf("the control plane's address %s on %s; Services in %s", cpAddr, cpIface, svcCIDR)
+	return nodes
 }
 
 // cniConfig is the node's pod network: the bridge plugin (the bridge,
 // a veth per pod, the gateway address, IP forwarding) with host-local
-// addresses from podSubnet, and portmap for hostPorts.
-func cniConfig(ipamDir string) string {
+// addresses from the node's pod subnet, and portmap for hostPorts.
+func (n *node) cniConfig() string {
 	return fmt.Sprintf(`{
   "cniVersion": "1.0.0",
   "name": "salesagg-pods",
@@ -118,24 +211,25 @@ func cniConfig(ipamDir string) string {
     {"type": "portmap", "capabilities": {"portMappings": true}}
   ]
 }
-`, podBridge, podSubnet, podGW, ipamDir)
+`, podBridge, n.podSubnet, n.podGW, filepath.Join(n.dir, "cni-ipam"))
 }
 
-// startKubeProxy runs kube-proxy in iptables mode for node localhost: the
-// Services' virtual IPs in the host's iptables. It touches no sysctl
-// (conntrack sizes and timeouts left as they are, no localhost NodePorts)
-// and, when the test ends, `kube-proxy --cleanup` removes its rules.
+// startKubeProxy runs kube-proxy in iptables mode in each node's network
+// namespace: the Services' virtual IPs in the node's iptables (removed with
+// the namespace). It touches no sysctl (conntrack sizes and timeouts left
+// as they are, no localhost NodePorts).
 func (c *cluster) startKubeProxy() error {
 	t := c.t
 	if _, err := exec.LookPath("iptables-restore"); err != nil {
 		return fmt.Errorf("kube-proxy needs iptables (Debian's iptables): %w", err)
 	}
-	cfg := fmt.Sprintf(`apiVersion: kubeproxy.config.k8s.io/v1alpha1
+	for _, n := range c.nodes {
+		cfg := fmt.Sprintf(`apiVersion: kubeproxy.config.k8s.io/v1alpha1
 kind: KubeProxyConfiguration
 clientConnection:
   kubeconfig: %s
 mode: iptables
-hostnameOverride: localhost
+hostnameOverride: %s
 clusterCIDR: %s
 nodePortAddresses: ["%s/32"]
 healthzBindAddress: 127.0.0.1:%s
@@ -149,30 +243,30 @@ conntrack:
   min: 0
   tcpEstablishedTimeout: 0s
   tcpCloseWaitTimeout: 0s
-`, filepath.Join(c.dir, "kube-proxy.kubeconfig"), podSubnet, cpAddr, port(t), port(t))
-	path := filepath.Join(c.dir, "kube-proxy.yaml")
-	if err := os.WriteFile(path, []byte(cfg), 0o644); err != nil {
-		return err
-	}
-	t.Cleanup(func() {
-		if _, errOut, err := run(time.Minute, nil, filepath.Join(c.bin, "kube-proxy"), "--cleanup"); err != nil {
-			t.Logf("kube-proxy --cleanup: %v\n%s", err, errOut)
-		}
-	})
-	p := c.start("kube-proxy", "--config", path, "--v=1")
-	return harness.Poll(time.Minute, func() error {
-		if err := p.Exited(); err != nil {
-			return fmt.Errorf("%w: %w", harness.ErrGiveUp, err)
-		}
-		out, _, err := run(10*time.Second, nil, "iptables", "-t", "nat", "-S", "KUBE-SERVICES")
-		if err != nil {
+`, filepath.Join(c.dir, "kube-proxy.kubeconfig"), n.name, clusterCIDR, n.addr, port(t), port(t))
+		path := filepath.Join(n.dir, "kube-proxy.yaml")
+		if err := os.WriteFile(path, []byte(cfg), 0o644); err != nil {
 			return err
 		}
-		if !strings.Contains(out, kubeSvcIP+"/32") {
-			return fmt.Errorf("no rule for the kubernetes Service (%s) yet", kubeSvcIP)
+		p := c.startIn(n, "kube-proxy", "--config", path, "--v=1")
+		if err := harness.Poll(time.Minute, func() error {
+			if err := p.Exited(); err != nil {
+				return fmt.Errorf("%w: %w", harness.ErrGiveUp, err)
+			}
+			name, args := n.in("iptables", "-t", "nat", "-S", "KUBE-SERVICES")
+			out, _, err := run(10*time.Second, nil, name, args...)
+			if err != nil {
+				return err
+			}
+			if !strings.Contains(out, kubeSvcIP+"/32") {
+				return fmt.Errorf("no rule for the kubernetes Service (%s) in node %s yet", kubeSvcIP, n.name)
+			}
+			return nil
+		}); err != nil {
+			return fmt.Errorf("node %s: %w", n.name, err)
 		}
-		return nil
-	})
+	}
+	return nil
 }
 
 // deployCoreDNS runs CoreDNS (built from source, image corednsRef) in
@@ -406,7 +500,13 @@ endpoints:
 		t.Fatal(err)
 	}
 	c.mustKubectl("apply", "--server-side", "-f", path)
-	localVolumes(t, c, filepath.Join(c.dir, "pv-prod"), "local-prod", 3, "10Gi")
+	// Two volumes on each node: the scheduler may put the replicas on
+	// either, and their anti-affinity spreads them over both.
+	var nodeNames []string
+	for _, n := range c.nodes {
+		nodeNames = append(nodeNames, n.name)
+	}
+	prodPVs := localVolumes(t, c, filepath.Join(c.dir, "pv-prod"), "local-prod", 2*len(c.nodes), "10Gi", nodeNames...)
 	// The prod overlay creates its internal topics, not its input topic
 	// (topics.input.create is false): the operator makes it, with the
 	// partitions the replicas need.
@@ -437,6 +537,9 @@ endpoints:
 			_, _, _ = c.kubectl("logs", "-n", "kube-system", "deployment/coredns", "--tail=40")
 		}
 		_, _, _ = c.kubectl("delete", "namespace", prodNS, "--wait=true", "--timeout=3m")
+		// The volumes go too: one the replicas left unbound would take the
+		// next overlay's claim.
+		_, _, _ = c.kubectl(append([]string{"delete", "pv", "--wait=false"}, slices.Sorted(maps.Keys(prodPVs))...)...)
 	})
 	c.mustKubectl("apply", "--server-side", "-n", prodNS, "-k", filepath.Join(root, "deploy", "k8s", "overlays", "prod"))
 	c.mustKubectl("rollout", "status", "statefulset/salesagg", "-n", prodNS, "--timeout=5m")
@@ -448,7 +551,10 @@ endpoints:
 				Name        string
 				Annotations map[string]string
 			}
-			Spec   struct{ HostNetwork bool }
+			Spec struct {
+				HostNetwork bool
+				NodeName    string
+			}
 			Status struct{ PodIP string }
 		}
 	}
@@ -459,12 +565,24 @@ endpoints:
 		t.Fatalf("%d pods in %s, want 3", len(pods.Items), prodNS)
 	}
 	podIP := map[string]string{}
+	onNode := map[string][]string{}
 	for _, p := range pods.Items {
-		if p.Spec.HostNetwork || !strings.HasPrefix(p.Status.PodIP, "198.18.1.") {
-			t.Errorf("%s: host network %v, pod IP %q; want an address of %s", p.Metadata.Name, p.Spec.HostNetwork, p.Status.PodIP, podSubnet)
+		var subnet string
+		for _, n := range c.nodes {
+			if n.name == p.Spec.NodeName {
+				subnet = n.podSubnet
+			}
+		}
+		if p.Spec.HostNetwork || !inSubnet(p.Status.PodIP, subnet) {
+			t.Errorf("%s on node %s: host network %v, pod IP %q; want an address of the node's pod subnet %s", p.Metadata.Name, p.Spec.NodeName, p.Spec.HostNetwork, p.Status.PodIP, subnet)
 		}
 		podIP[p.Metadata.Name] = p.Status.PodIP
+		onNode[p.Spec.NodeName] = append(onNode[p.Spec.NodeName], p.Metadata.Name)
 	}
+	if len(onNode) != len(c.nodes) {
+		t.Errorf("the pods by node: %v; want the replicas on each of the %d nodes (the StatefulSet's anti-affinity)", onNode, len(c.nodes))
+	}
+	t.Logf("the pods by node: %v", onNode)
 	var svc struct{ Spec struct{ ClusterIP string } }
 	if err := c.get("/api/v1/namespaces/"+prodNS+"/services/salesagg", &svc); err != nil {
 		t.Fatal(err)
@@ -511,33 +629,7 @@ endpoints:
 		urls = append(urls, "http://"+n+":8080/v1/products?limit=1000")
 	}
 	harness.WaitFor(t, 3*time.Minute, "every total exact through the Service and from each pod", func() error {
-		pages, err := c.probe(append([]string{"get"}, urls...)...)
-		if err != nil {
-			return err
-		}
-		var diffs []string
-		for _, u := range urls {
-			code, body, _ := strings.Cut(pages[u], " ")
-			var page struct {
-				Products []struct {
-					Product string
-					Total   int64
-				}
-				Unavailable []string `json:"unavailable_tasks"`
-			}
-			if code != "200" || json.Unmarshal([]byte(body), &page) != nil {
-				diffs = append(diffs, fmt.Sprintf("%s: %s", u, pages[u]))
-				continue
-			}
-			totals := map[string]int64{}
-			for _, p := range page.Products {
-				totals[p.Product] = p.Total
-			}
-			if !maps.Equal(totals, want) || len(page.Unavailable) > 0 {
-				diffs = append(diffs, fmt.Sprintf("%s: %d products (want %d), unavailable %v", u, len(totals), len(want), page.Unavailable))
-			}
-		}
-		return harness.Summarize(diffs)
+		return c.checkTotals(urls, want)
 	})
 	t.Logf("%d events, %d products: every total exact through the Service and from each of the 3 pods", len(evs), len(want))
 
@@ -583,124 +675,49 @@ endpoints:
 	}
 	t.Logf("scraped %d pods from namespace %s: all ready, %.0f events processed", len(targets), monitoringNS, processed)
 
-	// A rolling update with a config change: an overlay of the prod overlay
-	// whose config file sets one more key. The controller replaces each pod
-	// (a new ConfigMap name in the template); each comes back as the same
-	// static member on the same claim and restores 0 records.
-	changed := filepath.Join(c.dir, "overlay-prod-changed")
-	prodDir := filepath.Join(root, "deploy", "k8s", "overlays", "prod")
-	rel, err := filepath.Rel(changed, prodDir)
+	pr := &prodRun{c: c, root: root, service: urls[0], urls: urls, want: want}
+	t.Run("RollingUpdateWithAConfigChange", func(t *testing.T) { c.t = t; pr.rollingUpdate(t) })
+	t.Run("DrainUnderThePDB", func(t *testing.T) { c.t = t; pr.drain(t) })
+	t.Run("LivenessKill", func(t *testing.T) { c.t = t; pr.livenessKill(t) })
+	c.t = t
+}
+
+// checkTotals asks each of urls (GET /v1/products, from the probe pod) and
+// is nil when each answers every product of want with its total and no
+// task unavailable.
+func (c *cluster) checkTotals(urls []string, want map[string]int64) error {
+	pages, err := c.probe(append([]string{"get"}, urls...)...)
 	if err != nil {
-		t.Fatal(err)
+		return err
 	}
-	cfg, err := os.ReadFile(filepath.Join(prodDir, "salesagg.yaml"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := os.MkdirAll(changed, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	for name, content := range map[string]string{
-		"kustomization.yaml": fmt.Sprintf(`apiVersion: kustomize.config.k8s.io/v1beta1
-kind: Kustomization
-resources: [%s]
-configMapGenerator:
-  - name: salesagg-config
-    behavior: replace
-    files: [salesagg.yaml]
-`, rel),
-		"salesagg.yaml": string(cfg) + "\nacceptable.recovery.lag: 20000\n",
-	} {
-		if err := os.WriteFile(filepath.Join(changed, name), []byte(content), 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
-	oldUID := map[string]string{}
-	var before struct{ Items []pod }
-	if err := c.get("/api/v1/namespaces/"+prodNS+"/pods", &before); err != nil {
-		t.Fatal(err)
-	}
-	for _, p := range before.Items {
-		oldUID[p.Metadata.Name] = p.Metadata.UID
-	}
-	start := time.Now()
-	c.mustKubectl("apply", "--server-side", "-n", prodNS, "-k", changed)
-	c.mustKubectl("rollout", "status", "statefulset/salesagg", "-n", prodNS, "--timeout=5m")
-	t.Logf("rolling update with a config change done in %s", time.Since(start).Round(100*time.Millisecond))
-	var after struct{ Items []pod }
-	if err := c.get("/api/v1/namespaces/"+prodNS+"/pods", &after); err != nil {
-		t.Fatal(err)
-	}
-	for _, p := range after.Items {
-		if p.Metadata.UID == oldUID[p.Metadata.Name] {
-			t.Errorf("%s was not replaced by the rolling update", p.Metadata.Name)
-			continue
-		}
-		out, _, err := c.kubectl("logs", p.Metadata.Name, "-n", prodNS)
-		if err != nil {
-			t.Fatal(err)
-		}
-		restores := harness.RestoreLines(harness.JSONLines(strings.Split(strings.TrimSpace(out), "\n")))
-		if len(restores) == 0 {
-			t.Errorf("%s logged no restore after the rolling update", p.Metadata.Name)
-		}
-		for _, l := range restores {
-			if l.Records != 0 || !l.Agrees {
-				t.Errorf("%s restored %d records for changelog partition %d after the rolling update, want 0: %s", p.Metadata.Name, l.Records, l.Partition, l.Msg)
-			}
-		}
-		t.Logf("%s: %d restore lines, each of 0 records", p.Metadata.Name, len(restores))
-	}
-	harness.WaitFor(t, 2*time.Minute, "every total exact after the rolling update", func() error {
-		pages, err := c.probe("get", urls[0])
-		if err != nil {
-			return err
-		}
-		code, body, _ := strings.Cut(pages[urls[0]], " ")
+	var diffs []string
+	for _, u := range urls {
+		code, body, _ := strings.Cut(pages[u], " ")
 		var page struct {
 			Products []struct {
 				Product string
 				Total   int64
 			}
+			Unavailable []string `json:"unavailable_tasks"`
 		}
 		if code != "200" || json.Unmarshal([]byte(body), &page) != nil {
-			return fmt.Errorf("%s", pages[urls[0]])
+			diffs = append(diffs, fmt.Sprintf("%s: %s", u, pages[u]))
+			continue
 		}
 		totals := map[string]int64{}
 		for _, p := range page.Products {
 			totals[p.Product] = p.Total
 		}
-		if !maps.Equal(totals, want) {
-			return fmt.Errorf("%d products, not the %d totals expected", len(totals), len(want))
+		if !maps.Equal(totals, want) || len(page.Unavailable) > 0 {
+			diffs = append(diffs, fmt.Sprintf("%s: %d products (want %d), unavailable %v", u, len(totals), len(want), page.Unavailable))
 		}
-		return nil
-	})
+	}
+	return harness.Summarize(diffs)
 }
 
-// removeKubeletChains removes the iptables chains the kubelet makes (its
-// canary, and the firewall rule against connections to 127.0.0.0/8 from
-// other addresses) once it has stopped; kube-proxy --cleanup leaves them.
-func removeKubeletChains(t *testing.T) {
-	if _, err := exec.LookPath("iptables"); err != nil {
-		return
-	}
-	for _, jump := range []struct{ table, chain, target string }{
-		{"filter", "INPUT", "KUBE-FIREWALL"},
-		{"filter", "OUTPUT", "KUBE-FIREWALL"},
-	} {
-		for range 10 {
-			if _, _, err := run(10*time.Second, nil, "iptables", "-t", jump.table, "-D", jump.chain, "-j", jump.target); err != nil {
-				break
-			}
-		}
-	}
-	for _, table := range []string{"filter", "nat", "mangle"} {
-		for _, chain := range []string{"KUBE-FIREWALL", "KUBE-KUBELET-CANARY", "KUBE-IPTABLES-HINT"} {
-			if _, _, err := run(10*time.Second, nil, "iptables", "-t", table, "-F", chain); err == nil {
-				if _, _, err := run(10*time.Second, nil, "iptables", "-t", table, "-X", chain); err != nil {
-					t.Logf("removing the kubelet's chain %s of table %s: %v", chain, table, err)
-				}
-			}
-		}
-	}
+// inSubnet reports whether the address addr is in the CIDR subnet.
+func inSubnet(addr, subnet string) bool {
+	_, n, err := net.ParseCIDR(subnet)
+	a := net.ParseIP(addr)
+	return err == nil && a != nil && n.Contains(a)
 }
