@@ -23,9 +23,17 @@ const KubernetesVersion = "v1.37.2"
 // Commands are the binaries the cluster runs: the control plane, the
 // kubelet, kube-proxy and kubectl from k8s.io/kubernetes, etcd
 // (build/etcd, the etcd server of go.etcd.io/etcd/server/v3), CoreDNS
-// (build/coredns) and the CNI reference plugins the pod network uses.
+// (build/coredns), the CNI reference plugins the pod network uses and
+// kube-router, the NetworkPolicy agent (module build/kube-router).
 var Commands = []string{"etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubelet", "kube-proxy", "kubectl",
-	"coredns", "bridge", "host-local", "loopback", "portmap"}
+	"coredns", "bridge", "host-local", "loopback", "portmap", "kube-router"}
+
+// KubeRouterVersion is the kube-router release build/kube-router requires.
+const KubeRouterVersion = "v2.1.0"
+
+// moduleOf is the module (a dir under build) of the Commands not built in
+// the build module itself.
+var moduleOf = map[string]string{"kube-router": "kube-router"}
 
 // CNIPlugins are the Commands that are CNI plugins: containerd's CRI
 // finds them in the cache dir (its cni bin_dir).
@@ -44,6 +52,7 @@ var packages = map[string]string{
 	"host-local":              "github.com/containernetworking/plugins/plugins/ipam/host-local",
 	"loopback":                "github.com/containernetworking/plugins/plugins/main/loopback",
 	"portmap":                 "github.com/containernetworking/plugins/plugins/meta/portmap",
+	"kube-router":             "github.com/cloudnativelabs/kube-router/v2/cmd/kube-router",
 }
 
 // CacheDir is where the binaries are kept between runs:
@@ -83,7 +92,8 @@ func buildDir() (string, error) {
 func ldflags() string {
 	v := "k8s.io/component-base/version"
 	return fmt.Sprintf("-s -w -X %[1]s.gitVersion=%[2]s -X %[1]s.gitMajor=1 -X %[1]s.gitMinor=%[3]s -X %[1]s.gitTreeState=clean",
-		v, KubernetesVersion, strings.Split(KubernetesVersion, ".")[1])
+		v, KubernetesVersion, strings.Split(KubernetesVersion, ".")[1]) +
+		" -X github.com/cloudnativelabs/kube-router/v2/pkg/version.Version=" + KubeRouterVersion
 }
 
 // stamp identifies a build: the build module's go.mod, go.sum and sources,
@@ -176,22 +186,30 @@ func Binaries(logf func(string, ...any)) (string, error) {
 	if err := os.MkdirAll(tmp, 0o755); err != nil {
 		return "", err
 	}
-	args := []string{"build", "-trimpath", "-ldflags", ldflags(), "-o", tmp + "/"}
-	for _, c := range Commands {
-		args = append(args, packages[c])
-	}
-	name := "go"
-	if nice, err := exec.LookPath("nice"); err == nil {
-		name, args = nice, append([]string{"-n", "19", "go"}, args...)
-	}
-	logf("building %s and etcd into %s (%s %s)", KubernetesVersion, cache, name, strings.Join(args, " "))
 	start := time.Now()
-	cmd := exec.Command(name, args...)
-	cmd.Dir = dir
-	cmd.Env = append(os.Environ(), "CGO_ENABLED=0", "GOWORK=off", "GOFLAGS=-mod=readonly -trimpath -buildvcs=false")
-	out, err := cmd.CombinedOutput()
-	if err != nil {
-		return "", fmt.Errorf("building the Kubernetes binaries (%s): %w\n%s", time.Since(start).Round(time.Second), err, out)
+	byModule := map[string][]string{}
+	var order []string
+	for _, c := range Commands {
+		m := moduleOf[c]
+		if _, ok := byModule[m]; !ok {
+			order = append(order, m)
+		}
+		byModule[m] = append(byModule[m], packages[c])
+	}
+	for _, m := range order {
+		args := append([]string{"build", "-trimpath", "-ldflags", ldflags(), "-o", tmp + "/"}, byModule[m]...)
+		name := "go"
+		if nice, err := exec.LookPath("nice"); err == nil {
+			name, args = nice, append([]string{"-n", "19", "go"}, args...)
+		}
+		logf("building %s into %s (in %s: %s %s)", strings.Join(byModule[m], " "), cache, filepath.Join("build", m), name, strings.Join(args, " "))
+		cmd := exec.Command(name, args...)
+		cmd.Dir = filepath.Join(dir, m)
+		cmd.Env = append(os.Environ(), "CGO_ENABLED=0", "GOWORK=off", "GOFLAGS=-mod=readonly -trimpath -buildvcs=false")
+		out, err := cmd.CombinedOutput()
+		if err != nil {
+			return "", fmt.Errorf("building the cluster's binaries (%s): %w\n%s", time.Since(start).Round(time.Second), err, out)
+		}
 	}
 	for _, c := range Commands {
 		if err := os.Rename(filepath.Join(tmp, c), filepath.Join(cache, c)); err != nil {
@@ -202,7 +220,7 @@ func Binaries(logf func(string, ...any)) (string, error) {
 	if err := os.WriteFile(filepath.Join(cache, ".stamp"), []byte(st+"\n"), 0o644); err != nil {
 		return "", err
 	}
-	logf("built the Kubernetes binaries in %s", time.Since(start).Round(time.Second))
+	logf("built the cluster's binaries in %s", time.Since(start).Round(time.Second))
 	if _, ok, err := Cached(); err != nil || !ok {
 		return "", errors.Join(err, errors.New("the cache does not match its stamp after the build"))
 	}

@@ -82,6 +82,9 @@ func TestCluster(t *testing.T) {
 		t.Fatalf("kube-proxy: %v", err)
 	}
 	t.Logf("kube-proxy's rules in place after %s", time.Since(start).Round(100*time.Millisecond))
+	if err := c.startPolicyAgents(); err != nil {
+		t.Fatalf("the NetworkPolicy agent: %v", err)
+	}
 	c.deployCoreDNS()
 	c.startProbe()
 	// Kafka on the control plane's address: the test, host-network pods
@@ -93,27 +96,10 @@ func TestCluster(t *testing.T) {
 }
 
 // ensureContainerd installs Debian's docker.io (containerd, runc, ctr) when
-// containerd is missing, with no service started by the package scripts.
+// containerd is missing; startNode says what is missing if it could not.
 func ensureContainerd(t *testing.T) {
-	if _, err := exec.LookPath("containerd"); err == nil {
-		return
-	}
-	if _, err := exec.LookPath("apt-get"); err != nil {
-		return // startNode says what is missing
-	}
-	const policy = "/usr/sbin/policy-rc.d"
-	if _, err := os.Stat(policy); os.IsNotExist(err) {
-		if err := os.WriteFile(policy, []byte("#!/bin/sh\n# make test-k8s-cluster: no service starts during its apt-get install\nexit 101\n"), 0o755); err == nil {
-			defer os.Remove(policy)
-		}
-	}
-	env := []string{"DEBIAN_FRONTEND=noninteractive"}
-	for _, args := range [][]string{{"update", "-qq"}, {"install", "-y", "-qq", "--no-install-recommends", "docker.io"}} {
-		t.Logf("$ apt-get %s", strings.Join(args, " "))
-		if _, errOut, err := run(10*time.Minute, env, "apt-get", args...); err != nil {
-			t.Logf("apt-get: %v\n%s", err, errOut)
-			return
-		}
+	if err := ensurePackage(t, "containerd", "docker.io"); err != nil {
+		t.Log(err)
 	}
 }
 

@@ -161,6 +161,7 @@ func startControlPlane(t *testing.T, bin, dir string, nodes []*node) *cluster {
 		{"controller-manager", "system:kube-controller-manager", nil, []string{"127.0.0.1", "localhost"}},
 		{"scheduler", "system:kube-scheduler", nil, []string{"127.0.0.1", "localhost"}},
 		{"kube-proxy", "system:kube-proxy", nil, nil},
+		{"kube-router", "system:kube-router", nil, nil},
 	}
 	// Each node's kubelet: its client identity (the Node authorizer and
 	// NodeRestriction admit it to its own Node and pods only) and its
@@ -212,7 +213,7 @@ func startControlPlane(t *testing.T, bin, dir string, nodes []*node) *cluster {
 		"--profiling=false", "--v=1")
 
 	c.admin = filepath.Join(dir, "admin.kubeconfig")
-	kubeconfigs := []string{"admin", "controller-manager", "scheduler", "kube-proxy"}
+	kubeconfigs := []string{"admin", "controller-manager", "scheduler", "kube-proxy", "kube-router"}
 	for _, n := range nodes {
 		kubeconfigs = append(kubeconfigs, "kubelet-"+n.name)
 	}

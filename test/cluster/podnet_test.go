@@ -608,6 +608,12 @@ endpoints:
 	}
 	t.Logf("from the probe pod: %v", got)
 
+	// The NetworkPolicy, enforced: a pod of a namespace it does not admit
+	// gets no answer. Everything below runs under it: the clients' and
+	// Prometheus' namespaces are admitted, the pods reach each other, and
+	// the kubelet's probes (from the node) pass.
+	c.policyEnforced(t, service, podIP)
+
 	// The group: each pod advertises its DNS name.
 	members, err := c.probe("get", "http://"+service+":8080/v1/instances")
 	if err != nil {
