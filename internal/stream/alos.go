@@ -194,7 +194,7 @@ func (a *atLeastOnce) requestRewind(t *task) {
 	}
 	// The offsets are read here, on the task goroutine that calls
 	// requestRewind: the task's next flush (its ticker) writes
-	// t.fold.reported while the poll loop has not applied the rewind yet.
+	// t.in.reported while the poll loop has not applied the rewind yet.
 	a.rewinds.todo[t.partition] = rewindRequest{t: t, to: t.rewindTo()}
 	select {
 	case a.rewinds.kick <- struct{}{}:
@@ -458,4 +458,113 @@ func setPositions(set map[string]map[int32]kgo.EpochOffset, topics []string, p i
 		}
 		set[topic][p] = kgo.EpochOffset{Epoch: -1, Offset: to[i]}
 	}
+}
+
+// flush runs the at-least-once commit cycle described in the package
+// documentation.
+func (t *task) flush(ctx context.Context) error {
+	if len(t.totals.dirty) > 0 || len(t.out.outbox) > 0 {
+		// A member that lost the task (paused past its session timeout, a
+		// zombie) must not write what its new owner writes: check with the
+		// group coordinator first, at most once a second while it does not
+		// confirm. Until it does, nothing of the cycle is written: the
+		// changes are kept for the next try (if the task was lost,
+		// franz-go's loss stops it and drops them meanwhile; if the
+		// generation only moved on, as in a cooperative rebalance that
+		// keeps the task here, they are flushed then, and nothing is lost),
+		// and past maxDirty the task pauses its partitions so that they stay
+		// bounded. The refusal shows in the task's status.
+		if !t.retry.memberUnknownAt.IsZero() && time.Since(t.retry.memberUnknownAt) < time.Second {
+			return nil
+		}
+		if err := t.deps.member(ctx); err != nil {
+			t.retry.memberUnknownAt = time.Now()
+			t.retry.memberRefused = true
+			t.trouble.fail(err)
+			msg := fmt.Sprintf("task [%s] Not flushing: the group coordinator did not confirm this member owns the task; nothing of the cycle is written, retrying", t.name)
+			if errors.Is(err, errNotMember) {
+				msg = fmt.Sprintf("task [%s] Not flushing: the group coordinator says this member is not in its generation; nothing of the cycle is written, retrying", t.name)
+			}
+			if ok, suppressed := t.retry.memberLog.allow(time.Now()); ok {
+				t.log.Warn(msg, zap.Int("products", len(t.totals.dirty)), zap.Int("records", len(t.out.outbox)), zap.Int64("suppressed", suppressed), zap.Error(err))
+			}
+			if !t.retry.memberPaused && len(t.totals.dirty)+len(t.out.outbox) >= t.dirtyBound() {
+				t.retry.memberPaused = true
+				t.deps.client.PauseFetchPartitions(t.deps.env.topicsOf([]int32{t.partition}))
+			}
+			return nil
+		}
+		t.retry.memberUnknownAt = time.Time{}
+		if t.retry.memberRefused {
+			t.retry.memberRefused = false
+			t.trouble.clear()
+		}
+	}
+	if t.retry.memberPaused {
+		t.retry.memberPaused = false
+		if t.retry.resumeAt.IsZero() {
+			t.deps.client.ResumeFetchPartitions(t.deps.env.topicsOf([]int32{t.partition}))
+		}
+	}
+	began := time.Now()
+	t.deps.env.crashPoint("flush-start")
+	updates, maxOffset := t.produceDirty(ctx)
+	t.deps.env.crashPoint("changelog-produced")
+	if k := t.deps.env.knobs.FlushProduced; k != nil {
+		k(t.partition, t.out.cycleRecords)
+	}
+	t.out.pending.Wait()
+	if err := ctx.Err(); err != nil {
+		// Past the shutdown grace period: what was produced may be partial;
+		// the store and offsets stay behind, and the next start restores the
+		// changelog tail and skips what it already reflects.
+		return fmt.Errorf("flushing task %s: %w", t.name, err)
+	}
+	if errp := t.out.produceErr.Swap(nil); errp != nil {
+		// Nothing of this cycle is written to the store or committed: fold
+		// it again from the last committed offsets, after a backoff.
+		t.log.Warn(fmt.Sprintf("task [%s] A record of the commit cycle failed to produce; nothing of the cycle is committed", t.name), zap.Error(*errp))
+		t.rewind(*errp, "folding its input again from the last committed offsets")
+		return nil
+	}
+	t.deps.env.crashPoint("changelog-flushed")
+	b := stalledBatch{updates: updates, maxOffset: maxOffset.Load(), inputNext: t.in.inputNext, repartNext: t.in.repartNext, report: true}
+	if err := t.apply(updates, b.maxOffset, b.inputNext); err != nil {
+		// The input offsets are not reported: nothing is committed past
+		// what the store holds.
+		return t.stallOn(b, err)
+	}
+	t.deps.env.crashPoint("store-written")
+	t.reportOffsets(b)
+	t.produced()
+	if len(updates) > 0 {
+		t.deps.env.metrics.commitSeconds.Observe(time.Since(began).Seconds())
+	}
+	return nil
+}
+
+// rewind (at-least-once) makes the task fold its input again from the
+// offsets it last reported for commit (or the first it read), after a cycle
+// whose records failed to produce: the cycle's changes are dropped
+// (the store never had them), the batches dispatched before the poll loop
+// moves the partitions' position back (applyRewinds) are dropped wherever
+// they are folded (see current), and the task pauses for a backoff.
+func (t *task) rewind(err error, next string) {
+	t.dropDirty()
+	t.in.inputNext, t.in.repartNext = t.totals.cp.InputOffset, -1
+	t.retry.wantEpoch = t.retry.rewindEpoch.Load() + 1
+	t.cycleFailed(err, next)
+	t.deps.rewind(t)
+}
+
+// rewindTo returns the offsets to fold again from, per topic (input,
+// repartition; -1: none read).
+func (t *task) rewindTo() [2]int64 {
+	out := t.in.first
+	for i, r := range t.in.reported {
+		if r >= 0 {
+			out[i] = r
+		}
+	}
+	return out
 }

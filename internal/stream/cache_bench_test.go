@@ -103,7 +103,7 @@ func BenchmarkFold(b *testing.B) {
 				b.Fatal(err)
 			}
 			defer st.Close()
-			t.store.Store(st)
+			t.totals.store.Store(st)
 			ctx := b.Context()
 			offset := int64(0)
 			// One pass so that every product has an entry in the store (and
@@ -115,9 +115,9 @@ func BenchmarkFold(b *testing.B) {
 				if err := t.process(ctx, cfg.InputTopic, r); err != nil {
 					b.Fatal(err)
 				}
-				if len(t.fold.dirty) >= c.cycle || (offset%int64(c.cycle) == 0) {
-					updates := make([]state.Update, 0, len(t.fold.dirty))
-					for k, e := range t.fold.dirty {
+				if len(t.totals.dirty) >= c.cycle || (offset%int64(c.cycle) == 0) {
+					updates := make([]state.Update, 0, len(t.totals.dirty))
+					for k, e := range t.totals.dirty {
 						updates = append(updates, state.Update{Product: k, Entry: *e})
 					}
 					t.dropDirty()

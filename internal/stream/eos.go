@@ -80,7 +80,7 @@ func (t *task) handleCycle(ctx context.Context, req cycleReq) error {
 			}
 		}
 		updates, maxOffset := t.produceDirty(ctx)
-		t.out.prepared = &preparedBatch{updates: updates, maxOffset: maxOffset, inputNext: t.fold.inputNext}
+		t.out.prepared = &preparedBatch{updates: updates, maxOffset: maxOffset, inputNext: t.in.inputNext}
 		return nil
 	case cycleFinish:
 		p := t.out.prepared

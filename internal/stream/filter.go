@@ -235,11 +235,11 @@ func (b *filterBuild) stop() {
 // the store's products listed by a goroutine of its own from a view of the
 // store taken now, before the task writes anything.
 func (t *task) startFilter(ctx context.Context) {
-	t.fold.building.stop()
-	t.fold.building = nil
-	t.fold.filter.reset(t.storeEmpty())
-	st := t.store.Load()
-	if t.fold.filter.mode == filterKnown || st == nil {
+	t.totals.building.stop()
+	t.totals.building = nil
+	t.totals.filter.reset(t.storeEmpty())
+	st := t.totals.store.Load()
+	if t.totals.filter.mode == filterKnown || st == nil {
 		return
 	}
 	it, err := st.Products()
@@ -247,11 +247,11 @@ func (t *task) startFilter(ctx context.Context) {
 		t.log.Debug(fmt.Sprintf("task [%s] Not listing the store's products; every new product is looked up in the store", t.name), zap.Error(err))
 		return
 	}
-	t.fold.filter.learn()
+	t.totals.filter.learn()
 	bctx, cancel := context.WithCancel(ctx)
 	b := &filterBuild{cancel: cancel, done: make(chan struct{})}
-	t.fold.building = b
-	seed := t.fold.filter.seed
+	t.totals.building = b
+	seed := t.totals.filter.seed
 	go func() {
 		defer close(b.done)
 		if hold := t.deps.env.knobs.BeforeProductListing; hold != nil {
@@ -268,14 +268,14 @@ func (t *task) startFilter(ctx context.Context) {
 
 // adoptFilter makes the learning filter known once the listing ended well.
 func (t *task) adoptFilter() {
-	b := t.fold.building
-	t.fold.building = nil
+	b := t.totals.building
+	t.totals.building = nil
 	if b.err != nil {
-		t.fold.filter.abandon()
+		t.totals.filter.abandon()
 		t.log.Info(fmt.Sprintf("task [%s] Listing the store's products failed; every new product is looked up in the store", t.name), zap.Error(b.err))
 		return
 	}
-	t.fold.filter.adopt(b.base)
+	t.totals.filter.adopt(b.base)
 	t.log.Info(fmt.Sprintf("task [%s] The store's products are in the filter of new products", t.name),
-		zap.Int("products", b.n), zap.Int64("filter_bytes", t.fold.filter.bytes), zap.Duration("took", b.took.Round(time.Millisecond)))
+		zap.Int("products", b.n), zap.Int64("filter_bytes", t.totals.filter.bytes), zap.Duration("took", b.took.Round(time.Millisecond)))
 }

@@ -216,13 +216,13 @@ func collectTask(emit func(d desc, v float64, labels ...string), t *task) {
 	}
 	emit(descRemaining, float64(remaining), t.name)
 	emit(descRestoreSec, (time.Duration(t.stats.restoreMillis.Load()) * time.Millisecond).Seconds(), t.name)
-	if s := t.store.Load(); s != nil {
+	if s := t.totals.store.Load(); s != nil {
 		emit(descStoreBytes, float64(s.DiskUsage()), t.name, "active")
 	}
-	emit(descCacheHits, float64(t.fold.cache.stats.hits.Load()), t.name)
-	emit(descCacheMiss, float64(t.fold.cache.stats.misses.Load()), t.name)
-	emit(descCacheEvict, float64(t.fold.cache.stats.evictions.Load()), t.name)
-	emit(descCacheBytes, float64(t.fold.cache.stats.bytes.Load()), t.name)
+	emit(descCacheHits, float64(t.totals.cache.stats.hits.Load()), t.name)
+	emit(descCacheMiss, float64(t.totals.cache.stats.misses.Load()), t.name)
+	emit(descCacheEvict, float64(t.totals.cache.stats.evictions.Load()), t.name)
+	emit(descCacheBytes, float64(t.totals.cache.stats.bytes.Load()), t.name)
 }
 
 // inputLag is the task's input high watermark minus its position, as of the

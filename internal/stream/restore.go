@@ -66,7 +66,7 @@ func (t *task) restoreRetrying(ctx context.Context) error {
 			return ctx.Err()
 		}
 		// The next attempt opens the store again.
-		if s := t.store.Swap(nil); s != nil {
+		if s := t.totals.store.Swap(nil); s != nil {
 			_ = s.Close()
 		}
 		if state.IsCorrupt(err) {
@@ -119,9 +119,9 @@ func (t *task) restore(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	t.store.Store(store)
+	t.totals.store.Store(store)
 
-	tp := fmt.Sprintf("%s-%d", e.cfg.ChangelogTopic(), t.partition)
+	tp := fmt.Sprintf("%s-%d", t.totals.changelog, t.partition)
 	var n int64
 	var to int64
 	for attempt := 0; ; attempt++ {
@@ -175,14 +175,14 @@ func (t *task) restoreOnce(ctx context.Context, tp string, attempt int) (n, to i
 	from, to, empty, err := t.restoreRange(ctx, tp)
 	if state.IsCorrupt(err) && attempt < 3 {
 		// Reading the checkpoint found a damaged file.
-		if s := t.store.Swap(nil); s != nil {
+		if s := t.totals.store.Swap(nil); s != nil {
 			_ = s.Close()
 		}
 		s, qerr := t.deps.env.quarantine(t.partition, t.log, err)
 		if qerr != nil {
 			return 0, 0, false, qerr
 		}
-		t.store.Store(s)
+		t.totals.store.Store(s)
 		return 0, 0, true, nil
 	}
 	if err != nil {
@@ -241,7 +241,7 @@ func (t *task) restoredLog(tp string, n, to int64, d time.Duration) {
 func (t *task) changelogBounds(ctx context.Context, tp string) (logStart, end int64, err error) {
 	onRetry, done := t.listRetry(tp)
 	defer done()
-	return changelog.Bounds(ctx, t.deps.env.client, t.deps.env.cfg.ChangelogTopic(), t.partition, onRetry)
+	return changelog.Bounds(ctx, t.deps.env.client, t.totals.changelog, t.partition, onRetry)
 }
 
 // changelogHighWatermark returns the high watermark of the task's changelog
@@ -249,7 +249,7 @@ func (t *task) changelogBounds(ctx context.Context, tp string) (logStart, end in
 func (t *task) changelogHighWatermark(ctx context.Context, tp string) (int64, error) {
 	onRetry, done := t.listRetry(tp)
 	defer done()
-	return changelog.HighWatermark(ctx, t.deps.env.client, t.deps.env.cfg.ChangelogTopic(), t.partition, onRetry)
+	return changelog.HighWatermark(ctx, t.deps.env.client, t.totals.changelog, t.partition, onRetry)
 }
 
 // listRetry returns what a listing of the changelog's offsets calls after
@@ -528,7 +528,7 @@ func (t *task) waitReplicatedChangelog(ctx context.Context, tp string) error {
 func (t *task) changelogLogEnd(ctx context.Context, tp string) (changelog.LeaderEnds, error) {
 	onRetry, done := t.listRetry(tp)
 	defer done()
-	return changelog.LogEnd(ctx, t.deps.env.client, t.deps.env.cfg.ChangelogTopic(), t.partition, onRetry)
+	return changelog.LogEnd(ctx, t.deps.env.client, t.totals.changelog, t.partition, onRetry)
 }
 
 // openTransactions describes the transactions open on the task's changelog
@@ -539,7 +539,7 @@ func (t *task) openTransactions(ctx context.Context, hw int64) string {
 	e := t.deps.env
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	topic := e.cfg.ChangelogTopic()
+	topic := t.totals.changelog
 	described, err := e.admin.DescribeProducers(ctx, kadm.TopicsSet{topic: {t.partition: {}}})
 	if err != nil {
 		return fmt.Sprintf("their producers could not be described: %v", err)
@@ -604,13 +604,13 @@ func (t *task) restoreRange(ctx context.Context, tp string) (from, to int64, emp
 			return 0, 0, false, err
 		}
 	}
-	cp, found, err := t.store.Load().Checkpoint()
+	cp, found, err := t.totals.store.Load().Checkpoint()
 	if err != nil {
 		return 0, 0, false, err
 	}
 	changelogID := t.deps.topo.changelogID
 	if from, ok := checkCheckpoint(t.log, t.deps.env.cfg.StoreName, t.name, tp, cp, found, logStart, end, t.deps.env.changelogIdentity(ctx, changelogID)); ok {
-		t.fold.cp = cp
+		t.totals.cp = cp
 		t.stats.checkpoint.Store(cp.ChangelogOffset)
 		return from, end, false, nil
 	}
@@ -619,7 +619,7 @@ func (t *task) restoreRange(ctx context.Context, tp string) (from, to int64, emp
 			return 0, 0, false, err
 		}
 	}
-	t.fold.cp = state.Checkpoint{ChangelogOffset: logStart, InputOffset: -1, ChangelogTopicID: changelogID}
+	t.totals.cp = state.Checkpoint{ChangelogOffset: logStart, InputOffset: -1, ChangelogTopicID: changelogID}
 	// No checkpoint (every write carries one: the store holds nothing), or
 	// wiped: the store is empty.
 	return logStart, end, true, nil
@@ -663,7 +663,7 @@ func (t *task) openStore() error {
 	if err != nil {
 		return err
 	}
-	t.store.Store(s)
+	t.totals.store.Store(s)
 	return nil
 }
 
@@ -672,7 +672,7 @@ func (t *task) openStore() error {
 // straight into the last level (state.Store.BulkLoad).
 func (t *task) beginBulk() (*state.BulkLoad, error) {
 	e := t.deps.env
-	return t.store.Load().BulkLoad(state.BulkOptions{
+	return t.totals.store.Load().BulkLoad(state.BulkOptions{
 		Budget:       e.bulkBudget,
 		AfterSpill:   func(int) { e.crashPoint("bulk-spilled") },
 		BeforeIngest: func() { e.crashPoint("bulk-ingest") },
@@ -683,11 +683,11 @@ func (t *task) beginBulk() (*state.BulkLoad, error) {
 // ingested with the checkpoint, in one step.
 func (t *task) finishBulk(ctx context.Context, load *state.BulkLoad) error {
 	began := time.Now()
-	st, err := load.Finish(ctx, t.fold.cp)
+	st, err := load.Finish(ctx, t.totals.cp)
 	if err != nil {
 		return err
 	}
-	t.stats.checkpoint.Store(t.fold.cp.ChangelogOffset)
+	t.stats.checkpoint.Store(t.totals.cp.ChangelogOffset)
 	d := time.Since(began)
 	t.log.Info(fmt.Sprintf("task [%s] Bulk-loaded the restored store: %d products from %d records in %d sorted runs, %d tables ingested in %d ms",
 		t.name, st.Products, st.Updates, st.Runs, st.Tables, d.Milliseconds()),
@@ -697,7 +697,7 @@ func (t *task) finishBulk(ctx context.Context, load *state.BulkLoad) error {
 
 // wipe deletes the task's store and opens an empty one.
 func (t *task) wipe() error {
-	if s := t.store.Swap(nil); s != nil {
+	if s := t.totals.store.Swap(nil); s != nil {
 		if err := s.Close(); err != nil {
 			t.log.Warn("Closing store before wiping it", zap.Error(err))
 		}
@@ -708,28 +708,28 @@ func (t *task) wipe() error {
 	if err := t.openStore(); err != nil {
 		return err
 	}
-	t.fold.cp = state.Checkpoint{InputOffset: -1, ChangelogTopicID: t.deps.topo.changelogID}
+	t.totals.cp = state.Checkpoint{InputOffset: -1, ChangelogTopicID: t.deps.topo.changelogID}
 	return nil
 }
 
 // replay reads the changelog partition over [from, to) and writes each
 // fetch as one Pebble batch with the checkpoint after it, or adds it to
-// load, when there is one, with the checkpoint in t.fold.cp for its Finish.
+// load, when there is one, with the checkpoint in t.totals.cp for its Finish.
 // It returns the number of records restored and the end it read to (to, or
 // later when the changelog grew while it read).
 func (t *task) replay(ctx context.Context, from, to int64, load *state.BulkLoad) (int64, int64, error) {
 	e := t.deps.env
 	if from >= to {
-		if t.fold.cp.ChangelogOffset != from || t.fold.cp.ChangelogTopicID != t.deps.topo.changelogID {
-			t.fold.cp.ChangelogOffset, t.fold.cp.ChangelogTopicID = from, t.deps.topo.changelogID
-			if err := t.store.Load().Apply(nil, t.fold.cp); err != nil {
+		if t.totals.cp.ChangelogOffset != from || t.totals.cp.ChangelogTopicID != t.deps.topo.changelogID {
+			t.totals.cp.ChangelogOffset, t.totals.cp.ChangelogTopicID = from, t.deps.topo.changelogID
+			if err := t.totals.store.Load().Apply(nil, t.totals.cp); err != nil {
 				return 0, to, err
 			}
 		}
-		t.stats.checkpoint.Store(t.fold.cp.ChangelogOffset)
+		t.stats.checkpoint.Store(t.totals.cp.ChangelogOffset)
 		return 0, to, nil
 	}
-	topic := e.cfg.ChangelogTopic()
+	topic := t.totals.changelog
 	r, err := changelog.Open(changelog.Options{Client: e.kafkaOpts(), Topic: topic, TopicID: t.deps.topo.changelogID,
 		Partition: t.partition, From: from, FetchBytes: restoreFetchBytes, Log: t.log})
 	if err != nil {
@@ -758,21 +758,21 @@ func (t *task) replay(ctx context.Context, from, to int64, load *state.BulkLoad)
 			if err := load.Add(updates); err != nil {
 				return rp.n, rp.to, err
 			}
-			t.fold.cp.ChangelogOffset = max(t.fold.cp.ChangelogOffset, min(next, rp.to))
-		} else if len(updates) > 0 || next > t.fold.cp.ChangelogOffset {
-			cp := t.fold.cp
+			t.totals.cp.ChangelogOffset = max(t.totals.cp.ChangelogOffset, min(next, rp.to))
+		} else if len(updates) > 0 || next > t.totals.cp.ChangelogOffset {
+			cp := t.totals.cp
 			cp.ChangelogOffset = min(next, rp.to)
 			// Unsynced until the last fetch: a crash loses whole batches
 			// with their checkpoints (the changelog has them again), and
 			// the final synced write makes everything before it durable.
-			apply := t.store.Load().ApplyUnsynced
+			apply := t.totals.store.Load().ApplyUnsynced
 			if next >= rp.to {
-				apply = t.store.Load().Apply
+				apply = t.totals.store.Load().Apply
 			}
 			if err := apply(updates, cp); err != nil {
 				return rp.n, rp.to, err
 			}
-			t.fold.cp = cp
+			t.totals.cp = cp
 			t.stats.checkpoint.Store(cp.ChangelogOffset)
 		}
 		t.stats.restored.Store(rp.n)

@@ -65,7 +65,7 @@ func TestRewoundTaskStoppingFoldsNoOlderBatch(t *testing.T) {
 	if err := next.flush(ctx); err != nil {
 		t.Fatal(err)
 	}
-	checkStore(t, next.store.Load(), want)
+	checkStore(t, next.totals.store.Load(), want)
 	if got := l.reported(); got != 20 {
 		t.Errorf("offset reported for commit %d after the next owner's cycle, want 20", got)
 	}
@@ -279,8 +279,8 @@ func (l *lone) successor(t *testing.T) *task {
 	if err != nil {
 		t.Fatal(err)
 	}
-	next.fold.cp = cp
-	next.store.Store(st)
+	next.totals.cp = cp
+	next.totals.store.Store(st)
 	next.setState(taskRestoring)
 	next.setState(taskRunning)
 	return next

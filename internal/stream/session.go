@@ -425,9 +425,9 @@ func (s *session) stopTasks(ps []int32, flush bool, outcome string) error {
 			errs = append(errs, fmt.Errorf("task %s failed", t.name))
 		}
 		t.logClosed(outcome)
-		if t.State() == taskClosed && t.fold.cp.ChangelogTopicID == s.topo.changelogID && t.stats.checkpoint.Load() >= 0 {
+		if t.State() == taskClosed && t.totals.cp.ChangelogTopicID == s.topo.changelogID && t.stats.checkpoint.Load() >= 0 {
 			// The task goroutine is done: its checkpoint is final.
-			s.local.note(t.partition, t.fold.cp)
+			s.local.note(t.partition, t.totals.cp)
 		}
 	}
 	s.reg.closed(ts)

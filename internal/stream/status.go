@@ -37,7 +37,7 @@ func (rt *Runtime) Total(product string) (int64, bool, error) {
 	if t.State() != taskRunning {
 		return 0, false, fmt.Errorf("%w: task %s is %s", ErrNotReady, t.name, t.State())
 	}
-	s := t.store.Load()
+	s := t.totals.store.Load()
 	if s == nil {
 		return 0, false, ErrNotReady
 	}
@@ -50,7 +50,7 @@ func (rt *Runtime) Total(product string) (int64, bool, error) {
 // assigned but not running, whose products are missing from the page.
 func (rt *Runtime) Products(after string, limit int) (page []state.Total, unavailable []string, err error) {
 	for _, t := range rt.reg.tasks() {
-		s := t.store.Load()
+		s := t.totals.store.Load()
 		if t.State() != taskRunning || s == nil {
 			unavailable = append(unavailable, t.name)
 			continue
@@ -239,8 +239,8 @@ func (rt *Runtime) Tasks() []status.Task {
 				Duplicates: t.stats.duplicates.Load(),
 				BadEvents:  t.stats.bad.Load(),
 				Forwarded:  t.stats.forwarded.Load(),
-				Cache: &status.Cache{Hits: t.fold.cache.stats.hits.Load(), Misses: t.fold.cache.stats.misses.Load(),
-					Evictions: t.fold.cache.stats.evictions.Load(), Bytes: t.fold.cache.stats.bytes.Load()},
+				Cache: &status.Cache{Hits: t.totals.cache.stats.hits.Load(), Misses: t.totals.cache.stats.misses.Load(),
+					Evictions: t.totals.cache.stats.evictions.Load(), Bytes: t.totals.cache.stats.bytes.Load()},
 			},
 		})
 		ts := &out[len(out)-1]
@@ -366,7 +366,7 @@ func (rt *Runtime) ScanStore(task, after string, limit int) ([]state.Total, erro
 		if t.name != task {
 			continue
 		}
-		s := t.store.Load()
+		s := t.totals.store.Load()
 		if st := t.State(); st != taskRunning || s == nil {
 			return nil, fmt.Errorf("%w: task %s is %s", ErrNotReady, task, st)
 		}

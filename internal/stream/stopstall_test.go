@@ -84,7 +84,7 @@ func TestStoppingTaskStalledInItsDrainFoldsNothingMore(t *testing.T) {
 	if err := next.flush(ctx); err != nil {
 		t.Fatal(err)
 	}
-	checkStore(t, next.store.Load(), want)
+	checkStore(t, next.totals.store.Load(), want)
 	got := changelogTotals(t, ctx, l.seed, l.cfg.ChangelogTopic())
 	var diffs []string
 	for p, v := range want {

@@ -54,9 +54,10 @@ type task struct {
 	log       *zap.Logger
 	life      lifecycle
 	mail      mailboxes
-	// store is set once opened; it is read by queries while running.
-	store    atomic.Pointer[state.Store]
-	fold     foldState
+	// totals is the task's aggregation: the products' totals, their store
+	// and the folding of events into them (aggregation.go).
+	totals   aggregation
+	in       inputState
 	out      outputs
 	stall    stallState
 	retry    retryState
@@ -104,21 +105,9 @@ type mailboxes struct {
 	cycle chan cycleReq
 }
 
-// foldState is the folding of events into totals.
-type foldState struct {
-	// dirty are the entries changed in the current cycle, not yet
-	// produced; they are the task's own (see process) and come from arena.
-	dirty map[string]*state.Entry
-	arena entryArena
-	// cache holds entries the store holds, in front of it.
-	cache *entryCache
-	// filter knows the products the store cannot hold (see storeFilter);
-	// building is the listing of the store's products it adopts when the
-	// store started with data (nil: none under way).
-	filter   storeFilter
-	building *filterBuild
-	// cp is the checkpoint the store holds.
-	cp state.Checkpoint
+// inputState is where the task is in its input and repartition
+// partitions, and what it folded of the batch in hand.
+type inputState struct {
 	// inputNext and repartNext are the next input and repartition offsets
 	// to process (-1 before the first record).
 	inputNext, repartNext int64
@@ -331,9 +320,8 @@ func newTask(deps taskDeps, partition int32) *task {
 		name:      state.TaskName(partition),
 		life:      newLifecycle(),
 		mail:      mailboxes{inbox: make(chan batch, inboxDepth), cycle: make(chan cycleReq)},
-		fold: foldState{
-			dirty:     make(map[string]*state.Entry),
-			cache:     newEntryCache(deps.env.cacheBytesPerTask(deps.topo.partitions)),
+		totals:    newAggregation(deps.env.cfg.ChangelogTopic(), deps.env.cacheBytesPerTask(deps.topo.partitions)),
+		in: inputState{
 			inputNext: -1, repartNext: -1,
 			reported: [2]int64{-1, -1}, first: [2]int64{-1, -1},
 			badLog:      rateLimiter{every: 10 * time.Second, burst: 5},
@@ -413,7 +401,7 @@ func (t *task) restoreUntilStopped(ctx context.Context) bool {
 	rctx, cancelRestore := cancelOn(ctx, t.life.quit, nil)
 	defer cancelRestore()
 	if err := t.restoreRetrying(rctx); err != nil {
-		if s := t.store.Swap(nil); s != nil {
+		if s := t.totals.store.Swap(nil); s != nil {
 			_ = s.Close()
 		}
 		t.log.Info(fmt.Sprintf("task [%s] Restore canceled: the task was stopped", t.name))
@@ -426,7 +414,7 @@ func (t *task) restoreUntilStopped(ctx context.Context) bool {
 // every product it will hold is one the task writes, and the filter knows
 // them all.
 func (t *task) storeEmpty() bool {
-	st := t.store.Load()
+	st := t.totals.store.Load()
 	if st == nil {
 		return false
 	}
@@ -468,7 +456,7 @@ func (t *task) loop(ctx context.Context) error {
 			if t.stall.batch == nil {
 				err = t.flush(ctx)
 			}
-		case <-t.fold.building.doneC():
+		case <-t.totals.building.doneC():
 			t.adoptFilter()
 		case <-t.life.quit:
 			return t.close(ctx, t.life.flushOnStop.Load(), nil)
@@ -547,8 +535,8 @@ func (t *task) close(ctx context.Context, flush bool, cause error) error {
 	// them, so no callback outlives the task, and for the listing of the
 	// store's products, which pins the store.
 	t.out.pending.Wait()
-	t.fold.building.stop()
-	if s := t.store.Load(); s != nil {
+	t.totals.building.stop()
+	if s := t.totals.store.Load(); s != nil {
 		errs = append(errs, s.Close())
 	}
 	return errors.Join(errs...)
@@ -580,12 +568,12 @@ func (t *task) processBatch(ctx context.Context, b batch) error {
 	}
 	// The status's counters move once a batch, not once an event.
 	t.deps.env.metrics.records.Add(int64(len(b.recs)))
-	t.stats.processed.Add(t.fold.processed)
-	t.fold.processed = 0
+	t.stats.processed.Add(t.in.processed)
+	t.in.processed = 0
 	if b.topic == t.deps.env.cfg.InputTopic {
-		t.stats.inputPos.Store(t.fold.inputNext)
+		t.stats.inputPos.Store(t.in.inputNext)
 	}
-	if len(t.fold.dirty)+len(t.out.outbox) >= t.dirtyBound() {
+	if len(t.totals.dirty)+len(t.out.outbox) >= t.dirtyBound() {
 		if t.deps.env.eos {
 			// The poll loop runs the transaction cycle at its next turn.
 			t.deps.commitNow()
@@ -603,23 +591,23 @@ func (t *task) process(ctx context.Context, topic string, r *kgo.Record) error {
 		// committed offset reaches the partition's end (a consumer group
 		// shows lag 0, not 1, after a transaction); nothing is folded.
 		if topic == t.deps.env.cfg.InputTopic {
-			t.fold.inputNext = r.Offset + 1
+			t.in.inputNext = r.Offset + 1
 		} else {
-			t.fold.repartNext = r.Offset + 1
+			t.in.repartNext = r.Offset + 1
 		}
 		return nil
 	}
 	srcPart, srcOff, srcTopic := r.Partition, r.Offset, t.deps.topo.inputID
 	if topic == t.deps.env.cfg.InputTopic {
-		if t.fold.first[0] < 0 {
-			t.fold.first[0] = r.Offset
+		if t.in.first[0] < 0 {
+			t.in.first[0] = r.Offset
 		}
-		t.fold.inputNext = r.Offset + 1
+		t.in.inputNext = r.Offset + 1
 	} else {
-		if t.fold.first[1] < 0 {
-			t.fold.first[1] = r.Offset
+		if t.in.first[1] < 0 {
+			t.in.first[1] = r.Offset
 		}
-		t.fold.repartNext = r.Offset + 1
+		t.in.repartNext = r.Offset + 1
 		var ok bool
 		if srcPart, srcOff, srcTopic, ok = t.sourceOf(r); !ok {
 			t.badEvent(ctx, topic, r, errors.New("forwarded record without source headers"), reasonBadForward)
@@ -637,48 +625,27 @@ func (t *task) process(ctx context.Context, topic string, r *kgo.Record) error {
 			return nil
 		}
 	}
-	// An entry in the dirty map is the task's own: it is changed in place.
-	// The first event of a product in a cycle copies the committed entry
-	// into one.
-	e, owned := t.fold.dirty[string(key)]
-	if !owned {
-		committed, ok := t.fold.cache.get(string(key))
-		if !ok && t.fold.filter.mayHold(key) {
-			if committed, _, err = t.store.Load().Lookup(key); err != nil {
-				return err
-			}
-		}
-		if committed.Offsets.Reflects(srcTopic, srcPart, srcOff) {
-			t.stats.duplicates.Add(1)
-			return nil
-		}
-		// The cache and the store hand out offsets of their own.
-		e = t.fold.arena.alloc()
-		*e = committed
-	} else if e.Offsets.Reflects(srcTopic, srcPart, srcOff) {
+	// An event forwarded from an input topic since recreated counts, but
+	// recording its offset would drop the product's offsets of the current
+	// topic and let their redeliveries count twice.
+	var zero [16]byte
+	src := source{topic: srcTopic, partition: srcPart, offset: srcOff,
+		record: srcTopic == t.deps.topo.inputID || srcTopic == zero || t.deps.topo.inputID == zero}
+	dup, bad, err := t.totals.fold(key, value, src)
+	switch {
+	case err != nil:
+		return err
+	case bad != nil:
+		t.badEvent(ctx, topic, r, bad, sales.Reason(bad))
+		return nil
+	case dup:
 		t.stats.duplicates.Add(1)
 		return nil
-	}
-	total, err := sales.Add(e.Total, value)
-	if err != nil {
-		t.badEvent(ctx, topic, r, err, sales.Reason(err))
-		return nil
-	}
-	e.Total = total
-	var zero [16]byte
-	if srcTopic == t.deps.topo.inputID || srcTopic == zero || t.deps.topo.inputID == zero {
-		e.Offsets.Set(srcTopic, srcPart, srcOff)
-	}
-	// Else the event was forwarded from an input topic since recreated: it
-	// counts, but recording its offset would drop the product's offsets of
-	// the current topic and let their redeliveries count twice.
-	if !owned {
-		t.fold.dirty[string(key)] = e
 	}
 	if mismatch {
 		t.keyMismatch(topic, r)
 	}
-	t.fold.processed++
+	t.in.processed++
 	return nil
 }
 
@@ -766,28 +733,10 @@ func (t *task) promise(max *atomic.Int64) func(*kgo.Record, error) {
 }
 
 // produceDirty produces the changed totals to the changelog, each with the
-// input offsets it reflects, and the notifications of those at or above the
-// threshold. It returns the store updates and the highest changelog offset
-// acknowledged so far (final once t.out.pending is done).
-//
-// The cycle's records, headers and bytes come from three allocations, not
-// six per product: they live until the last record's callback, and the
-// updates keep only the product strings (the map's keys).
+// input offsets it reflects, the notifications of those at or above the
+// threshold, and the outbox. It returns the store updates and the highest
+// changelog offset acknowledged so far (final once t.out.pending is done).
 func (t *task) produceDirty(ctx context.Context) ([]state.Update, *atomic.Int64) {
-	cl := t.deps.env.cfg.ChangelogTopic()
-	threshold := t.deps.env.cfg.NotificationThreshold
-	n, notes, size := len(t.fold.dirty), 0, 0
-	for key, e := range t.fold.dirty {
-		size += len(key) + 8 + e.Offsets.EncodedLen()
-		if sales.Notify(e.Total, threshold) {
-			notes++
-			size += len(key) + 40 // {"sku":key,"value":total}
-		}
-	}
-	recs := make([]kgo.Record, n+notes)
-	headers := make([]kgo.RecordHeader, n)
-	buf := make([]byte, 0, size)
-	updates := make([]state.Update, 0, n)
 	maxOffset := new(atomic.Int64)
 	maxOffset.Store(-1)
 	onChangelog := t.promise(maxOffset)
@@ -797,42 +746,22 @@ func (t *task) produceDirty(ctx context.Context) ([]state.Update, *atomic.Int64)
 	if t.deps.gate != nil {
 		gate = t.deps.gate(time.Now())
 	}
-	i, j := 0, 0
-	for key, e := range t.fold.dirty {
-		// Each field is appended to buf and taken capacity-limited, so
-		// nothing appended later can reach it.
-		at := len(buf)
-		buf = append(buf, key...)
-		k := buf[at:len(buf):len(buf)]
-		at = len(buf)
-		buf = sales.AppendTotal(buf, e.Total)
-		total := buf[at:len(buf):len(buf)]
-		at = len(buf)
-		buf = e.Offsets.AppendEncode(buf)
-		headers[i] = kgo.RecordHeader{Key: sales.OffsetsHeader, Value: buf[at:len(buf):len(buf)]}
-		rec := &recs[i]
-		*rec = kgo.Record{Topic: cl, Partition: t.partition, Key: k, Value: total, Headers: headers[i : i+1 : i+1]}
-		t.produce(ctx, gate, rec, onChangelog)
-		if sales.Notify(e.Total, threshold) {
-			at = len(buf)
-			buf = sales.AppendNotification(buf, key, e.Total)
-			note := &recs[n+j]
-			j++
-			*note = kgo.Record{
-				Topic:     t.deps.env.cfg.NotificationTopic,
-				Partition: sales.Partition(k, t.deps.topo.notificationPartitions),
-				Key:       k,
-				Value:     buf[at:len(buf):len(buf)],
-			}
-			t.produce(ctx, gate, note, t.out.plain)
-		}
-		updates = append(updates, state.Update{Product: key, Entry: *e})
-		i++
+	spec := recordSpec{
+		partition:     t.partition,
+		threshold:     t.deps.env.cfg.NotificationThreshold,
+		notifications: t.deps.env.cfg.NotificationTopic, notificationPartitions: t.deps.topo.notificationPartitions,
 	}
+	updates, n := t.totals.records(spec, func(rec *kgo.Record, changelog bool) {
+		if changelog {
+			t.produce(ctx, gate, rec, onChangelog)
+		} else {
+			t.produce(ctx, gate, rec, t.out.plain)
+		}
+	})
 	for _, rec := range t.out.outbox {
 		t.produce(ctx, gate, rec, t.out.plain)
 	}
-	t.out.cycleRecords = len(recs) + len(t.out.outbox)
+	t.out.cycleRecords = n + len(t.out.outbox)
 	t.dropDirty()
 	return updates, maxOffset
 }
@@ -840,8 +769,7 @@ func (t *task) produceDirty(ctx context.Context) ([]state.Update, *atomic.Int64)
 // dropDirty empties the dirty map (reusing its entries' memory) and the
 // outbox.
 func (t *task) dropDirty() {
-	clear(t.fold.dirty)
-	t.fold.arena.reset()
+	t.totals.reset()
 	clear(t.out.outbox)
 	t.out.outbox = t.out.outbox[:0]
 }
@@ -851,11 +779,11 @@ func (t *task) dropDirty() {
 // store can take the write (see state.Dir.CheckWritable): Pebble treats a
 // failed log write as fatal to the process.
 func (t *task) apply(updates []state.Update, maxOffset, inputNext int64) error {
-	defer t.fold.cache.publish()
-	if len(updates) == 0 && (inputNext < 0 || inputNext == t.fold.cp.InputOffset) {
+	defer t.totals.cache.publish()
+	if len(updates) == 0 && (inputNext < 0 || inputNext == t.totals.cp.InputOffset) {
 		// Nothing to write (duplicates only, or an idle cycle): let go of
 		// the lookups' view of the store.
-		if st := t.store.Load(); st != nil {
+		if st := t.totals.store.Load(); st != nil {
 			return st.ReleaseLookup()
 		}
 		return nil
@@ -870,110 +798,18 @@ func (t *task) apply(updates []state.Update, maxOffset, inputNext int64) error {
 	} else if err != nil {
 		return err
 	}
-	cp := t.fold.cp
+	cp := t.totals.cp
 	if maxOffset >= 0 {
 		cp.ChangelogOffset = max(cp.ChangelogOffset, maxOffset+1)
 	}
 	if inputNext >= 0 {
 		cp.InputOffset = inputNext
 	}
-	// The filter learns the products before the write: it may know more
-	// than the store holds (a failed write), never less.
-	for _, u := range updates {
-		t.fold.filter.add(u.Product)
-	}
-	if err := t.store.Load().Apply(updates, cp); err != nil {
+	if err := t.totals.write(updates, cp); err != nil {
 		return err
 	}
-	for _, u := range updates {
-		t.fold.cache.put(u.Product, u.Entry)
-	}
-	t.fold.cp = cp
 	t.stats.checkpoint.Store(cp.ChangelogOffset)
 	t.deps.env.metrics.taskCommits.Add(1)
-	return nil
-}
-
-// flush runs the at-least-once commit cycle described in the package
-// documentation.
-func (t *task) flush(ctx context.Context) error {
-	if len(t.fold.dirty) > 0 || len(t.out.outbox) > 0 {
-		// A member that lost the task (paused past its session timeout, a
-		// zombie) must not write what its new owner writes: check with the
-		// group coordinator first, at most once a second while it does not
-		// confirm. Until it does, nothing of the cycle is written: the
-		// changes are kept for the next try (if the task was lost,
-		// franz-go's loss stops it and drops them meanwhile; if the
-		// generation only moved on, as in a cooperative rebalance that
-		// keeps the task here, they are flushed then, and nothing is lost),
-		// and past maxDirty the task pauses its partitions so that they stay
-		// bounded. The refusal shows in the task's status.
-		if !t.retry.memberUnknownAt.IsZero() && time.Since(t.retry.memberUnknownAt) < time.Second {
-			return nil
-		}
-		if err := t.deps.member(ctx); err != nil {
-			t.retry.memberUnknownAt = time.Now()
-			t.retry.memberRefused = true
-			t.trouble.fail(err)
-			msg := fmt.Sprintf("task [%s] Not flushing: the group coordinator did not confirm this member owns the task; nothing of the cycle is written, retrying", t.name)
-			if errors.Is(err, errNotMember) {
-				msg = fmt.Sprintf("task [%s] Not flushing: the group coordinator says this member is not in its generation; nothing of the cycle is written, retrying", t.name)
-			}
-			if ok, suppressed := t.retry.memberLog.allow(time.Now()); ok {
-				t.log.Warn(msg, zap.Int("products", len(t.fold.dirty)), zap.Int("records", len(t.out.outbox)), zap.Int64("suppressed", suppressed), zap.Error(err))
-			}
-			if !t.retry.memberPaused && len(t.fold.dirty)+len(t.out.outbox) >= t.dirtyBound() {
-				t.retry.memberPaused = true
-				t.deps.client.PauseFetchPartitions(t.deps.env.topicsOf([]int32{t.partition}))
-			}
-			return nil
-		}
-		t.retry.memberUnknownAt = time.Time{}
-		if t.retry.memberRefused {
-			t.retry.memberRefused = false
-			t.trouble.clear()
-		}
-	}
-	if t.retry.memberPaused {
-		t.retry.memberPaused = false
-		if t.retry.resumeAt.IsZero() {
-			t.deps.client.ResumeFetchPartitions(t.deps.env.topicsOf([]int32{t.partition}))
-		}
-	}
-	began := time.Now()
-	t.deps.env.crashPoint("flush-start")
-	updates, maxOffset := t.produceDirty(ctx)
-	t.deps.env.crashPoint("changelog-produced")
-	if k := t.deps.env.knobs.FlushProduced; k != nil {
-		k(t.partition, t.out.cycleRecords)
-	}
-	t.out.pending.Wait()
-	if err := ctx.Err(); err != nil {
-		// Past the shutdown grace period: what was produced may be partial;
-		// the store and offsets stay behind, and the next start restores the
-		// changelog tail and skips what it already reflects.
-		return fmt.Errorf("flushing task %s: %w", t.name, err)
-	}
-	if errp := t.out.produceErr.Swap(nil); errp != nil {
-		// Nothing of this cycle is written to the store or committed: fold
-		// it again from the last committed offsets, after a backoff.
-		t.log.Warn(fmt.Sprintf("task [%s] A record of the commit cycle failed to produce; nothing of the cycle is committed", t.name), zap.Error(*errp))
-		t.rewind(*errp, "folding its input again from the last committed offsets")
-		return nil
-	}
-	t.deps.env.crashPoint("changelog-flushed")
-	b := stalledBatch{updates: updates, maxOffset: maxOffset.Load(), inputNext: t.fold.inputNext, repartNext: t.fold.repartNext, report: true}
-	if err := t.apply(updates, b.maxOffset, b.inputNext); err != nil {
-		// The input offsets are not reported: nothing is committed past
-		// what the store holds.
-		return t.stallOn(b, err)
-	}
-	t.deps.env.crashPoint("store-written")
-	t.reportOffsets(b)
-	t.produced()
-	if len(updates) > 0 {
-		t.deps.env.metrics.commitSeconds.Observe(time.Since(began).Seconds())
-	}
 	return nil
 }
 
@@ -1015,43 +851,17 @@ func (t *task) produced() {
 	}
 }
 
-// rewind (at-least-once) makes the task fold its input again from the
-// offsets it last reported for commit (or the first it read), after a cycle
-// whose records failed to produce: the cycle's changes are dropped
-// (the store never had them), the batches dispatched before the poll loop
-// moves the partitions' position back (applyRewinds) are dropped wherever
-// they are folded (see current), and the task pauses for a backoff.
-func (t *task) rewind(err error, next string) {
-	t.dropDirty()
-	t.fold.inputNext, t.fold.repartNext = t.fold.cp.InputOffset, -1
-	t.retry.wantEpoch = t.retry.rewindEpoch.Load() + 1
-	t.cycleFailed(err, next)
-	t.deps.rewind(t)
-}
-
-// rewindTo returns the offsets to fold again from, per topic (input,
-// repartition; -1: none read).
-func (t *task) rewindTo() [2]int64 {
-	out := t.fold.first
-	for i, r := range t.fold.reported {
-		if r >= 0 {
-			out[i] = r
-		}
-	}
-	return out
-}
-
 func (t *task) reportOffsets(b stalledBatch) {
 	if !b.report {
 		return
 	}
 	if b.inputNext >= 0 {
 		t.deps.committer.report(t.deps.env.cfg.InputTopic, t.partition, b.inputNext)
-		t.fold.reported[0] = b.inputNext
+		t.in.reported[0] = b.inputNext
 	}
 	if b.repartNext >= 0 {
 		t.deps.committer.report(t.deps.env.cfg.RepartitionTopic(), t.partition, b.repartNext)
-		t.fold.reported[1] = b.repartNext
+		t.in.reported[1] = b.repartNext
 	}
 }
 
@@ -1130,7 +940,7 @@ func (t *task) badEvent(ctx context.Context, topic string, r *kgo.Record, err er
 		rec.Topic, rec.Partition = dlq, r.Partition%t.deps.topo.dlqPartitions
 		t.out.outbox = append(t.out.outbox, rec)
 	}
-	if ok, suppressed := t.fold.badLog.allow(time.Now()); ok {
+	if ok, suppressed := t.in.badLog.allow(time.Now()); ok {
 		t.log.Warn("Skipping bad event",
 			zap.String("topic", topic),
 			zap.Int64("offset", r.Offset),

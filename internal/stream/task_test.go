@@ -54,8 +54,8 @@ func TestTaskDrivenAlone(t *testing.T) {
 	if got := changelogTotals(t, ctx, l.seed, l.cfg.ChangelogTopic()); len(got) != 0 {
 		t.Fatalf("an unconfirmed member wrote the changelog: %v", got)
 	}
-	if len(l.task.fold.dirty) != len(want) {
-		t.Fatalf("the refused cycle kept %d products, want %d", len(l.task.fold.dirty), len(want))
+	if len(l.task.totals.dirty) != len(want) {
+		t.Fatalf("the refused cycle kept %d products, want %d", len(l.task.totals.dirty), len(want))
 	}
 
 	l.refuse.Store(false)
@@ -150,7 +150,7 @@ func newLone(t *testing.T, ctx context.Context) *lone {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = l.store.Close() })
-	l.task.store.Store(l.store)
+	l.task.totals.store.Store(l.store)
 	return l
 }
 

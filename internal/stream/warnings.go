@@ -24,7 +24,7 @@ import (
 // record key although its product field names another product.
 func (t *task) keyMismatch(topic string, r *kgo.Record) {
 	t.stats.keyMismatches.Add(1)
-	if ok, suppressed := t.fold.mismatchLog.allow(time.Now()); ok {
+	if ok, suppressed := t.in.mismatchLog.allow(time.Now()); ok {
 		t.log.Warn("Folded event under its record key, which differs from its product field (the key wins, as in Kafka Streams' groupByKey)",
 			zap.String("topic", topic),
 			zap.Int64("offset", r.Offset),
