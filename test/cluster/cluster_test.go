@@ -501,15 +501,7 @@ func runOverlay(t *testing.T, c *cluster, root, dir, kafka string, pvs map[strin
 		c.t = t
 		want = produce(1000)
 		harness.WaitFor(t, time.Minute, "the new events' totals", func() error { return api.CheckTotals(want) })
-		p := c.pod(t)
-		id := strings.TrimPrefix(p.Status.ContainerStatuses[0].ContainerID, "containerd://")
-		pid, err := c.taskPID(id)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {
-			t.Fatal(err)
-		}
+		pid := c.stopContainer(t, c.pod(t))
 		t.Logf("SIGSTOP to the container's process %d", pid)
 		harness.WaitFor(t, 3*time.Minute, "the kubelet to restart the container (liveness)", func() error {
 			q := c.pod(t)
@@ -715,7 +707,7 @@ func (c *cluster) sameClaim(t *testing.T, was pvc) {
 func (c *cluster) checkContainer(t *testing.T, p pod, pvPath string) {
 	t.Helper()
 	id := strings.TrimPrefix(p.Status.ContainerStatuses[0].ContainerID, "containerd://")
-	pid, err := c.taskPID(id)
+	pid, err := c.containerPID(p)
 	if err != nil {
 		t.Fatal(err)
 	}

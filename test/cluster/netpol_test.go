@@ -92,8 +92,7 @@ subjects:
 			if err := p.Exited(); err != nil {
 				return fmt.Errorf("%w: %w", harness.ErrGiveUp, err)
 			}
-			name, args := n.in("iptables", "-t", "filter", "-S", "FORWARD")
-			out, _, err := run(10*time.Second, nil, name, args...)
+			out, err := n.rules("filter", "FORWARD")
 			if err != nil {
 				return err
 			}

@@ -94,28 +94,27 @@ func (c *cluster) get(path string, v any) error {
 // when the test ends), logging to <dir>/logs/<name>.log.
 func (c *cluster) start(name string, args ...string) *harness.Proc {
 	c.t.Helper()
-	path := name
-	if !filepath.IsAbs(name) {
-		if _, err := os.Stat(filepath.Join(c.bin, name)); err == nil {
-			path = filepath.Join(c.bin, name)
-		}
-	}
-	p := harness.Start(c.t, harness.Spec{Name: filepath.Base(name), Path: path, Args: args, Job: true})
+	p := harness.Start(c.t, harness.Spec{Name: filepath.Base(name), Path: c.binPath(name), Args: args, Job: true})
 	c.procs[filepath.Base(name)] = p
 	return p
+}
+
+// binPath is the command name: the binaries' one when the cache holds it,
+// else name itself (an absolute path, or one looked up in $PATH).
+func (c *cluster) binPath(name string) string {
+	if !filepath.IsAbs(name) {
+		if _, err := os.Stat(filepath.Join(c.bin, name)); err == nil {
+			return filepath.Join(c.bin, name)
+		}
+	}
+	return name
 }
 
 // startIn runs a component as start does, in node n's network namespace;
 // its name (and log) is <name>-<node>.
 func (c *cluster) startIn(n *node, name string, args ...string) *harness.Proc {
 	c.t.Helper()
-	path := name
-	if !filepath.IsAbs(name) {
-		if _, err := os.Stat(filepath.Join(c.bin, name)); err == nil {
-			path = filepath.Join(c.bin, name)
-		}
-	}
-	nsenter, nargs := n.in(path, args...)
+	nsenter, nargs := n.in(c.binPath(name), args...)
 	key := filepath.Base(name) + "-" + n.name
 	p := harness.Start(c.t, harness.Spec{Name: key, Path: nsenter, Args: nargs, Job: true})
 	c.procs[key] = p
@@ -491,6 +490,29 @@ func kubeletErrors(p *harness.Proc) string {
 // ctr runs the node's containerd client on the namespace the CRI uses.
 func (n *node) ctr(args ...string) (string, string, error) {
 	return run(5*time.Minute, nil, "ctr", append([]string{"--address", n.ctrSock, "--namespace", "k8s.io"}, args...)...)
+}
+
+// containerPID is the host pid of the process of the pod's (first)
+// container.
+func (c *cluster) containerPID(p pod) (int, error) {
+	if len(p.Status.ContainerStatuses) == 0 {
+		return 0, fmt.Errorf("pod %s has no container status", p.Metadata.Name)
+	}
+	return c.taskPID(strings.TrimPrefix(p.Status.ContainerStatuses[0].ContainerID, "containerd://"))
+}
+
+// stopContainer stops the process of the pod's container with SIGSTOP (it
+// answers no probe from then on) and returns its pid.
+func (c *cluster) stopContainer(t *testing.T, p pod) int {
+	t.Helper()
+	pid, err := c.containerPID(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	return pid
 }
 
 // taskPID is the host pid of a container's process (its id is the CRI's),

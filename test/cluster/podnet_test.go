@@ -78,6 +78,13 @@ func (n *node) in(name string, args ...string) (string, []string) {
 	return "nsenter", append([]string{"--net=/run/netns/" + n.netns, "--", name}, args...)
 }
 
+// rules lists the rules of chain in table of the node's iptables.
+func (n *node) rules(table, chain string) (string, error) {
+	name, args := n.in("iptables", "-t", table, "-S", chain)
+	out, _, err := run(10*time.Second, nil, name, args...)
+	return out, err
+}
+
 // ip runs ip(8) with args.
 func ip(args ...string) error {
 	_, _, err := run(30*time.Second, nil, "ip", args...)
@@ -253,8 +260,7 @@ conntrack:
 			if err := p.Exited(); err != nil {
 				return fmt.Errorf("%w: %w", harness.ErrGiveUp, err)
 			}
-			name, args := n.in("iptables", "-t", "nat", "-S", "KUBE-SERVICES")
-			out, _, err := run(10*time.Second, nil, name, args...)
+			out, err := n.rules("nat", "KUBE-SERVICES")
 			if err != nil {
 				return err
 			}

@@ -9,7 +9,6 @@ import (
 	"slices"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
@@ -302,14 +301,7 @@ func (pr *prodRun) livenessKill(t *testing.T) {
 		t.Fatalf("%s has no container status", name)
 	}
 	restarts := before.Status.ContainerStatuses[0].RestartCount
-	id := strings.TrimPrefix(before.Status.ContainerStatuses[0].ContainerID, "containerd://")
-	pid, err := c.taskPID(id)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {
-		t.Fatal(err)
-	}
+	pid := c.stopContainer(t, before)
 	start := time.Now()
 	t.Logf("SIGSTOP to %s's process %d on node %s", name, pid, before.Spec.NodeName)
 	var p pod
