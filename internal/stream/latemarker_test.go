@@ -68,7 +68,7 @@ func TestRestoreWaitsForTheChangelogsOpenTransactionsToEnd(t *testing.T) {
 				if tk.State == "running" {
 					return th.ErrGiveUp
 				}
-				if strings.Contains(tk.Waiting, "transactions open on changelog") && strings.Contains(tk.Waiting, "late-marker (PrepareCommit)") {
+				if strings.Contains(tk.Waiting, "transactions open on changelog") && strings.Contains(tk.Waiting, "late-marker (PrepareCommit, open ") {
 					return nil
 				}
 				return fmt.Errorf("%s is %s, waiting for %q", task, tk.State, tk.Waiting)
@@ -197,7 +197,7 @@ func TestRestoreWaitsForAnOlderOwnersOpenTransaction(t *testing.T) {
 				if tk.State == "running" {
 					return th.ErrGiveUp
 				}
-				if strings.Contains(tk.Waiting, "transactions open on changelog") && strings.Contains(tk.Waiting, "older-owner (Ongoing)") {
+				if strings.Contains(tk.Waiting, "transactions open on changelog") && strings.Contains(tk.Waiting, "older-owner (Ongoing, open ") {
 					return nil
 				}
 				return fmt.Errorf("%s is %s, waiting for %q", task, tk.State, tk.Waiting)

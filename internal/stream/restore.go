@@ -4,9 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"sort"
 	"strings"
 	"time"
+	"unicode/utf16"
 
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kerr"
@@ -303,6 +305,8 @@ func (t *task) waitStableOffsets(ctx context.Context) error {
 	defer t.clearWait()
 	e := t.deps.env
 	began := time.Now()
+	overdue := e.cfg.TransactionTimeout() + 2*txnAbortCheck
+	described := false
 	wait := 50 * time.Millisecond
 	for attempt := 1; ; attempt++ {
 		actx, cancel := context.WithTimeout(ctx, 5*time.Second)
@@ -321,6 +325,19 @@ func (t *task) waitStableOffsets(ctx context.Context) error {
 			// default). Only a longer wait counts as trouble.
 			t.trouble.wait(fmt.Sprintf("stable committed offsets of task %s (a transaction of its previous owner is pending: %v)", t.name, err),
 				e.cfg.TransactionTimeout()+txnAbortCheck)
+		}
+		if !described && time.Since(began) > overdue {
+			// Past the time the broker takes to abort a transaction
+			// nobody ends: name the transactions that hold the offsets,
+			// with their coordinator's state, for the operator (one
+			// stuck preparing is the broker's to finish; Kafka's
+			// kafka-transactions.sh find-hanging and abort are the
+			// remedies when it does not).
+			described = true
+			holders := t.pendingOffsetTransactions(ctx)
+			t.trouble.wait(fmt.Sprintf("stable committed offsets of task %s, past the transaction timeout: the transactions open on %s", t.name, holders), 0)
+			t.log.Warn("Committed offsets still not stable past the transaction timeout; the transactions holding them", zap.String("transactions", holders),
+				zap.Duration("waited", time.Since(began).Round(time.Second)), zap.Error(err))
 		}
 		if attempt%10 == 0 {
 			t.log.Warn("Committed offsets not stable yet (a transaction is pending); retrying", zap.Int("attempt", attempt),
@@ -536,24 +553,32 @@ func (t *task) changelogLogEnd(ctx context.Context, tp string) (changelog.Leader
 // the coordinator's state (Ongoing; PrepareCommit or PrepareAbort while its
 // markers are on their way), or what could not be read.
 func (t *task) openTransactions(ctx context.Context, hw int64) string {
-	e := t.deps.env
+	return describeOpenTransactions(ctx, t.deps.env.admin, t.totals.changelog, t.partition, hw)
+}
+
+// describeOpenTransactions describes the transactions that hold records
+// below offset below (any offset when below < 0) on one partition: each as
+// "<transactional id> (<state>, open <age>, timeout <timeout>)" as its
+// coordinator lists and describes it, "<transactional id> (<state>)" when only the
+// listing answered, "producer <id>" when neither did; or what could not be
+// read.
+func describeOpenTransactions(ctx context.Context, admin *kadm.Client, topic string, partition int32, below int64) string {
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	topic := t.totals.changelog
-	described, err := e.admin.DescribeProducers(ctx, kadm.TopicsSet{topic: {t.partition: {}}})
+	described, err := admin.DescribeProducers(ctx, kadm.TopicsSet{topic: {partition: {}}})
 	if err != nil {
 		return fmt.Sprintf("their producers could not be described: %v", err)
 	}
-	dp, ok := described[topic].Partitions[t.partition]
+	dp, ok := described[topic].Partitions[partition]
 	switch {
 	case !ok:
-		return fmt.Sprintf("partition %d not described", t.partition)
+		return fmt.Sprintf("partition %d not described", partition)
 	case dp.Err != nil:
 		return fmt.Sprintf("their producers could not be described: %v", dp.Err)
 	}
 	var ids []int64
 	for _, pr := range dp.ActiveProducers {
-		if pr.CurrentTxnStartOffset >= 0 && pr.CurrentTxnStartOffset < hw {
+		if pr.CurrentTxnStartOffset >= 0 && (below < 0 || pr.CurrentTxnStartOffset < below) {
 			ids = append(ids, pr.ProducerID)
 		}
 	}
@@ -561,17 +586,36 @@ func (t *task) openTransactions(ctx context.Context, hw int64) string {
 		return "none open any more"
 	}
 	byID := map[int64]kadm.ListedTransaction{}
-	listed, err := e.admin.ListTransactions(ctx, ids, nil)
+	listed, err := admin.ListTransactions(ctx, ids, nil)
+	var txnIDs []string
 	for _, l := range listed {
 		byID[l.ProducerID] = l
+		txnIDs = append(txnIDs, l.TxnID)
+	}
+	full := map[string]kadm.DescribedTransaction{}
+	if len(txnIDs) > 0 {
+		if ds, derr := admin.DescribeTransactions(ctx, txnIDs...); derr == nil {
+			for id, d := range ds {
+				if d.Err == nil && d.ProducerID >= 0 {
+					full[id] = d
+				}
+			}
+		}
 	}
 	var out []string
 	for _, id := range ids {
-		if l, ok := byID[id]; ok {
-			out = append(out, fmt.Sprintf("%s (%s)", l.TxnID, l.State))
-		} else {
+		l, ok := byID[id]
+		if !ok {
 			out = append(out, fmt.Sprintf("producer %d", id))
+			continue
 		}
+		d, ok := full[l.TxnID]
+		if !ok || d.StartTimestamp <= 0 {
+			out = append(out, fmt.Sprintf("%s (%s)", l.TxnID, l.State))
+			continue
+		}
+		age := time.Since(time.UnixMilli(d.StartTimestamp)).Round(time.Second)
+		out = append(out, fmt.Sprintf("%s (%s, open %s, timeout %s)", l.TxnID, l.State, age, time.Duration(d.TimeoutMillis)*time.Millisecond))
 	}
 	sort.Strings(out)
 	desc := strings.Join(out, ", ")
@@ -579,6 +623,44 @@ func (t *task) openTransactions(ctx context.Context, hw int64) string {
 		desc += fmt.Sprintf(" (their states could not be read: %v)", err)
 	}
 	return desc
+}
+
+// offsetsTopic is Kafka's topic of committed offsets.
+const offsetsTopic = "__consumer_offsets"
+
+// offsetsPartition is the partition of the offsets topic, of n partitions,
+// that holds group's commits: Kafka's abs(String.hashCode) modulo n
+// (GroupCoordinator's partitionFor), the hash over the UTF-16 code units.
+func offsetsPartition(group string, n int32) int32 {
+	var h int32
+	for _, u := range utf16.Encode([]rune(group)) {
+		h = 31*h + int32(u)
+	}
+	if h == math.MinInt32 {
+		h = 0
+	} else if h < 0 {
+		h = -h
+	}
+	return h % n
+}
+
+// pendingOffsetTransactions describes the transactions open on the
+// partition of the offsets topic that holds the group's commits: those whose
+// transactional offset commits keep the committed offsets unstable.
+func (t *task) pendingOffsetTransactions(ctx context.Context) string {
+	e := t.deps.env
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	topics, err := e.admin.ListTopicsWithInternal(ctx, offsetsTopic)
+	if err != nil {
+		return fmt.Sprintf("the offsets topic could not be described: %v", err)
+	}
+	td, ok := topics[offsetsTopic]
+	if !ok || td.Err != nil || len(td.Partitions) == 0 {
+		return fmt.Sprintf("the offsets topic could not be described: %v", td.Err)
+	}
+	p := offsetsPartition(e.cfg.ApplicationID, int32(len(td.Partitions)))
+	return fmt.Sprintf("%s-%d: %s", offsetsTopic, p, describeOpenTransactions(ctx, e.admin, offsetsTopic, p, -1))
 }
 
 // restoreRange validates the checkpoint against the changelog and returns

@@ -8,10 +8,8 @@ import (
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kadm"
-	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
-	"github.com/twmb/franz-go/pkg/kmsg"
 	"go.uber.org/zap/zaptest"
 
 	"github.com/salesagg/salesagg/internal/config"
@@ -50,7 +48,10 @@ func TestStableOffsetWaitSeesAFirstPendingCommit(t *testing.T) {
 	}
 	// The previous owner's transaction commits input partition 0's first
 	// offset and has not ended.
-	txn := beginTxnOffsetCommit(ctx, t, c, cl, cfg.ApplicationID, cfg.InputTopic, 0, 5)
+	txn, err := th.OpenTxnOffsetCommit(ctx, cl, cfg.ApplicationID+"-previous-owner", time.Minute, cfg.ApplicationID, cfg.InputTopic, c.TopicInfo(cfg.InputTopic).TopicID, 0, 5)
+	if err != nil {
+		t.Fatal(err)
+	}
 
 	e := &env{cfg: cfg, log: zaptest.NewLogger(t), admin: adm, metrics: newInstruments(cfg.ProcessingGuarantee)}
 	task := newTask(taskDeps{env: e, topo: topology{partitions: 3}, client: cl}, 0)
@@ -68,7 +69,9 @@ func TestStableOffsetWaitSeesAFirstPendingCommit(t *testing.T) {
 		return nil
 	})
 
-	txn.end(ctx, t, true)
+	if err := txn.End(ctx, true); err != nil {
+		t.Fatal(err)
+	}
 	select {
 	case err := <-res:
 		if err != nil {
@@ -86,79 +89,5 @@ func TestStableOffsetWaitSeesAFirstPendingCommit(t *testing.T) {
 	}
 	if o, ok := offs.Lookup(cfg.InputTopic, 0); !ok || o.At != 5 {
 		t.Fatalf("committed offset of input partition 0 after the transaction: %+v %v, want 5", o, ok)
-	}
-}
-
-// pendingTxn is a transaction that committed group offsets and has not
-// ended.
-type pendingTxn struct {
-	cl    *kgo.Client
-	id    string
-	pid   int64
-	epoch int16
-}
-
-// beginTxnOffsetCommit opens a transaction on cl that commits offset of
-// topic's partition for group (InitProducerID, AddOffsetsToTxn,
-// TxnOffsetCommit), and leaves it open.
-func beginTxnOffsetCommit(ctx context.Context, t *testing.T, c *kfake.Cluster, cl *kgo.Client, group, topic string, partition int32, offset int64) *pendingTxn {
-	t.Helper()
-	txn := &pendingTxn{cl: cl, id: group + "-previous-owner"}
-	init := kmsg.NewPtrInitProducerIDRequest()
-	init.TransactionalID = &txn.id
-	init.TransactionTimeoutMillis = 60_000
-	initResp, err := init.RequestWith(ctx, cl)
-	if err == nil {
-		err = kerr.ErrorForCode(initResp.ErrorCode)
-	}
-	if err != nil {
-		t.Fatalf("InitProducerID: %v", err)
-	}
-	txn.pid, txn.epoch = initResp.ProducerID, initResp.ProducerEpoch
-
-	add := kmsg.NewPtrAddOffsetsToTxnRequest()
-	add.TransactionalID, add.ProducerID, add.ProducerEpoch, add.Group = txn.id, txn.pid, txn.epoch, group
-	addResp, err := add.RequestWith(ctx, cl)
-	if err == nil {
-		err = kerr.ErrorForCode(addResp.ErrorCode)
-	}
-	if err != nil {
-		t.Fatalf("AddOffsetsToTxn: %v", err)
-	}
-
-	commit := kmsg.NewPtrTxnOffsetCommitRequest()
-	commit.TransactionalID, commit.Group, commit.ProducerID, commit.ProducerEpoch = txn.id, group, txn.pid, txn.epoch
-	commit.Generation = -1
-	rt := kmsg.NewTxnOffsetCommitRequestTopic()
-	rt.Topic, rt.TopicID = topic, c.TopicInfo(topic).TopicID
-	rp := kmsg.NewTxnOffsetCommitRequestTopicPartition()
-	rp.Partition, rp.Offset = partition, offset
-	rt.Partitions = append(rt.Partitions, rp)
-	commit.Topics = append(commit.Topics, rt)
-	commitResp, err := commit.RequestWith(ctx, cl)
-	if err != nil {
-		t.Fatalf("TxnOffsetCommit: %v", err)
-	}
-	for _, rt := range commitResp.Topics {
-		for _, rp := range rt.Partitions {
-			if err := kerr.ErrorForCode(rp.ErrorCode); err != nil {
-				t.Fatalf("TxnOffsetCommit of %s-%d: %v", topic, rp.Partition, err)
-			}
-		}
-	}
-	return txn
-}
-
-// end ends the transaction: commit or abort.
-func (txn *pendingTxn) end(ctx context.Context, t *testing.T, commit bool) {
-	t.Helper()
-	end := kmsg.NewPtrEndTxnRequest()
-	end.TransactionalID, end.ProducerID, end.ProducerEpoch, end.Commit = txn.id, txn.pid, txn.epoch, commit
-	resp, err := end.RequestWith(ctx, txn.cl)
-	if err == nil {
-		err = kerr.ErrorForCode(resp.ErrorCode)
-	}
-	if err != nil {
-		t.Fatalf("EndTxn: %v", err)
 	}
 }

@@ -3,6 +3,7 @@
 package e2e
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -15,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/salesagg/salesagg/internal/sales"
@@ -280,6 +282,63 @@ func TestBrokerRestartWhileEventsFlow(t *testing.T) {
 	if c, err := svc.Counters(); err == nil {
 		t.Logf("%s: %d events processed, %d redelivered events skipped", svc.Name, c.Processed, c.Duplicates)
 	}
+	svc.Terminate(t)
+}
+
+// TestStuckOffsetTransactionIsNamed: exactly-once on Apache Kafka: a previous owner's transaction holds a pending commit of the group's offsets past this service's transaction timeout (its own timeout is 3 min, so the broker does not abort it soon); the waiting task names it, with its coordinator's state, age and timeout, in /readyz and the log; once it is aborted the service restores and every total is exact.
+func TestStuckOffsetTransactionIsNamed(t *testing.T) {
+	rng, appID, input, notif := begin(t, "stuckoff", 7)
+	events := harness.GenEvents(rng, "so", 20, 600)
+	cl := newClient(t)
+	recs := make([]*kgo.Record, len(events))
+	for i, ev := range events {
+		recs[i] = ev.Record(input)
+	}
+	harness.Produce(t, cl, recs...)
+
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	topics, err := kadm.NewClient(cl).ListTopics(ctx, input)
+	if err != nil {
+		t.Fatal(err)
+	}
+	txn, err := harness.OpenTxnOffsetCommit(ctx, cl, appID+"-previous-owner", 3*time.Minute, appID, input, topics[input].ID, 0, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ended := false
+	t.Cleanup(func() {
+		if !ended {
+			_ = txn.End(context.Background(), false)
+		}
+	})
+
+	// Transaction timeout 1 s: the wait is past it (and the broker's check
+	// for timed-out transactions) after about 11 s.
+	svc := startService(t, harness.ServiceConfig{AppID: appID, StateDir: filepath.Join(t.TempDir(), "state"), Input: input, Notif: notif, CommitMs: 200,
+		Flags: []string{"--processing.guarantee", "exactly_once_v2", "--transaction.timeout.ms", "1000"}})
+	named := txn.ID + " (Ongoing, open "
+	harness.WaitFor(t, 90*time.Second, "/readyz to name the transaction holding the offsets", func() error {
+		_, err := svc.GetJSON("/readyz", nil)
+		switch {
+		case err == nil:
+			return fmt.Errorf("%w: ready while a transaction holds the offsets of partition 0", harness.ErrGiveUp)
+		case !strings.Contains(err.Error(), "past the transaction timeout") || !strings.Contains(err.Error(), named) || !strings.Contains(err.Error(), "timeout 3m0s"):
+			return err
+		}
+		t.Logf("/readyz: %v", err)
+		return nil
+	})
+	if len(svc.LogsWith("Committed offsets still not stable past the transaction timeout")) == 0 {
+		t.Error("no log line names the transactions holding the offsets")
+	}
+
+	if err := txn.End(ctx, false); err != nil {
+		t.Fatal(err)
+	}
+	ended = true
+	svc.WaitReady(t, 60*time.Second)
+	svc.WaitTotals(t, harness.TotalsOf(events), 60*time.Second)
 	svc.Terminate(t)
 }
 
