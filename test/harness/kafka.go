@@ -381,3 +381,27 @@ func Summarize(diffs []string) error {
 	}
 	return fmt.Errorf("%d differences: %s%s", n, strings.Join(diffs, "; "), more)
 }
+
+// TopicIDs returns the ids of topics, as the cluster at bootstrap lists them.
+func TopicIDs(bootstrap string, topics ...string) (map[string][16]byte, error) {
+	cl, err := kgo.NewClient(kgo.SeedBrokers(strings.Split(bootstrap, ",")...))
+	if err != nil {
+		return nil, err
+	}
+	defer cl.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	listed, err := kadm.NewClient(cl).ListTopics(ctx, topics...)
+	if err != nil {
+		return nil, err
+	}
+	ids := map[string][16]byte{}
+	for _, topic := range topics {
+		td, ok := listed[topic]
+		if !ok || td.Err != nil {
+			return nil, fmt.Errorf("listing topic %s: %v", topic, td.Err)
+		}
+		ids[topic] = td.ID
+	}
+	return ids, nil
+}

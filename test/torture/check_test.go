@@ -235,6 +235,18 @@ func (r *run) check(violations []string) {
 		lastDiff = append(lastDiff, err.Error())
 	}
 	r.addCheck("changelog: last committed value = truth", append(malformed, lastDiff...))
+	if len(lastDiff) > 0 {
+		// Where it went wrong, for the next engineer: the first record of
+		// each product whose value differs from the input it says it
+		// reflects.
+		var inputID [16]byte
+		if ids, err := harness.TopicIDs(boot, r.input); err == nil {
+			inputID = ids[r.input]
+		}
+		for _, l := range localizeMismatches(in.Records, cl.Records, inputID) {
+			t.Logf("changelog mismatch: %s", l)
+		}
+	}
 	// Both guarantees: under at-least-once, a dropped task's records in
 	// flight are cut off (internal/stream/cutoff.go) so that none lands
 	// after its next owner's.
