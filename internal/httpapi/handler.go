@@ -12,6 +12,8 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"sync"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"go.uber.org/zap"
@@ -76,6 +78,9 @@ type Lister interface {
 	// this instance's running tasks; unavailable names the tasks that are
 	// not running, whose products are missing.
 	Products(after string, limit int) (page []state.Total, unavailable []string, err error)
+	// TopProducts lists the limit largest totals (equal totals by product)
+	// of this instance's running tasks; unavailable as Products'.
+	TopProducts(ctx context.Context, limit int) (top []state.Total, unavailable []string, err error)
 	// Instances lists the group's members, their tasks and servers.
 	Instances() []status.Instance
 	// InstanceID names this instance to those it asks.
@@ -94,6 +99,8 @@ type handler struct {
 	status StatusReader
 	probe  Prober
 	fw     *forwarder
+	// topScans (buffered 1) lets one top query at a time read the stores.
+	topScans chan struct{}
 	// mux serves every route but one product's total (see ServeHTTP).
 	mux *http.ServeMux
 }
@@ -101,7 +108,7 @@ type handler struct {
 // routes wires the handler's routes over b, behind g's protection, with
 // request bodies bounded to 1 MiB.
 func routes(b Backend, g *guard, log *zap.Logger, o options) http.Handler {
-	h := &handler{query: b, list: b, status: b, probe: b, fw: newForwarder(g, log), mux: http.NewServeMux()}
+	h := &handler{query: b, list: b, status: b, probe: b, fw: newForwarder(g, log), topScans: make(chan struct{}, 1), mux: http.NewServeMux()}
 	h.mux.HandleFunc("GET /v1/products", h.products)
 	h.mux.HandleFunc("GET /v1/tasks", h.tasks)
 	h.mux.HandleFunc("GET /v1/instances", h.instances)
@@ -148,6 +155,9 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusMethodNotAllowed, map[string]string{"error": "method not allowed"})
 		return
 	}
+	if unknownParams(w, r) {
+		return
+	}
 	product, err := url.PathUnescape(rest)
 	if err != nil || product == "" {
 		writeJSON(w, http.StatusBadRequest, map[string]string{"error": "the product must be one path segment, escaped"})
@@ -182,7 +192,10 @@ func (s *statusRecorder) Write(b []byte) (int, error) { return len(b), nil }
 func (s *statusRecorder) WriteHeader(code int)        { s.code = code }
 
 // tasks answers GET /v1/tasks.
-func (h *handler) tasks(w http.ResponseWriter, _ *http.Request) {
+func (h *handler) tasks(w http.ResponseWriter, r *http.Request) {
+	if unknownParams(w, r) {
+		return
+	}
 	ts := h.status.Tasks()
 	if ts == nil {
 		ts = []status.Task{}
@@ -191,7 +204,10 @@ func (h *handler) tasks(w http.ResponseWriter, _ *http.Request) {
 }
 
 // instances answers GET /v1/instances.
-func (h *handler) instances(w http.ResponseWriter, _ *http.Request) {
+func (h *handler) instances(w http.ResponseWriter, r *http.Request) {
+	if unknownParams(w, r) {
+		return
+	}
 	writeJSON(w, http.StatusOK, map[string]any{"instances": h.status.Instances()})
 }
 
@@ -219,9 +235,14 @@ func (h *handler) readyz(w http.ResponseWriter, _ *http.Request) {
 // products answers GET /v1/products: this instance's page merged with the
 // same page of every other instance running tasks (unless the request was
 // forwarded to us), asked in parallel under one deadline (forwardTimeout).
+// With sort=total it answers the limit largest totals instead (see top).
 func (h *handler) products(w http.ResponseWriter, r *http.Request) {
+	if unknownParams(w, r, "limit", "after", "sort") {
+		return
+	}
+	q := r.URL.Query()
 	limit := DefaultPageSize
-	if v := r.URL.Query().Get("limit"); v != "" {
+	if v := q.Get("limit"); v != "" {
 		n, err := strconv.Atoi(v)
 		if err != nil || n < 1 || n > MaxPageSize {
 			writeJSON(w, http.StatusBadRequest, map[string]string{"error": fmt.Sprintf("limit must be an integer from 1 to %d", MaxPageSize)})
@@ -229,7 +250,20 @@ func (h *handler) products(w http.ResponseWriter, r *http.Request) {
 		}
 		limit = n
 	}
-	after := r.URL.Query().Get("after")
+	after := q.Get("after")
+	switch sortBy := q.Get("sort"); sortBy {
+	case "", "product":
+	case "total":
+		if q.Has("after") {
+			writeJSON(w, http.StatusBadRequest, map[string]string{"error": "after pages by product; with sort=total ask for up to limit=" + strconv.Itoa(MaxPageSize) + " instead"})
+			return
+		}
+		h.top(w, r, limit)
+		return
+	default:
+		writeJSON(w, http.StatusBadRequest, map[string]string{"error": fmt.Sprintf("sort must be product (the default) or total, not %q", sortBy)})
+		return
+	}
 	page, unavailable, err := h.list.Products(after, limit)
 	if err != nil {
 		writeError(w, err)
@@ -251,6 +285,122 @@ func (h *handler) products(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, resp)
 }
 
+// topGatherTimeout bounds GET /v1/products?sort=total's gathering from
+// every instance: each reads all of its stores.
+const topGatherTimeout = 20 * time.Second
+
+// top answers GET /v1/products?sort=total&limit=N: the N largest totals
+// (equal totals by product) of this instance's running tasks, merged, unless
+// the request was forwarded to us, with the N largest of every other
+// instance running tasks, asked in parallel under topGatherTimeout. Each
+// instance reads its stores whole, one top query at a time (topScans);
+// a query waiting for its turn past its deadline gets 503.
+func (h *handler) top(w http.ResponseWriter, r *http.Request, limit int) {
+	ctx, cancel := context.WithTimeout(r.Context(), topGatherTimeout)
+	defer cancel()
+	var peers chan pageResult
+	if !forwarded(r) {
+		peers = h.askPeers(ctx, func(ctx context.Context, is status.Instance) ([]state.Total, []string, error) {
+			return h.fw.top(ctx, h.list.InstanceID(), is, limit)
+		})
+	}
+	select {
+	case h.topScans <- struct{}{}:
+	case <-ctx.Done():
+		writeJSON(w, http.StatusServiceUnavailable, map[string]string{"error": "another top query is reading this instance's stores; try again"})
+		return
+	}
+	top, unavailable, err := h.list.TopProducts(ctx, limit)
+	<-h.topScans
+	if errors.Is(err, context.DeadlineExceeded) {
+		writeJSON(w, http.StatusServiceUnavailable, map[string]string{"error": fmt.Sprintf("reading this instance's stores took longer than %s", topGatherTimeout)})
+		return
+	}
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	if peers != nil {
+		for res := range peers {
+			if res.err != nil {
+				unavailable = append(unavailable, res.tasks...)
+				continue
+			}
+			top = append(top, res.page...)
+			unavailable = append(unavailable, res.unavailable...)
+		}
+		state.SortByTotal(top)
+		if len(top) > limit {
+			top = top[:limit]
+		}
+		sort.Strings(unavailable)
+		unavailable = slices.Compact(unavailable)
+	}
+	if top == nil {
+		top = []state.Total{}
+	}
+	resp := map[string]any{"products": top, "sort": "total"}
+	if len(unavailable) > 0 {
+		resp["unavailable_tasks"] = unavailable
+	}
+	writeJSON(w, http.StatusOK, resp)
+}
+
+// pageResult is one other instance's answer to a gathered query: its
+// tasks (all unavailable when err is set), its page and its unavailable
+// tasks.
+type pageResult struct {
+	tasks       []string
+	page        []state.Total
+	unavailable []string
+	err         error
+}
+
+// askPeers asks every other instance running tasks with ask, in parallel,
+// and returns their answers on a channel closed after the last.
+func (h *handler) askPeers(ctx context.Context, ask func(context.Context, status.Instance) ([]state.Total, []string, error)) chan pageResult {
+	var peers []status.Instance
+	for _, is := range h.list.Instances() {
+		if !is.Self && len(is.Tasks) > 0 {
+			peers = append(peers, is)
+		}
+	}
+	results := make(chan pageResult, len(peers))
+	var wg sync.WaitGroup
+	for _, is := range peers {
+		wg.Go(func() {
+			got, unav, err := ask(ctx, is)
+			results <- pageResult{tasks: is.Tasks, page: got, unavailable: unav, err: err}
+		})
+	}
+	go func() {
+		wg.Wait()
+		close(results)
+	}()
+	return results
+}
+
+// unknownParams answers 400 naming the query parameters of r that are not
+// among allowed, sorted, and reports whether it did.
+func unknownParams(w http.ResponseWriter, r *http.Request, allowed ...string) bool {
+	var unknown []string
+	for name := range r.URL.Query() {
+		if !slices.Contains(allowed, name) {
+			unknown = append(unknown, name)
+		}
+	}
+	if len(unknown) == 0 {
+		return false
+	}
+	sort.Strings(unknown)
+	takes := "takes no query parameters"
+	if len(allowed) > 0 {
+		takes = "takes only " + strings.Join(allowed, ", ")
+	}
+	writeJSON(w, http.StatusBadRequest, map[string]string{"error": fmt.Sprintf("unknown query parameter(s) %s: %s %s", strings.Join(unknown, ", "), r.URL.Path, takes)})
+	return true
+}
+
 // gather merges this instance's page (and unavailable tasks) with the same
 // page of every other instance running tasks: the first limit products, and
 // the tasks missing from the page, sorted. An instance that does not answer
@@ -258,27 +408,9 @@ func (h *handler) products(w http.ResponseWriter, r *http.Request) {
 func (h *handler) gather(ctx context.Context, page []state.Total, unavailable []string, after string, limit int) ([]state.Total, []string) {
 	ctx, cancel := context.WithTimeout(ctx, forwardTimeout)
 	defer cancel()
-	type result struct {
-		tasks       []string
-		page        []state.Total
-		unavailable []string
-		err         error
-	}
-	var peers []status.Instance
-	for _, is := range h.list.Instances() {
-		if !is.Self && len(is.Tasks) > 0 {
-			peers = append(peers, is)
-		}
-	}
-	results := make(chan result, len(peers))
-	for _, is := range peers {
-		go func() {
-			got, unav, err := h.fw.page(ctx, h.list.InstanceID(), is, after, limit)
-			results <- result{tasks: is.Tasks, page: got, unavailable: unav, err: err}
-		}()
-	}
-	for range peers {
-		res := <-results
+	for res := range h.askPeers(ctx, func(ctx context.Context, is status.Instance) ([]state.Total, []string, error) {
+		return h.fw.page(ctx, h.list.InstanceID(), is, after, limit)
+	}) {
 		if res.err != nil {
 			unavailable = append(unavailable, res.tasks...)
 			continue

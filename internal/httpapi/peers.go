@@ -1,6 +1,7 @@
 package httpapi
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -243,6 +244,42 @@ func (f *forwarder) page(ctx context.Context, self string, is status.Instance, a
 	}
 	if err == nil {
 		err = checkPage(got.Products, got.Unavailable, after, limit)
+	}
+	if err != nil {
+		f.failed(is.Name, is.Server, err)
+		return nil, nil, err
+	}
+	return got.Products, got.Unavailable, nil
+}
+
+// top reads the limit largest totals of another instance's running tasks
+// (GET /v1/products?sort=total). An answer that does not say it is sorted
+// by total (an instance of a version before sort=total) is refused: its
+// tasks are unavailable rather than wrongly merged.
+func (f *forwarder) top(ctx context.Context, self string, is status.Instance, limit int) ([]state.Total, []string, error) {
+	q := url.Values{"limit": {strconv.Itoa(limit)}, "sort": {"total"}}
+	req, err := f.request(ctx, self, is.Server, "/v1/products", "", q)
+	if err != nil {
+		f.failed(is.Name, is.Server, err)
+		return nil, nil, err
+	}
+	code, body, err := f.do(req, 8<<20)
+	if err == nil && code != http.StatusOK {
+		err = fmt.Errorf("GET /v1/products?sort=total answered %d", code)
+	}
+	var got struct {
+		Products    []state.Total `json:"products"`
+		Sort        string        `json:"sort"`
+		Unavailable []string      `json:"unavailable_tasks"`
+	}
+	if err == nil {
+		err = json.Unmarshal(body, &got)
+	}
+	if err == nil && got.Sort != "total" {
+		err = fmt.Errorf("GET /v1/products?sort=total answered a page sorted by %q", cmp.Or(got.Sort, "product"))
+	}
+	if err == nil {
+		err = checkPage(got.Products, got.Unavailable, "", limit)
 	}
 	if err != nil {
 		f.failed(is.Name, is.Server, err)

@@ -26,13 +26,16 @@ func (idle) Total(string) (int64, bool, error) {
 	return 0, false, Unavailable(errors.New("task not ready"))
 }
 func (idle) Products(string, int) ([]state.Total, []string, error) { return nil, nil, nil }
-func (idle) Tasks() []status.Task                                  { return nil }
-func (idle) Ready() (bool, string)                                 { return false, "no partitions assigned yet" }
-func (idle) Healthy() (bool, string)                               { return true, "ok" }
-func (idle) BadEvents() int64                                      { return 0 }
-func (idle) InstanceID() string                                    { return "idle-0" }
-func (idle) TaskOf(string) string                                  { return "" }
-func (idle) Instances() []status.Instance                          { return nil }
+func (idle) TopProducts(context.Context, int) ([]state.Total, []string, error) {
+	return nil, nil, nil
+}
+func (idle) Tasks() []status.Task         { return nil }
+func (idle) Ready() (bool, string)        { return false, "no partitions assigned yet" }
+func (idle) Healthy() (bool, string)      { return true, "ok" }
+func (idle) BadEvents() int64             { return 0 }
+func (idle) InstanceID() string           { return "idle-0" }
+func (idle) TaskOf(string) string         { return "" }
+func (idle) Instances() []status.Instance { return nil }
 func (idle) StandbyTotal(string) (int64, bool, int64, error) {
 	return 0, false, 0, Unavailable(errors.New("partition not hosted by this instance"))
 }

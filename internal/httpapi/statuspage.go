@@ -2,7 +2,6 @@ package httpapi
 
 import (
 	"bytes"
-	"container/heap"
 	"crypto/sha256"
 	"embed"
 	"encoding/base64"
@@ -585,8 +584,8 @@ const (
 )
 
 type taskTop struct {
-	cursor   string   // last product read by the pass under way; "" at its start
-	pass     totalMin // the topK largest of the pass under way
+	cursor   string          // last product read by the pass under way; "" at its start
+	pass     state.TopTotals // the topK largest of the pass under way
 	passRead int64
 	done     []state.Total // the last complete pass's topK, largest first
 	doneRead int64
@@ -625,11 +624,11 @@ func (tp *topProducts) update(now time.Time, s StoreScanner, running []string) t
 				continue
 			}
 			for _, e := range got {
-				tt.pass.offer(e, topK)
+				tt.pass.Offer(e, topK)
 			}
 			tt.passRead += int64(len(got))
 			if len(got) < chunk {
-				tt.done, tt.doneRead, tt.doneAt, tt.hasDone = tt.pass.sorted(), tt.passRead, now, true
+				tt.done, tt.doneRead, tt.doneAt, tt.hasDone = tt.pass.Sorted(), tt.passRead, now, true
 				tt.cursor, tt.pass, tt.passRead = "", nil, 0
 			} else {
 				tt.cursor = got[len(got)-1].Product
@@ -691,51 +690,6 @@ func (tp *topProducts) viewLocked(now time.Time) topView {
 	}
 	v.Note = note
 	return v
-}
-
-// totalMin is a min-heap of totals (the smallest on top; on equal totals
-// the larger product name), bounded by offer.
-type totalMin []state.Total
-
-func (h totalMin) Len() int { return len(h) }
-func (h totalMin) Less(i, j int) bool {
-	if h[i].Total != h[j].Total {
-		return h[i].Total < h[j].Total
-	}
-	return h[i].Product > h[j].Product
-}
-func (h totalMin) Swap(i, j int) { h[i], h[j] = h[j], h[i] }
-func (h *totalMin) Push(x any)   { *h = append(*h, x.(state.Total)) }
-func (h *totalMin) Pop() any {
-	old := *h
-	x := old[len(old)-1]
-	*h = old[:len(old)-1]
-	return x
-}
-
-// offer keeps e when it is among the k largest seen.
-func (h *totalMin) offer(e state.Total, k int) {
-	if h.Len() < k {
-		heap.Push(h, e)
-		return
-	}
-	top := (*h)[0]
-	if e.Total > top.Total || (e.Total == top.Total && e.Product < top.Product) {
-		(*h)[0] = e
-		heap.Fix(h, 0)
-	}
-}
-
-// sorted returns the heap's totals, largest first.
-func (h totalMin) sorted() []state.Total {
-	out := append([]state.Total(nil), h...)
-	sort.Slice(out, func(i, j int) bool {
-		if out[i].Total != out[j].Total {
-			return out[i].Total > out[j].Total
-		}
-		return out[i].Product < out[j].Product
-	})
-	return out
 }
 
 // --- formatting -------------------------------------------------------------

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -15,6 +16,7 @@ import (
 	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/salesagg/salesagg/internal/sales"
+	"github.com/salesagg/salesagg/internal/state"
 	"github.com/salesagg/salesagg/internal/stream"
 	th "github.com/salesagg/salesagg/test/harness"
 )
@@ -274,6 +276,18 @@ func TestQueriesFromAnyInstance(t *testing.T) {
 				t.Fatalf("/v1/products on one instance lacks %s: %d %s", p, code, body)
 			}
 		}
+		// The top three by total, gathered from both instances' stores.
+		code, body = get(t, in.http.URL+"/v1/products?sort=total&limit=3")
+		var top struct {
+			Products []state.Total `json:"products"`
+			Sort     string        `json:"sort"`
+		}
+		if err := json.Unmarshal([]byte(body), &top); code != http.StatusOK || err != nil {
+			t.Fatalf("/v1/products?sort=total&limit=3 = %d %s (%v)", code, body, err)
+		}
+		if got, want := top.Products, topOf(want, 3); top.Sort != "total" || !slices.Equal(got, want) {
+			t.Fatalf("/v1/products?sort=total&limit=3 on %s = %+v (sort %q), want %+v", in.rt.InstanceID(), got, top.Sort, want)
+		}
 	}
 
 	// B's HTTP server goes away while B keeps its task.
@@ -292,4 +306,14 @@ func TestQueriesFromAnyInstance(t *testing.T) {
 	if code, body := get(t, a.http.URL+"/v1/products"); code != http.StatusOK || !strings.Contains(body, `"unavailable_tasks":["0_2"]`) {
 		t.Fatalf("/v1/products while B's server is down = %d %s", code, body)
 	}
+}
+
+// topOf returns the n largest of totals, equal totals by product.
+func topOf(totals map[string]int64, n int) []state.Total {
+	var all []state.Total
+	for p, v := range totals {
+		all = append(all, state.Total{Product: p, Total: v})
+	}
+	state.SortByTotal(all)
+	return all[:min(n, len(all))]
 }

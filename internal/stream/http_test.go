@@ -2,6 +2,7 @@ package stream_test
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"net/http"
 	"strings"
@@ -81,6 +82,22 @@ func TestRestoringTaskIsNotReadyAndOthersServe(t *testing.T) {
 	}
 	if code, _ := get(t, in.http.URL+"/v1/products?limit=0"); code != http.StatusBadRequest {
 		t.Fatalf("limit=0 = %d, want 400", code)
+	}
+	// A parameter a route does not take is refused and named, never ignored.
+	for path, want := range map[string]string{
+		"/v1/products?sort=total&limit=2&order=desc": "unknown query parameter(s) order: /v1/products takes only limit, after, sort",
+		"/v1/products?sort=name":                     `sort must be product (the default) or total, not \"name\"`,
+		"/v1/products?sort=total&after=" + held:      "after pages by product; with sort=total ask for up to limit=1000 instead",
+		"/v1/products/" + held + "?window=1h":        "unknown query parameter(s) window: /v1/products/" + held + " takes no query parameters",
+		"/v1/tasks?verbose=1&all=1":                  "unknown query parameter(s) all, verbose: /v1/tasks takes no query parameters",
+	} {
+		if code, body := get(t, in.http.URL+path); code != http.StatusBadRequest || !strings.Contains(body, want) {
+			t.Errorf("GET %s = %d %s, want 400 with %q", path, code, body, want)
+		}
+	}
+	if code, body := get(t, in.http.URL+"/v1/products?sort=total&limit=1"); code != http.StatusOK ||
+		body != fmt.Sprintf(`{"products":[{"product":%q,"total":7}],"sort":"total"}`, free)+"\n" {
+		t.Errorf("/v1/products?sort=total&limit=1 = %d %q", code, body)
 	}
 	code, body := get(t, in.http.URL+"/metrics")
 	for _, want := range []string{"salesagg_ready 1", `salesagg_events_processed_total{task="0_1"} 1`, "# TYPE salesagg_input_lag_records gauge",

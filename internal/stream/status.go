@@ -1,6 +1,7 @@
 package stream
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"sort"
@@ -66,6 +67,52 @@ func (rt *Runtime) Products(after string, limit int) (page []state.Total, unavai
 		page = page[:limit]
 	}
 	return page, unavailable, nil
+}
+
+// topChunk is how many products TopProducts reads from a store under one
+// hold of its read lock: a commit cycle's store write waits at most that
+// long behind a top query.
+const topChunk = 4096
+
+// TopProducts returns the limit largest totals (equal totals by product)
+// of every running task, read by a full pass over each task's store in
+// chunks of topChunk products (each chunk a consistent read; the pass as a
+// whole is not a snapshot: a total committed meanwhile may show with its
+// new or its old value). unavailable names the tasks assigned but not
+// running, and those stopped during the pass, whose products are missing.
+// It returns ctx's error when ctx ends first.
+func (rt *Runtime) TopProducts(ctx context.Context, limit int) (top []state.Total, unavailable []string, err error) {
+	var h state.TopTotals
+	for _, t := range rt.reg.tasks() {
+		s := t.totals.store.Load()
+		if t.State() != taskRunning || s == nil {
+			unavailable = append(unavailable, t.name)
+			continue
+		}
+		after := ""
+		for {
+			if err := ctx.Err(); err != nil {
+				return nil, nil, err
+			}
+			chunk, err := s.Scan(after, topChunk)
+			if errors.Is(err, state.ErrClosed) {
+				unavailable = append(unavailable, t.name)
+				break
+			}
+			if err != nil {
+				return nil, nil, err
+			}
+			for _, e := range chunk {
+				h.Offer(e, limit)
+			}
+			if len(chunk) < topChunk {
+				break
+			}
+			after = chunk[len(chunk)-1].Product
+		}
+	}
+	sort.Strings(unavailable)
+	return h.Sorted(), unavailable, nil
 }
 
 // NotHostedError is the error of a query for a product whose task runs on

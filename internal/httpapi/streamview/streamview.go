@@ -6,6 +6,7 @@
 package streamview
 
 import (
+	"context"
 	"errors"
 
 	"github.com/salesagg/salesagg/internal/httpapi"
@@ -47,6 +48,12 @@ func (b Backend) InstanceID() string { return b.rt.InstanceID() }
 func (b Backend) Products(after string, limit int) ([]state.Total, []string, error) {
 	page, unavailable, err := b.rt.Products(after, limit)
 	return page, unavailable, queryError(err)
+}
+
+// TopProducts is rt's TopProducts, its error adapted.
+func (b Backend) TopProducts(ctx context.Context, limit int) ([]state.Total, []string, error) {
+	top, unavailable, err := b.rt.TopProducts(ctx, limit)
+	return top, unavailable, queryError(err)
 }
 
 // Ready is rt's Ready.
