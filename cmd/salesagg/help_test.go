@@ -29,7 +29,7 @@ func TestHelpLayoutAndErrorPrefix(t *testing.T) {
 	for _, args := range [][]string{
 		{"run"}, {"broker"}, {"produce"}, {"consume"}, {"reset"}, {"health"}, {"version"},
 		{"config"}, {"config", "check"}, {"config", "print"},
-		{"state"}, {"state", "inspect"}, {"state", "verify"}, {"state", "reset"},
+		{"state"}, {"state", "inspect"}, {"state", "verify"}, {"state", "reset"}, {"state", "export"},
 	} {
 		name := strings.Join(args, " ")
 		code, stdout, stderr := runBinary(t, nil, append(args, "--help")...)

@@ -51,6 +51,7 @@ Usage:
   salesagg state verify --state.dir DIR [--bootstrap.servers B]
                                                      compare each stopped task's store with its changelog, key by key
   salesagg state reset --state.dir DIR --task 0_N    wipe a task's store: the next start restores it from the changelog
+  salesagg state export --state.dir DIR | --from URL every product's total as JSONL or CSV (--format), offline or over HTTP
   salesagg health [--url URL] [--timeout D]          probe the service (default /readyz at http.addr): exit 0 on 200, else 1
   salesagg version (or --version)                    the build: module version, commit, Go version
   salesagg consume --topic T [--from-beginning] [--max-messages N] [--timeout D]

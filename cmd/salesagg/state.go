@@ -21,15 +21,17 @@ import (
 	"github.com/salesagg/salesagg/internal/state"
 )
 
-const stateUsage = `Usage: salesagg state inspect|verify|reset [--state.dir DIR] [--application.id ID] ...
+const stateUsage = `Usage: salesagg state inspect|verify|reset|export [--state.dir DIR] [--application.id ID] ...
 
   salesagg state inspect [--state.dir DIR] [--application.id ID] [--json]
   salesagg state verify  [--state.dir DIR] [--application.id ID] [--bootstrap.servers B] [--task 0_N ...]
   salesagg state reset   [--state.dir DIR] [--application.id ID] --task 0_N [--task ...]
+  salesagg state export  [--state.dir DIR] [--task 0_N ...] [--format jsonl|csv] [--output FILE]
+  salesagg state export  --from URL [--token-file F] [--ca-file F] [--format jsonl|csv] [--output FILE]
 
 Each reads the configuration as salesagg run does (--config FILE, SALESAGG_<KEY>, the flags; the
 same defaults) and takes the state dir's lock: it refuses to run while the service runs on that
-state dir.`
+state dir (export --from asks a running instance over HTTP instead).`
 
 // runState implements "salesagg state inspect|verify|reset", offline tools
 // on a stopped service's state dir.
@@ -44,6 +46,8 @@ func runState(args []string, in *os.File) error {
 		return runStateVerify(args[1:], os.Stdout)
 	case "reset":
 		return runStateReset(args[1:], in, os.Stdout)
+	case "export":
+		return runStateExport(args[1:], os.Stdout)
 	case "help", "-h", "--help":
 		fmt.Println(stateUsage)
 		return nil

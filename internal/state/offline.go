@@ -212,6 +212,31 @@ func Totals(path string) (totals map[string]int64, cp Checkpoint, found bool, er
 	}
 }
 
+// EachTotal calls fn with every product's total of partition's store, in
+// product order, reading it read-only in pages of 1,000.
+func (d *Dir) EachTotal(partition int32, fn func(Total) error) error {
+	s, err := Open(d.TaskPath(partition), zap.NewNop(), OpenOptions{ReadOnly: true})
+	if err != nil {
+		return err
+	}
+	defer s.Close()
+	for after := ""; ; {
+		page, err := s.Scan(after, 1000)
+		if err != nil {
+			return err
+		}
+		for _, t := range page {
+			if err := fn(t); err != nil {
+				return err
+			}
+		}
+		if len(page) < 1000 {
+			return nil
+		}
+		after = page[len(page)-1].Product
+	}
+}
+
 // PeekProcessID returns the process id kept in <stateDir>/<appID>'s
 // process-metadata file, without taking the lock or writing anything: ""
 // when there is none yet (the first start makes one).

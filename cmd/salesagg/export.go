@@ -1,0 +1,262 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/csv"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"maps"
+	"net/http"
+	neturl "net/url"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/salesagg/salesagg/internal/state"
+)
+
+const exportLine = "state export [--state.dir DIR] [--task 0_N ...] | --from URL [--token-file F] [--ca-file F]; [--format jsonl|csv] [--output FILE]"
+
+const exportAbout = `Writes every product's total, sorted by product within each task, one per line:
+JSONL ({"task":"0_1","product":"p1","total":1200}) or CSV (task,product,total with a header).
+
+Offline (the default) it reads the stores of a stopped service's state dir, with its lock, every
+task or those named with --task. With --from URL it asks a running instance instead
+(GET /v1/products, paged, gathered from every instance; task is then empty): it fails (exit 1)
+when a task was unavailable (restoring, or its instance did not answer), after writing what it
+read. --token-file gives the bearer token (its first line) when http.auth.tokens.file is set;
+--ca-file the CA for an https URL. With --output the file appears only once the export is whole.`
+
+// exportRow is one exported total.
+type exportRow struct {
+	Task    string `json:"task"`
+	Product string `json:"product"`
+	Total   int64  `json:"total"`
+}
+
+// exportWriter writes rows in one format.
+type exportWriter interface {
+	write(exportRow) error
+	flush() error
+}
+
+type jsonlWriter struct {
+	w   *bufio.Writer
+	enc *json.Encoder
+}
+
+func (j *jsonlWriter) write(r exportRow) error { return j.enc.Encode(r) }
+func (j *jsonlWriter) flush() error            { return j.w.Flush() }
+
+type csvWriter struct{ w *csv.Writer }
+
+func (c *csvWriter) write(r exportRow) error {
+	return c.w.Write([]string{r.Task, r.Product, strconv.FormatInt(r.Total, 10)})
+}
+func (c *csvWriter) flush() error { c.w.Flush(); return c.w.Error() }
+
+func newExportWriter(format string, out io.Writer) (exportWriter, error) {
+	switch format {
+	case "jsonl":
+		bw := bufio.NewWriter(out)
+		return &jsonlWriter{w: bw, enc: json.NewEncoder(bw)}, nil
+	case "csv":
+		w := csv.NewWriter(out)
+		return &csvWriter{w: w}, w.Write([]string{"task", "product", "total"})
+	}
+	return nil, usageError{fmt.Errorf("--format %q: want jsonl or csv", format)}
+}
+
+// runStateExport implements "salesagg state export".
+func runStateExport(args []string, stdout io.Writer) (err error) {
+	fs := stateFlags("export")
+	tasks := fs.StringSlice("task", nil, "export only this task, 0_<partition> (repeatable; default: every task; offline only)")
+	format := fs.String("format", "jsonl", "jsonl or csv")
+	output := fs.String("output", "-", "the file to write (- for standard output)")
+	from := fs.String("from", "", "a running instance's base URL, e.g. http://127.0.0.1:8080 (default: read the state dir offline)")
+	tokenFile := fs.String("token-file", "", "with --from: a file whose first line is the bearer token")
+	caFile := fs.String("ca-file", "", "with --from https://…: the CA that signed the service's certificate")
+	timeout := fs.Duration("timeout", 2*time.Minute, "with --from: give up after this long")
+	commandUsage(fs, exportLine, exportAbout)
+	cfg, err := loadCommandConfig(fs, args)
+	if err != nil {
+		return err
+	}
+	if *from != "" && len(*tasks) > 0 {
+		return usageError{errors.New("--task selects stores offline; with --from every product is exported")}
+	}
+	if *from == "" && (*tokenFile != "" || *caFile != "") {
+		return usageError{errors.New("--token-file and --ca-file go with --from")}
+	}
+	if _, err := newExportWriter(*format, io.Discard); err != nil {
+		return err
+	}
+
+	out := stdout
+	var tmp *os.File
+	if *output != "-" {
+		// Written beside the target and renamed when whole: a failed
+		// export never leaves a file that looks complete.
+		tmp, err = os.CreateTemp(filepath.Dir(*output), "."+filepath.Base(*output)+".*")
+		if err != nil {
+			return fmt.Errorf("--output %s: %w", *output, err)
+		}
+		defer func() {
+			if tmp != nil {
+				tmp.Close()
+				os.Remove(tmp.Name())
+			}
+		}()
+		out = tmp
+	}
+	w, err := newExportWriter(*format, out)
+	if err != nil {
+		return err
+	}
+	var rows int64
+	emit := func(r exportRow) error { rows++; return w.write(r) }
+	if *from != "" {
+		err = exportHTTP(*from, *tokenFile, *caFile, *timeout, emit)
+	} else {
+		err = exportOffline(cfg.StateDir, cfg.ApplicationID, *tasks, emit)
+	}
+	if ferr := w.flush(); err == nil {
+		err = ferr
+	}
+	if err != nil {
+		return err
+	}
+	if tmp != nil {
+		if err := tmp.Sync(); err != nil {
+			return err
+		}
+		if err := tmp.Close(); err != nil {
+			return err
+		}
+		if err := os.Rename(tmp.Name(), *output); err != nil {
+			return err
+		}
+		tmp = nil
+		fmt.Fprintf(os.Stderr, "salesagg state export: %d products written to %s\n", rows, *output)
+	}
+	return nil
+}
+
+// exportOffline reads the stores of the tasks named (all when none) of a
+// stopped service's state dir, holding its lock.
+func exportOffline(stateDir, appID string, names []string, emit func(exportRow) error) error {
+	dir, parts, err := openTasks(stateDir, appID, names)
+	if err != nil {
+		return err
+	}
+	defer dir.Close()
+	for _, p := range parts {
+		task := state.TaskName(p)
+		if err := dir.EachTotal(p, func(t state.Total) error {
+			return emit(exportRow{Task: task, Product: t.Product, Total: t.Total})
+		}); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// exportHTTP pages through GET /v1/products of the instance at base. It
+// fails after the last page when a task was unavailable on any page.
+func exportHTTP(base, tokenFile, caFile string, timeout time.Duration, emit func(exportRow) error) error {
+	u, err := neturl.Parse(base)
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		return usageError{fmt.Errorf("--from %q: want http://HOST:PORT or https://HOST:PORT", base)}
+	}
+	var token string
+	if tokenFile != "" {
+		b, err := os.ReadFile(tokenFile)
+		if err != nil {
+			return fmt.Errorf("--token-file: %w", err)
+		}
+		token, _, _ = strings.Cut(strings.TrimSpace(string(b)), "\n")
+		token = strings.TrimSpace(token)
+		if token == "" {
+			return fmt.Errorf("--token-file %s: no token on its first line", tokenFile)
+		}
+	}
+	tr := http.DefaultTransport.(*http.Transport).Clone()
+	if caFile != "" {
+		pem, err := os.ReadFile(caFile)
+		if err != nil {
+			return fmt.Errorf("--ca-file: %w", err)
+		}
+		pool := x509.NewCertPool()
+		if !pool.AppendCertsFromPEM(pem) {
+			return fmt.Errorf("--ca-file %s: no PEM certificate in it", caFile)
+		}
+		tr.TLSClientConfig = &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}
+	}
+	cl := &http.Client{Transport: tr}
+	defer tr.CloseIdleConnections()
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	missing := map[string]bool{}
+	after := ""
+	for {
+		q := neturl.Values{"limit": {"1000"}}
+		if after != "" {
+			q.Set("after", after)
+		}
+		pu := *u
+		pu.Path = strings.TrimSuffix(u.Path, "/") + "/v1/products"
+		pu.RawQuery = q.Encode()
+		req, err := http.NewRequestWithContext(ctx, http.MethodGet, pu.String(), nil)
+		if err != nil {
+			return err
+		}
+		if token != "" {
+			req.Header.Set("Authorization", "Bearer "+token)
+		}
+		resp, err := cl.Do(req)
+		if err != nil {
+			return fmt.Errorf("GET %s: %w", pu.Redacted(), err)
+		}
+		body, err := io.ReadAll(io.LimitReader(resp.Body, 16<<20))
+		resp.Body.Close()
+		if err != nil {
+			return fmt.Errorf("GET %s: %w", pu.Redacted(), err)
+		}
+		if resp.StatusCode != http.StatusOK {
+			return fmt.Errorf("GET %s: %s: %s", pu.Redacted(), resp.Status, strings.TrimSpace(string(body)))
+		}
+		var got struct {
+			Products    []state.Total `json:"products"`
+			Next        string        `json:"next"`
+			Unavailable []string      `json:"unavailable_tasks"`
+		}
+		if err := json.Unmarshal(body, &got); err != nil {
+			return fmt.Errorf("GET %s: %w", pu.Redacted(), err)
+		}
+		for _, t := range got.Unavailable {
+			missing[t] = true
+		}
+		for _, t := range got.Products {
+			if err := emit(exportRow{Product: t.Product, Total: t.Total}); err != nil {
+				return err
+			}
+		}
+		if got.Next == "" || got.Next <= after {
+			break
+		}
+		after = got.Next
+	}
+	if len(missing) > 0 {
+		return fmt.Errorf("the export is incomplete: the products of tasks %s were unavailable (restoring, or their instance did not answer); try again",
+			strings.Join(slices.Sorted(maps.Keys(missing)), ", "))
+	}
+	return nil
+}

@@ -1,0 +1,109 @@
+package main
+
+import (
+	"encoding/csv"
+	"encoding/json"
+	"maps"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/salesagg/salesagg/internal/sales"
+	"github.com/salesagg/salesagg/internal/state"
+	"github.com/salesagg/salesagg/test/harness"
+)
+
+func TestStateExportOfflineAndOverHTTP(t *testing.T) {
+	// Scenario: after the sample events, `state export --from URL` exports every product's total
+	// from the running service as CSV into a file (the task column empty), and the offline export
+	// (refused while the service holds the state dir) writes JSONL to stdout with each product's
+	// task; --task keeps one task's products. Both hold exactly the sample's totals. A bad
+	// --format is a usage error and leaves no file.
+	work := t.TempDir()
+	brokerAddr := harness.FreeAddr(t)
+	startBroker(t, filepath.Join(work, "broker"), brokerAddr)
+	stateDir := filepath.Join(work, "state")
+	svc := startService(t, brokerAddr, stateDir, nil)
+	svc.WaitReady(t, 60*time.Second)
+	produceSample(t, brokerAddr)
+	svc.WaitTotals(t, harness.SampleTotals, 30*time.Second)
+
+	out := filepath.Join(work, "totals.csv")
+	code, _, stderr := runBinary(t, nil, "state", "export", "--from", "http://"+svc.Addr, "--format", "csv", "--output", out)
+	if code != 0 || !strings.Contains(stderr, "10 products written to "+out) {
+		t.Fatalf("state export --from: exit %d\n%s", code, stderr)
+	}
+	f, err := os.Open(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rows, err := csv.NewReader(f).ReadAll()
+	f.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rows) == 0 || strings.Join(rows[0], ",") != "task,product,total" {
+		t.Fatalf("CSV header: %v", rows)
+	}
+	got := map[string]int64{}
+	for _, r := range rows[1:] {
+		v, err := strconv.ParseInt(r[2], 10, 64)
+		if err != nil || r[0] != "" {
+			t.Fatalf("CSV row %v: %v", r, err)
+		}
+		got[r[1]] = v
+	}
+	if !maps.Equal(got, harness.SampleTotals) {
+		t.Fatalf("exported over HTTP %v, want %v", got, harness.SampleTotals)
+	}
+
+	code, _, stderr = runBinary(t, nil, "state", "export", "--state.dir", stateDir)
+	if code != exitError || !strings.Contains(stderr, "refusing while the service runs") {
+		t.Fatalf("offline export while the service runs: exit %d\n%s", code, stderr)
+	}
+	svc.Terminate(t)
+
+	offline := func(args ...string) map[string]int64 {
+		t.Helper()
+		code, stdout, stderr := runBinary(t, nil, append([]string{"state", "export", "--state.dir", stateDir}, args...)...)
+		if code != 0 {
+			t.Fatalf("offline export %v: exit %d\n%s", args, code, stderr)
+		}
+		got := map[string]int64{}
+		for _, line := range strings.Split(strings.TrimSpace(stdout), "\n") {
+			var r exportRow
+			if err := json.Unmarshal([]byte(line), &r); err != nil {
+				t.Fatalf("JSONL line %q: %v", line, err)
+			}
+			if want := state.TaskName(sales.Partition([]byte(r.Product), 3)); r.Task != want {
+				t.Fatalf("%s exported under task %s, its task is %s", r.Product, r.Task, want)
+			}
+			got[r.Product] = r.Total
+		}
+		return got
+	}
+	if got := offline(); !maps.Equal(got, harness.SampleTotals) {
+		t.Fatalf("exported offline %v, want %v", got, harness.SampleTotals)
+	}
+	want1 := map[string]int64{}
+	for p, v := range harness.SampleTotals {
+		if sales.Partition([]byte(p), 3) == 1 {
+			want1[p] = v
+		}
+	}
+	if got := offline("--task", "0_1"); len(want1) == 0 || !maps.Equal(got, want1) {
+		t.Fatalf("exported task 0_1 %v, want %v", got, want1)
+	}
+
+	bad := filepath.Join(work, "bad.out")
+	code, _, stderr = runBinary(t, nil, "state", "export", "--state.dir", stateDir, "--format", "xml", "--output", bad)
+	if code != exitUsage || !strings.Contains(stderr, `--format "xml": want jsonl or csv`) {
+		t.Fatalf("--format xml: exit %d\n%s", code, stderr)
+	}
+	if _, err := os.Stat(bad); !os.IsNotExist(err) {
+		t.Fatalf("a failed export left %s (%v)", bad, err)
+	}
+}
