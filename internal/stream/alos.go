@@ -96,7 +96,12 @@ func (a *atLeastOnce) poll(ctx, _ context.Context) error {
 			s.kc().AllowRebalance()
 			return nil
 		}
-		s.dispatch(ctx, fetches, a.applyRewinds())
+		if _, unread := s.dispatch(ctx, fetches, a.applyRewinds()); len(unread) > 0 {
+			// Polled past the lease's deadline: read again, whether the
+			// tasks go on here (the lease held again) or are dropped and
+			// rewound to the committed offsets (it lapsed).
+			s.kc().SetOffsets(unread)
+		}
 		s.kc().AllowRebalance()
 	}
 }

@@ -282,7 +282,7 @@ func (e *exactlyOnce) poll(ctx, work context.Context) error {
 		// during the poll: the transaction commits the offsets of all of
 		// them (Run's last cycle does on shutdown). Hence the work context.
 		// Records that found no running task make the cycle abort.
-		if s.dispatch(work, fetches, nil) {
+		if dropped, _ := s.dispatch(work, fetches, nil); dropped {
 			e.abortCycle.Store(true)
 		}
 		e.polled += fetches.NumRecords()

@@ -83,6 +83,9 @@ var leaseMoves = map[leaseState][]leaseState{
 // for the durations, set when it is made.
 type lease struct {
 	sessionTimeout, rebalanceTimeout, margin time.Duration
+	// lapseDelay is how long past its deadline expire lapses the lease
+	// (0 but in tests: see Knobs.LeaseLapseDelay).
+	lapseDelay time.Duration
 
 	mu    sync.Mutex
 	state leaseState
@@ -195,7 +198,7 @@ func (l *lease) answered(sent time.Time, err error) {
 func (l *lease) expire(now time.Time, held []int32) (silent time.Duration, lapsed bool) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if l.state != leaseHeld || now.Before(l.until) {
+	if l.state != leaseHeld || now.Before(l.until.Add(l.lapseDelay)) {
 		return 0, false
 	}
 	l.move(leaseLapsed)

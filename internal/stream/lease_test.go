@@ -13,6 +13,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/salesagg/salesagg/internal/status"
+	"github.com/salesagg/salesagg/internal/stream"
 	th "github.com/salesagg/salesagg/test/harness"
 )
 
@@ -220,4 +221,89 @@ func (in *instance) getJSON(path string, v any) int {
 		return 0
 	}
 	return resp.StatusCode
+}
+
+func TestRecordsPolledPastTheLeaseAreReadAgain(t *testing.T) {
+	// Scenario: A runs every task; the group coordinator holds A's heartbeats past A's lease
+	// deadline but answers them before it would expire A's session, so A keeps its tasks and the
+	// group never rebalances. The lease lapses only 2 s past its deadline here (a test knob; the
+	// lease loop checks every 50 ms), and events arrive in that window: A polls them for tasks
+	// that are overdue. It must not hand them to the tasks (they could be another member's), and
+	// it must read them again once the lease holds: every total is exact afterwards. Before,
+	// at-least-once dropped them and the position moved on past them: the next commit skipped
+	// events that were never folded (a loss with lag 0, seen once in the torture).
+	eachGuarantee(t, func(t *testing.T, h *harness) {
+		h.cfg.SessionTimeout = 6 * time.Second // the broker's group.min.session.timeout.ms
+		cfg := h.instanceCfg("a")
+		cfg.GroupInstanceID = "overdue-a"
+		a := h.startWith(cfg, stream.Knobs{LeaseLapseDelay: 2 * time.Second})
+		a.waitReady()
+		want := map[string]int64{}
+		for i := range 30 {
+			p := fmt.Sprintf("product%d", i)
+			h.produce(event(p, p, int64(10+i)))
+			want[p] += int64(10 + i)
+		}
+		// Folded and flushed: no task checks its membership (a heartbeat,
+		// held below too) while the window is open.
+		a.waitTotals(want)
+
+		// Hold A's heartbeats once one has passed: the coordinator then
+		// last heard of A at passed, and expires it 6 s after that; A's
+		// lease deadline is at most 5.25 s after it (the session less its
+		// margin).
+		var holding atomic.Bool
+		passedCh := make(chan time.Time, 1)
+		released := make(chan struct{})
+		var releaseOnce sync.Once
+		release := func() { releaseOnce.Do(func() { close(released) }) }
+		t.Cleanup(release)
+		h.cluster.ControlKey(kmsg.Heartbeat.Int16(), func(req kmsg.Request) (kmsg.Response, error, bool) {
+			h.cluster.KeepControl()
+			hb := req.(*kmsg.HeartbeatRequest)
+			if hb.InstanceID == nil || *hb.InstanceID != "overdue-a" {
+				return nil, nil, false
+			}
+			if holding.Load() {
+				h.cluster.SleepControl(func() { <-released })
+				return nil, nil, false
+			}
+			select {
+			case passedCh <- time.Now():
+			default:
+			}
+			return nil, nil, false
+		})
+		for len(passedCh) > 0 {
+			<-passedCh
+		}
+		var passed time.Time
+		select {
+		case passed = <-passedCh:
+			holding.Store(true)
+		case <-time.After(30 * time.Second):
+			t.Fatal("no heartbeat of A passed")
+		}
+		time.Sleep(time.Until(passed.Add(5350 * time.Millisecond)))
+		for i := range 30 {
+			p := fmt.Sprintf("product%d", i)
+			h.produce(event(p, p, 1000))
+			want[p] += 1000
+		}
+		time.Sleep(time.Until(passed.Add(5700 * time.Millisecond)))
+		release()
+
+		if len(a.logs.FilterMessageSnippet("Records polled while the lease is past its deadline").All()) == 0 {
+			t.Fatal("A polled no record while its lease was past its deadline: the scenario did not happen")
+		}
+		a.waitTotals(want)
+		if n := len(a.logs.FilterMessageSnippet("No heartbeat answered by the group coordinator").All()); n > 0 {
+			t.Fatalf("A's lease lapsed (%d times): the scenario did not happen", n)
+		}
+		if got := a.runningTasks(); len(got) != 3 {
+			t.Fatalf("A runs %v, want all three tasks (no rebalance)", got)
+		}
+		got, _, _ := h.changelog(h.cfg)
+		equalTotals(t, "changelog", got, want)
+	})
 }

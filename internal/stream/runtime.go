@@ -67,6 +67,11 @@ type Knobs struct {
 	// it handed its records to the client, before it waits for them, with
 	// the task's partition and how many records it produced.
 	FlushProduced func(partition int32, records int)
+	// LeaseLapseDelay, if set, makes the lease loop lapse the lease only
+	// that long past its deadline (the tasks are overdue meanwhile): a
+	// test widens the window in which records are polled for overdue
+	// tasks and a heartbeat answer can still hold the lease again.
+	LeaseLapseDelay time.Duration
 	// Dial, if set, dials every broker connection of the runtime's
 	// clients (not with TLS); a test routes them through a fault proxy.
 	Dial func(ctx context.Context, network, host string) (net.Conn, error)

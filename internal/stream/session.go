@@ -58,6 +58,7 @@ func newSession(e *env, reg *registry, bal *taskBalancer, local *localStores, to
 		fail: newFailure(), dropLog: rateLimiter{every: 10 * time.Second, burst: 3},
 		lease: newLease(e.cfg.SessionTimeout, rebalanceTimeout), conns: &brokerConns{}}
 	s.probes.interval = e.cfg.ProbingRebalanceInterval
+	s.lease.lapseDelay = e.knobs.LeaseLapseDelay
 	if e.eos {
 		s.g = newExactlyOnce(s)
 	} else {
@@ -261,7 +262,16 @@ func topologyChanged(pollCtx, ctx context.Context) error {
 // their offsets are not committed and they are read again. Records of
 // partitions in skip are not dispatched: they were read before their task's
 // rewind and are read again.
-func (s *session) dispatch(ctx context.Context, fetches kgo.Fetches, skip map[int32]bool) (dropped bool) {
+//
+// unread are the positions to read again from, per topic and partition: the
+// first offset of the records polled while the lease was past its deadline.
+// Their tasks may be another member's already, so they are not handed over;
+// but when the lease holds again without a rebalance (a heartbeat sent
+// before the deadline answered after it), the same tasks go on, and the
+// client's position must not stay past records they never folded: at
+// least once, the poll loop moves it back (exactly-once, the cycle's abort
+// does).
+func (s *session) dispatch(ctx context.Context, fetches kgo.Fetches, skip map[int32]bool) (dropped bool, unread map[string]map[int32]kgo.EpochOffset) {
 	fetches.EachError(func(topic string, p int32, err error) {
 		if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) {
 			return
@@ -291,6 +301,20 @@ func (s *session) dispatch(ctx context.Context, fetches kgo.Fetches, skip map[in
 			return
 		}
 		if overdue {
+			if unread == nil {
+				unread = map[string]map[int32]kgo.EpochOffset{}
+			}
+			if unread[p.Topic] == nil {
+				unread[p.Topic] = map[int32]kgo.EpochOffset{}
+			}
+			if o, ok := unread[p.Topic][p.Partition]; !ok || p.Records[0].Offset < o.Offset {
+				unread[p.Topic][p.Partition] = kgo.EpochOffset{Epoch: -1, Offset: p.Records[0].Offset}
+			}
+			if ok, suppressed := s.dropLog.allow(time.Now()); ok {
+				s.env.log.Warn("Records polled while the lease is past its deadline (the tasks may be another member's already); not handed to their task, read again",
+					zap.String("topic", p.Topic), zap.Int32("partition", p.Partition), zap.Int64("from_offset", p.Records[0].Offset),
+					zap.Int("records", len(p.Records)), zap.Int64("suppressed", suppressed))
+			}
 			dropped = true
 			return
 		}
@@ -314,7 +338,7 @@ func (s *session) dispatch(ctx context.Context, fetches kgo.Fetches, skip map[in
 			dropped = true
 		}
 	})
-	return dropped
+	return dropped, unread
 }
 
 // heldBit is the bit of registry.mu.held for topic.
