@@ -81,6 +81,11 @@ type Lister interface {
 	// TopProducts lists the limit largest totals (equal totals by product)
 	// of this instance's running tasks; unavailable as Products'.
 	TopProducts(ctx context.Context, limit int) (top []state.Total, unavailable []string, err error)
+	// StandbyPage lists the products of task's standby copy on this
+	// instance, when it runs within acceptable.recovery.lag: a page after
+	// after, or with byTotal the limit largest; lag is how far behind the
+	// copy may be.
+	StandbyPage(ctx context.Context, task, after string, limit int, byTotal bool) (page []state.Total, lag int64, err error)
 	// Instances lists the group's members, their tasks and servers.
 	Instances() []status.Instance
 	// InstanceID names this instance to those it asks.
@@ -237,7 +242,7 @@ func (h *handler) readyz(w http.ResponseWriter, _ *http.Request) {
 // forwarded to us), asked in parallel under one deadline (forwardTimeout).
 // With sort=total it answers the limit largest totals instead (see top).
 func (h *handler) products(w http.ResponseWriter, r *http.Request) {
-	if unknownParams(w, r, "limit", "after", "sort") {
+	if unknownParams(w, r, "limit", "after", "sort", "standby") {
 		return
 	}
 	q := r.URL.Query()
@@ -251,6 +256,7 @@ func (h *handler) products(w http.ResponseWriter, r *http.Request) {
 		limit = n
 	}
 	after := q.Get("after")
+	byTotal := false
 	switch sortBy := q.Get("sort"); sortBy {
 	case "", "product":
 	case "total":
@@ -258,10 +264,17 @@ func (h *handler) products(w http.ResponseWriter, r *http.Request) {
 			writeJSON(w, http.StatusBadRequest, map[string]string{"error": "after pages by product; with sort=total ask for up to limit=" + strconv.Itoa(MaxPageSize) + " instead"})
 			return
 		}
-		h.top(w, r, limit)
-		return
+		byTotal = true
 	default:
 		writeJSON(w, http.StatusBadRequest, map[string]string{"error": fmt.Sprintf("sort must be product (the default) or total, not %q", sortBy)})
+		return
+	}
+	if q.Has("standby") {
+		h.standbyPage(w, r, q.Get("standby"), after, limit, byTotal)
+		return
+	}
+	if byTotal {
+		h.top(w, r, limit)
 		return
 	}
 	page, unavailable, err := h.list.Products(after, limit)
@@ -269,8 +282,16 @@ func (h *handler) products(w http.ResponseWriter, r *http.Request) {
 		writeError(w, err)
 		return
 	}
+	var stale []string
 	if !forwarded(r) {
 		page, unavailable = h.gather(r.Context(), page, unavailable, after, limit)
+		var more []state.Total
+		more, stale, unavailable = h.fromStandbys(r.Context(), forwardTimeout, unavailable, after, limit, false)
+		page = append(page, more...)
+		sort.Slice(page, func(i, j int) bool { return page[i].Product < page[j].Product })
+		if len(page) > limit {
+			page = page[:limit]
+		}
 	}
 	if page == nil {
 		page = []state.Total{}
@@ -282,7 +303,94 @@ func (h *handler) products(w http.ResponseWriter, r *http.Request) {
 	if len(unavailable) > 0 {
 		resp["unavailable_tasks"] = unavailable
 	}
+	if len(stale) > 0 {
+		resp["stale_tasks"] = stale
+	}
 	writeJSON(w, http.StatusOK, resp)
+}
+
+// standbyPage answers GET /v1/products?standby=<task>: the products of this
+// instance's standby copy of the task, when it runs within
+// acceptable.recovery.lag (else 503), with how far behind it may be. Other
+// instances ask it for a task whose owner could not answer.
+func (h *handler) standbyPage(w http.ResponseWriter, r *http.Request, task, after string, limit int, byTotal bool) {
+	if !state.IsTaskName(task) {
+		writeJSON(w, http.StatusBadRequest, map[string]string{"error": fmt.Sprintf("standby must name a task (0_ and its partition, such as 0_2), not %q", task)})
+		return
+	}
+	if byTotal && after != "" {
+		writeJSON(w, http.StatusBadRequest, map[string]string{"error": "after pages by product; with sort=total ask for up to limit=" + strconv.Itoa(MaxPageSize) + " instead"})
+		return
+	}
+	ctx, cancel := context.WithTimeout(r.Context(), topGatherTimeout)
+	defer cancel()
+	page, lag, err := h.list.StandbyPage(ctx, task, after, limit, byTotal)
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	if page == nil {
+		page = []state.Total{}
+	}
+	resp := map[string]any{"products": page, "standby": task, "lag": lag}
+	if byTotal {
+		resp["sort"] = "total"
+	} else if len(page) == limit {
+		resp["next"] = page[len(page)-1].Product
+	}
+	writeJSON(w, http.StatusOK, resp)
+}
+
+// fromStandbys reads the products of the tasks in unavailable from standby
+// copies within acceptable.recovery.lag: this instance's, else one of
+// another instance that keeps a copy, asked in parallel under timeout. It
+// returns what they answered, the tasks answered so (stale by up to the lag)
+// and the tasks still unavailable, each sorted.
+func (h *handler) fromStandbys(ctx context.Context, timeout time.Duration, unavailable []string, after string, limit int, byTotal bool) (page []state.Total, stale, still []string) {
+	if len(unavailable) == 0 {
+		return nil, nil, unavailable
+	}
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	instances := h.list.Instances()
+	type answer struct {
+		task string
+		page []state.Total
+		ok   bool
+	}
+	answers := make(chan answer, len(unavailable))
+	var wg sync.WaitGroup
+	for _, task := range unavailable {
+		wg.Go(func() {
+			if got, _, err := h.list.StandbyPage(ctx, task, after, limit, byTotal); err == nil {
+				answers <- answer{task, got, true}
+				return
+			}
+			for _, is := range instances {
+				if is.Self || !slices.Contains(is.Standbys, task) {
+					continue
+				}
+				if got, err := h.fw.standbyPage(ctx, h.list.InstanceID(), is, task, after, limit, byTotal); err == nil {
+					answers <- answer{task, got, true}
+					return
+				}
+			}
+			answers <- answer{task: task}
+		})
+	}
+	wg.Wait()
+	close(answers)
+	for a := range answers {
+		if a.ok {
+			page = append(page, a.page...)
+			stale = append(stale, a.task)
+		} else {
+			still = append(still, a.task)
+		}
+	}
+	sort.Strings(stale)
+	sort.Strings(still)
+	return page, stale, still
 }
 
 // topGatherTimeout bounds GET /v1/products?sort=total's gathering from
@@ -329,12 +437,18 @@ func (h *handler) top(w http.ResponseWriter, r *http.Request, limit int) {
 			top = append(top, res.page...)
 			unavailable = append(unavailable, res.unavailable...)
 		}
+		sort.Strings(unavailable)
+		unavailable = slices.Compact(unavailable)
+	}
+	var stale []string
+	if peers != nil {
+		var more []state.Total
+		more, stale, unavailable = h.fromStandbys(r.Context(), topGatherTimeout, unavailable, "", limit, true)
+		top = append(top, more...)
 		state.SortByTotal(top)
 		if len(top) > limit {
 			top = top[:limit]
 		}
-		sort.Strings(unavailable)
-		unavailable = slices.Compact(unavailable)
 	}
 	if top == nil {
 		top = []state.Total{}
@@ -342,6 +456,9 @@ func (h *handler) top(w http.ResponseWriter, r *http.Request, limit int) {
 	resp := map[string]any{"products": top, "sort": "total"}
 	if len(unavailable) > 0 {
 		resp["unavailable_tasks"] = unavailable
+	}
+	if len(stale) > 0 {
+		resp["stale_tasks"] = stale
 	}
 	writeJSON(w, http.StatusOK, resp)
 }

@@ -288,6 +288,48 @@ func (f *forwarder) top(ctx context.Context, self string, is status.Instance, li
 	return got.Products, got.Unavailable, nil
 }
 
+// standbyPage reads the products of another instance's standby copy of
+// task (GET /v1/products?standby=<task>): a page after after, or with
+// byTotal the limit largest.
+func (f *forwarder) standbyPage(ctx context.Context, self string, is status.Instance, task, after string, limit int, byTotal bool) ([]state.Total, error) {
+	q := url.Values{"limit": {strconv.Itoa(limit)}, "standby": {task}}
+	if after != "" {
+		q.Set("after", after)
+	}
+	if byTotal {
+		q.Set("sort", "total")
+	}
+	req, err := f.request(ctx, self, is.Server, "/v1/products", "", q)
+	if err != nil {
+		f.failed(is.Name, is.Server, err)
+		return nil, err
+	}
+	code, body, err := f.do(req, 8<<20)
+	if err == nil && code != http.StatusOK {
+		err = fmt.Errorf("GET /v1/products?standby=%s answered %d", task, code)
+	}
+	var got struct {
+		Products []state.Total `json:"products"`
+		Standby  string        `json:"standby"`
+	}
+	if err == nil {
+		err = json.Unmarshal(body, &got)
+	}
+	if err == nil && got.Standby != task {
+		err = fmt.Errorf("GET /v1/products?standby=%s answered for %q", task, got.Standby)
+	}
+	if err == nil {
+		err = checkPage(got.Products, nil, after, limit)
+	}
+	if err != nil {
+		if code != http.StatusServiceUnavailable {
+			f.failed(is.Name, is.Server, err)
+		}
+		return nil, err
+	}
+	return got.Products, nil
+}
+
 // checkPage checks another instance's page: at most limit products, each
 // after after, and task names that are task names.
 func checkPage(page []state.Total, unavailable []string, after string, limit int) error {

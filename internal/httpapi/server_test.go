@@ -29,6 +29,9 @@ func (idle) Products(string, int) ([]state.Total, []string, error) { return nil,
 func (idle) TopProducts(context.Context, int) ([]state.Total, []string, error) {
 	return nil, nil, nil
 }
+func (idle) StandbyPage(_ context.Context, task, _ string, _ int, _ bool) ([]state.Total, int64, error) {
+	return nil, 0, Unavailable(errors.New("no standby copy of task " + task + " here"))
+}
 func (idle) Tasks() []status.Task         { return nil }
 func (idle) Ready() (bool, string)        { return false, "no partitions assigned yet" }
 func (idle) Healthy() (bool, string)      { return true, "ok" }

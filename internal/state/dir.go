@@ -226,12 +226,22 @@ func TaskName(partition int32) string { return "0_" + strconv.Itoa(int(partition
 
 // IsTaskName reports whether s is a task's name as TaskName writes it.
 func IsTaskName(s string) bool {
+	_, ok := ParseTaskName(s)
+	return ok
+}
+
+// ParseTaskName returns the partition of the task named s, as TaskName
+// writes it; ok is false for anything else.
+func ParseTaskName(s string) (partition int32, ok bool) {
 	rest, ok := strings.CutPrefix(s, "0_")
 	if !ok {
-		return false
+		return 0, false
 	}
 	p, err := strconv.ParseInt(rest, 10, 32)
-	return err == nil && p >= 0 && strconv.FormatInt(p, 10) == rest
+	if err != nil || p < 0 || strconv.FormatInt(p, 10) != rest {
+		return 0, false
+	}
+	return int32(p), true
 }
 
 // TaskPath returns the directory of the task owning partition.

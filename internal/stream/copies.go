@@ -102,19 +102,30 @@ func (s *session) takeStandbyLocked(p int32) {
 // here, when it runs and is within acceptable.recovery.lag; lag is how far
 // behind it may be.
 func standbyTotal(sb *standby, acceptable int64, product string) (total int64, ok bool, lag int64, err error) {
-	if sb == nil {
-		return 0, false, 0, ErrNotHosted
-	}
-	lag = sb.lag()
-	st := sb.store.Load()
-	if sb.State() != copyTailing || st == nil || lag < 0 {
-		return 0, false, lag, fmt.Errorf("%w: the standby copy of task %s is not tailing yet", ErrNotReady, sb.name)
-	}
-	if lag > acceptable {
-		return 0, false, lag, fmt.Errorf("%w: the standby copy of task %s is %d records behind (acceptable.recovery.lag %d)", ErrNotReady, sb.name, lag, acceptable)
+	st, lag, err := usableStandby(sb, acceptable)
+	if err != nil {
+		return 0, false, lag, err
 	}
 	e, ok, err := st.Get(product)
 	return e.Total, ok, lag, err
+}
+
+// usableStandby returns the store of standby copy sb when it may answer
+// queries: it tails its changelog within acceptable records; lag is how
+// far behind it may be.
+func usableStandby(sb *standby, acceptable int64) (st *state.Store, lag int64, err error) {
+	if sb == nil {
+		return nil, 0, ErrNotHosted
+	}
+	lag = sb.lag()
+	st = sb.store.Load()
+	if sb.State() != copyTailing || st == nil || lag < 0 {
+		return nil, lag, fmt.Errorf("%w: the standby copy of task %s is not tailing yet", ErrNotReady, sb.name)
+	}
+	if lag > acceptable {
+		return nil, lag, fmt.Errorf("%w: the standby copy of task %s is %d records behind (acceptable.recovery.lag %d)", ErrNotReady, sb.name, lag, acceptable)
+	}
+	return st, lag, nil
 }
 
 // localStores are the checkpoints the stores on disk were last closed

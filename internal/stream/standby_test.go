@@ -4,7 +4,10 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"net/http"
+	"slices"
+	"sort"
 	"strings"
 	"testing"
 	"time"
@@ -12,6 +15,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/salesagg/salesagg/internal/state"
 	"github.com/salesagg/salesagg/internal/status"
 	"github.com/salesagg/salesagg/internal/stream"
 	th "github.com/salesagg/salesagg/test/harness"
@@ -124,6 +128,36 @@ func TestStandbyTailsServesAndIsPromoted(t *testing.T) {
 	}
 	if checked == 0 {
 		t.Fatal("no product of A's tasks was checked")
+	}
+	// The lists too: B answers A's tasks from its copies, listed stale,
+	// none unavailable.
+	staleWant := slices.Clone(aTasks)
+	sort.Strings(staleWant)
+	var page struct {
+		Products    []state.Total `json:"products"`
+		Stale       []string      `json:"stale_tasks"`
+		Unavailable []string      `json:"unavailable_tasks"`
+	}
+	code, raw := get(t, b.http.URL+"/v1/products?limit=1000")
+	if err := json.Unmarshal([]byte(raw), &page); code != http.StatusOK || err != nil {
+		t.Fatalf("/v1/products on B while A's server is down = %d %s (%v)", code, raw, err)
+	}
+	listed := map[string]int64{}
+	for _, e := range page.Products {
+		listed[e.Product] = e.Total
+	}
+	if !maps.Equal(listed, want) || !slices.Equal(page.Stale, staleWant) || len(page.Unavailable) > 0 {
+		t.Fatalf("/v1/products on B while A's server is down: %d products (want %d, equal %v), stale %v (want %v), unavailable %v",
+			len(listed), len(want), maps.Equal(listed, want), page.Stale, staleWant, page.Unavailable)
+	}
+	page.Products, page.Stale, page.Unavailable = nil, nil, nil
+	code, raw = get(t, b.http.URL+"/v1/products?sort=total&limit=5")
+	if err := json.Unmarshal([]byte(raw), &page); code != http.StatusOK || err != nil {
+		t.Fatalf("/v1/products?sort=total on B while A's server is down = %d %s (%v)", code, raw, err)
+	}
+	if top := topOf(want, 5); !slices.Equal(page.Products, top) || !slices.Equal(page.Stale, staleWant) || len(page.Unavailable) > 0 {
+		t.Fatalf("/v1/products?sort=total&limit=5 on B while A's server is down = %+v stale %v unavailable %v, want %+v stale %v",
+			page.Products, page.Stale, page.Unavailable, top, staleWant)
 	}
 
 	// More events, then A stops: B takes A's tasks over from its copies.

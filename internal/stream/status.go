@@ -89,30 +89,60 @@ func (rt *Runtime) TopProducts(ctx context.Context, limit int) (top []state.Tota
 			unavailable = append(unavailable, t.name)
 			continue
 		}
-		after := ""
-		for {
-			if err := ctx.Err(); err != nil {
-				return nil, nil, err
-			}
-			chunk, err := s.Scan(after, topChunk)
-			if errors.Is(err, state.ErrClosed) {
-				unavailable = append(unavailable, t.name)
-				break
-			}
-			if err != nil {
-				return nil, nil, err
-			}
-			for _, e := range chunk {
-				h.Offer(e, limit)
-			}
-			if len(chunk) < topChunk {
-				break
-			}
-			after = chunk[len(chunk)-1].Product
+		if err := scanTop(ctx, s, limit, &h); errors.Is(err, state.ErrClosed) {
+			unavailable = append(unavailable, t.name)
+		} else if err != nil {
+			return nil, nil, err
 		}
 	}
 	sort.Strings(unavailable)
 	return h.Sorted(), unavailable, nil
+}
+
+// scanTop offers every total of store s to h, bound limit, reading it in
+// chunks of topChunk products; it stops at ctx's end with its error.
+func scanTop(ctx context.Context, s *state.Store, limit int, h *state.TopTotals) error {
+	after := ""
+	for {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		chunk, err := s.Scan(after, topChunk)
+		if err != nil {
+			return err
+		}
+		for _, e := range chunk {
+			h.Offer(e, limit)
+		}
+		if len(chunk) < topChunk {
+			return nil
+		}
+		after = chunk[len(chunk)-1].Product
+	}
+}
+
+// StandbyPage lists the products of task's standby copy here, when it
+// runs within acceptable.recovery.lag: up to limit after the product after
+// (by product), or with byTotal the limit largest totals (read whole, as
+// TopProducts). lag is how many changelog records the copy may be behind.
+func (rt *Runtime) StandbyPage(ctx context.Context, task, after string, limit int, byTotal bool) (page []state.Total, lag int64, err error) {
+	p, ok := state.ParseTaskName(task)
+	if !ok {
+		return nil, 0, fmt.Errorf("%w: %q is not a task name", ErrNotHosted, task)
+	}
+	st, lag, err := usableStandby(rt.reg.standby(p), rt.env.cfg.AcceptableRecoveryLag)
+	if err != nil {
+		return nil, lag, err
+	}
+	if !byTotal {
+		page, err = st.Scan(after, limit)
+		return page, lag, err
+	}
+	var h state.TopTotals
+	if err := scanTop(ctx, st, limit, &h); err != nil {
+		return nil, lag, err
+	}
+	return h.Sorted(), lag, nil
 }
 
 // NotHostedError is the error of a query for a product whose task runs on

@@ -56,6 +56,12 @@ func (b Backend) TopProducts(ctx context.Context, limit int) ([]state.Total, []s
 	return top, unavailable, queryError(err)
 }
 
+// StandbyPage is rt's StandbyPage, its error adapted.
+func (b Backend) StandbyPage(ctx context.Context, task, after string, limit int, byTotal bool) ([]state.Total, int64, error) {
+	page, lag, err := b.rt.StandbyPage(ctx, task, after, limit, byTotal)
+	return page, lag, queryError(err)
+}
+
 // Ready is rt's Ready.
 func (b Backend) Ready() (bool, string) { return b.rt.Ready() }
 
