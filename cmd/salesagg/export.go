@@ -23,7 +23,7 @@ import (
 	"github.com/salesagg/salesagg/internal/state"
 )
 
-const exportLine = "state export [--state.dir DIR] [--task 0_N ...] | --from URL [--token-file F] [--ca-file F]; [--format jsonl|csv] [--output FILE]"
+const exportLine = "state export [--state.dir DIR] [--task 0_N ...] | --from URL [--token-file F] [--ca-file F] [--cert-file F --key-file F]; [--format jsonl|csv] [--output FILE]"
 
 const exportAbout = `Writes every product's total, sorted by product within each task, one per line:
 JSONL ({"task":"0_1","product":"p1","total":1200}) or CSV (task,product,total with a header).
@@ -33,7 +33,9 @@ task or those named with --task. With --from URL it asks a running instance inst
 (GET /v1/products, paged, gathered from every instance; task is then empty): it fails (exit 1)
 when a task was unavailable (restoring, or its instance did not answer), after writing what it
 read. --token-file gives the bearer token (its first line) when http.auth.tokens.file is set;
---ca-file the CA for an https URL. With --output the file appears only once the export is whole.`
+--ca-file the CA for an https URL, --cert-file and --key-file a client certificate when the
+service asks for one (http.tls.client.ca.file). With --output the file appears only once the
+export is whole.`
 
 // exportRow is one exported total.
 type exportRow struct {
@@ -84,6 +86,8 @@ func runStateExport(args []string, stdout io.Writer) (err error) {
 	from := fs.String("from", "", "a running instance's base URL, e.g. http://127.0.0.1:8080 (default: read the state dir offline)")
 	tokenFile := fs.String("token-file", "", "with --from: a file whose first line is the bearer token")
 	caFile := fs.String("ca-file", "", "with --from https://…: the CA that signed the service's certificate")
+	certFile := fs.String("cert-file", "", "with --from https://…: a client certificate (PEM), with --key-file")
+	keyFile := fs.String("key-file", "", "with --from https://…: the client certificate's key (PEM)")
 	timeout := fs.Duration("timeout", 2*time.Minute, "with --from: give up after this long")
 	commandUsage(fs, exportLine, exportAbout)
 	cfg, err := loadCommandConfig(fs, args)
@@ -93,8 +97,11 @@ func runStateExport(args []string, stdout io.Writer) (err error) {
 	if *from != "" && len(*tasks) > 0 {
 		return usageError{errors.New("--task selects stores offline; with --from every product is exported")}
 	}
-	if *from == "" && (*tokenFile != "" || *caFile != "") {
-		return usageError{errors.New("--token-file and --ca-file go with --from")}
+	if *from == "" && (*tokenFile != "" || *caFile != "" || *certFile != "" || *keyFile != "") {
+		return usageError{errors.New("--token-file, --ca-file, --cert-file and --key-file go with --from")}
+	}
+	if (*certFile == "") != (*keyFile == "") {
+		return usageError{errors.New("--cert-file and --key-file go together")}
 	}
 	if _, err := newExportWriter(*format, io.Discard); err != nil {
 		return err
@@ -124,7 +131,7 @@ func runStateExport(args []string, stdout io.Writer) (err error) {
 	var rows int64
 	emit := func(r exportRow) error { rows++; return w.write(r) }
 	if *from != "" {
-		err = exportHTTP(*from, *tokenFile, *caFile, *timeout, emit)
+		err = exportHTTP(*from, httpCreds{token: *tokenFile, ca: *caFile, cert: *certFile, key: *keyFile}, *timeout, emit)
 	} else {
 		err = exportOffline(cfg.StateDir, cfg.ApplicationID, *tasks, emit)
 	}
@@ -169,9 +176,14 @@ func exportOffline(stateDir, appID string, names []string, emit func(exportRow) 
 	return nil
 }
 
+// httpCreds are the files export --from authenticates with: a bearer
+// token, the CA of the service's certificate, a client certificate and key.
+type httpCreds struct{ token, ca, cert, key string }
+
 // exportHTTP pages through GET /v1/products of the instance at base. It
 // fails after the last page when a task was unavailable on any page.
-func exportHTTP(base, tokenFile, caFile string, timeout time.Duration, emit func(exportRow) error) error {
+func exportHTTP(base string, creds httpCreds, timeout time.Duration, emit func(exportRow) error) error {
+	tokenFile, caFile := creds.token, creds.ca
 	u, err := neturl.Parse(base)
 	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
 		return usageError{fmt.Errorf("--from %q: want http://HOST:PORT or https://HOST:PORT", base)}
@@ -189,6 +201,7 @@ func exportHTTP(base, tokenFile, caFile string, timeout time.Duration, emit func
 		}
 	}
 	tr := http.DefaultTransport.(*http.Transport).Clone()
+	tlsCfg := &tls.Config{MinVersion: tls.VersionTLS12}
 	if caFile != "" {
 		pem, err := os.ReadFile(caFile)
 		if err != nil {
@@ -198,8 +211,16 @@ func exportHTTP(base, tokenFile, caFile string, timeout time.Duration, emit func
 		if !pool.AppendCertsFromPEM(pem) {
 			return fmt.Errorf("--ca-file %s: no PEM certificate in it", caFile)
 		}
-		tr.TLSClientConfig = &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}
+		tlsCfg.RootCAs = pool
 	}
+	if creds.cert != "" {
+		pair, err := tls.LoadX509KeyPair(creds.cert, creds.key)
+		if err != nil {
+			return fmt.Errorf("--cert-file %s, --key-file %s: %w", creds.cert, creds.key, err)
+		}
+		tlsCfg.Certificates = []tls.Certificate{pair}
+	}
+	tr.TLSClientConfig = tlsCfg
 	cl := &http.Client{Transport: tr}
 	defer tr.CloseIdleConnections()
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)

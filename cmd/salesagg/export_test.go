@@ -1,9 +1,13 @@
 package main
 
 import (
+	"crypto/tls"
+	"crypto/x509"
 	"encoding/csv"
 	"encoding/json"
+	"fmt"
 	"maps"
+	"net/http"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -20,8 +24,10 @@ func TestStateExportOfflineAndOverHTTP(t *testing.T) {
 	// Scenario: after the sample events, `state export --from URL` exports every product's total
 	// from the running service as CSV into a file (the task column empty), and the offline export
 	// (refused while the service holds the state dir) writes JSONL to stdout with each product's
-	// task; --task keeps one task's products. Both hold exactly the sample's totals. A bad
-	// --format is a usage error and leaves no file.
+	// task; --task keeps one task's products. Restarted with HTTPS, client certificates and
+	// tokens required, the service refuses an export without credentials, and --ca-file,
+	// --cert-file, --key-file and --token-file get it. Every export holds exactly the sample's
+	// totals. A bad --format is a usage error and leaves no file.
 	work := t.TempDir()
 	brokerAddr := harness.FreeAddr(t)
 	startBroker(t, filepath.Join(work, "broker"), brokerAddr)
@@ -97,6 +103,67 @@ func TestStateExportOfflineAndOverHTTP(t *testing.T) {
 	if got := offline("--task", "0_1"); len(want1) == 0 || !maps.Equal(got, want1) {
 		t.Fatalf("exported task 0_1 %v, want %v", got, want1)
 	}
+
+	// Over HTTPS with client certificates and tokens required: export
+	// --from authenticates with --ca-file, --cert-file, --key-file and
+	// --token-file.
+	pki := harness.NewPKI(t)
+	srvCert, srvKey, _ := pki.Issue(t, "server")
+	cliCert, cliKey, _ := pki.Issue(t, "client")
+	tokens := filepath.Join(work, "tokens")
+	if err := os.WriteFile(tokens, []byte("export-token\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	secure := startService(t, brokerAddr, stateDir, nil, "--http.tls.cert.file", srvCert, "--http.tls.key.file", srvKey,
+		"--http.tls.client.ca.file", pki.CAFile, "--http.auth.tokens.file", tokens)
+	pool := x509.NewCertPool()
+	pool.AddCert(pki.CA)
+	pair, err := tls.LoadX509KeyPair(cliCert, cliKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	hc := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool, Certificates: []tls.Certificate{pair}}}}
+	harness.WaitFor(t, 60*time.Second, "the service over HTTPS to be ready", func() error {
+		if err := secure.Exited(); err != nil {
+			return err
+		}
+		resp, err := hc.Get("https://" + secure.Addr + "/readyz")
+		if err != nil {
+			return err
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			return fmt.Errorf("/readyz: %s", resp.Status)
+		}
+		return nil
+	})
+	secured := filepath.Join(work, "secured.jsonl")
+	from := "https://" + secure.Addr
+	code, _, stderr = runBinary(t, nil, "state", "export", "--from", from, "--output", secured)
+	if code != exitError || (!strings.Contains(stderr, "certificate") && !strings.Contains(stderr, "tls")) {
+		t.Fatalf("export --from %s without credentials: exit %d, want %d on the certificate\n%s", from, code, exitError, stderr)
+	}
+	code, _, stderr = runBinary(t, nil, "state", "export", "--from", from, "--ca-file", pki.CAFile, "--cert-file", cliCert, "--key-file", cliKey,
+		"--token-file", tokens, "--output", secured)
+	if code != 0 {
+		t.Fatalf("export --from %s with credentials: exit %d\n%s", from, code, stderr)
+	}
+	b, err := os.ReadFile(secured)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got = map[string]int64{}
+	for _, line := range strings.Split(strings.TrimSpace(string(b)), "\n") {
+		var r exportRow
+		if err := json.Unmarshal([]byte(line), &r); err != nil {
+			t.Fatalf("JSONL line %q: %v", line, err)
+		}
+		got[r.Product] = r.Total
+	}
+	if !maps.Equal(got, harness.SampleTotals) {
+		t.Fatalf("exported over HTTPS %v, want %v", got, harness.SampleTotals)
+	}
+	secure.Terminate(t)
 
 	bad := filepath.Join(work, "bad.out")
 	code, _, stderr = runBinary(t, nil, "state", "export", "--state.dir", stateDir, "--format", "xml", "--output", bad)

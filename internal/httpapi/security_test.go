@@ -1,17 +1,11 @@
 package httpapi
 
 import (
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/tls"
 	"crypto/x509"
-	"crypto/x509/pkix"
 	"encoding/json"
-	"encoding/pem"
 	"fmt"
 	"io"
-	"math/big"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -29,6 +23,7 @@ import (
 
 	"github.com/salesagg/salesagg/internal/config"
 	"github.com/salesagg/salesagg/internal/status"
+	th "github.com/salesagg/salesagg/test/harness"
 )
 
 // owned answers the products it holds, and names owner at server for the
@@ -223,72 +218,6 @@ type echo struct{ idle }
 
 func (echo) Total(p string) (int64, bool, error) { return int64(len(p)), true, nil }
 
-// testPKI is a CA and the certificates it signed, written as PEM files.
-type testPKI struct {
-	dir    string
-	ca     *x509.Certificate
-	caKey  *ecdsa.PrivateKey
-	caFile string
-	serial int64
-}
-
-func newTestPKI(t *testing.T) *testPKI {
-	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "salesagg test CA"},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour), IsCA: true, BasicConstraintsValid: true,
-		KeyUsage: x509.KeyUsageCertSign}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ca, _ := x509.ParseCertificate(der)
-	p := &testPKI{dir: t.TempDir(), ca: ca, caKey: key, serial: 1}
-	p.caFile = filepath.Join(p.dir, "ca.crt")
-	writePEM(t, p.caFile, "CERTIFICATE", der)
-	return p
-}
-
-// issue writes a certificate for name (server and client use) and its key
-// to <name>.crt and <name>.key, returning their paths and its serial.
-func (p *testPKI) issue(t *testing.T, name string) (certFile, keyFile string, serial int64) {
-	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	p.serial++
-	tmpl := &x509.Certificate{SerialNumber: big.NewInt(p.serial), Subject: pkix.Name{CommonName: name}, DNSNames: []string{"localhost"},
-		IPAddresses: []net.IP{net.ParseIP("127.0.0.1")}, NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
-		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth}, KeyUsage: x509.KeyUsageDigitalSignature}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, p.ca, &key.PublicKey, p.caKey)
-	if err != nil {
-		t.Fatal(err)
-	}
-	kb, err := x509.MarshalECPrivateKey(key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	certFile, keyFile = filepath.Join(p.dir, name+".crt"), filepath.Join(p.dir, name+".key")
-	writePEM(t, certFile, "CERTIFICATE", der)
-	writePEM(t, keyFile, "EC PRIVATE KEY", kb)
-	return certFile, keyFile, p.serial
-}
-
-func writePEM(t *testing.T, path, typ string, der []byte) {
-	t.Helper()
-	tmp := path + ".new"
-	if err := os.WriteFile(tmp, pem.EncodeToMemory(&pem.Block{Type: typ, Bytes: der}), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.Rename(tmp, path); err != nil {
-		t.Fatal(err)
-	}
-}
-
 // serve runs Listen with sec over b, with metrics, and returns its address.
 func serve(t *testing.T, b Backend, sec config.HTTPSecurity) string {
 	t.Helper()
@@ -304,10 +233,10 @@ func serve(t *testing.T, b Backend, sec config.HTTPSecurity) string {
 }
 
 // tlsClient trusts pki's CA and presents certFile/keyFile when given.
-func tlsClient(t *testing.T, pki *testPKI, certFile, keyFile string) *http.Client {
+func tlsClient(t *testing.T, pki *th.PKI, certFile, keyFile string) *http.Client {
 	t.Helper()
 	pool := x509.NewCertPool()
-	pool.AddCert(pki.ca)
+	pool.AddCert(pki.CA)
 	tc := &tls.Config{RootCAs: pool}
 	if certFile != "" {
 		pair, err := tls.LoadX509KeyPair(certFile, keyFile)
@@ -380,16 +309,16 @@ func TestMutualTLSBetweenInstances(t *testing.T) {
 	// gets 401 (the probes answer it); with one it is answered. Instance A forwards to B over
 	// HTTPS presenting its peer certificate, with a token B accepts; without a peer certificate
 	// B refuses A's forward and A answers 503.
-	pki := newTestPKI(t)
-	srvCert, srvKey, _ := pki.issue(t, "server")
-	peerCert, peerKey, _ := pki.issue(t, "peer")
-	cliCert, cliKey, _ := pki.issue(t, "client")
+	pki := th.NewPKI(t)
+	srvCert, srvKey, _ := pki.Issue(t, "server")
+	peerCert, peerKey, _ := pki.Issue(t, "peer")
+	cliCert, cliKey, _ := pki.Issue(t, "client")
 	tokens := filepath.Join(t.TempDir(), "tokens")
 	if err := os.WriteFile(tokens, []byte("shared-token\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	sec := config.HTTPSecurity{CertFile: srvCert, KeyFile: srvKey, ClientCAFile: pki.caFile, PeerCertFile: peerCert, PeerKeyFile: peerKey,
-		PeerCAFile: pki.caFile, TokensFile: tokens, AuthMetrics: true}
+	sec := config.HTTPSecurity{CertFile: srvCert, KeyFile: srvKey, ClientCAFile: pki.CAFile, PeerCertFile: peerCert, PeerKeyFile: peerKey,
+		PeerCAFile: pki.CAFile, TokensFile: tokens, AuthMetrics: true}
 	b := serve(t, owned{name: "b", totals: map[string]int64{"p1": 55}}, sec)
 	a := serve(t, owned{name: "a", owner: "b", server: b}, sec)
 	tok := http.Header{"Authorization": {"Bearer shared-token"}}
@@ -424,8 +353,8 @@ func TestMutualTLSBetweenInstances(t *testing.T) {
 func TestCertificateRotatedWhileServing(t *testing.T) {
 	// Scenario: the server's certificate and key are replaced on disk (as cert-manager renews
 	// them); new connections get the new certificate without a restart.
-	pki := newTestPKI(t)
-	cert, key, first := pki.issue(t, "server")
+	pki := th.NewPKI(t)
+	cert, key, first := pki.Issue(t, "server")
 	addr := serve(t, idle{}, config.HTTPSecurity{CertFile: cert, KeyFile: key})
 	served := func() int64 {
 		c, err := tls.Dial("tcp", addr, &tls.Config{InsecureSkipVerify: true}) // the serial is what is checked
@@ -438,7 +367,7 @@ func TestCertificateRotatedWhileServing(t *testing.T) {
 	if got := served(); got != first {
 		t.Fatalf("serial %d, want %d", got, first)
 	}
-	_, _, second := pki.issue(t, "server")
+	_, _, second := pki.Issue(t, "server")
 	deadline := time.Now().Add(10 * time.Second)
 	for served() != second {
 		if time.Now().After(deadline) {
@@ -453,13 +382,13 @@ func TestHTTPSCertificateMidRotation(t *testing.T) {
 	// handshakes look at the files: the pair that fails to load leaves the previous one
 	// served and the files to be read again, and marking them does not race the looks
 	// (go test -race reports the race this guards against).
-	pki := newTestPKI(t)
-	cert, key, first := pki.issue(t, "server")
+	pki := th.NewPKI(t)
+	cert, key, first := pki.Issue(t, "server")
 	kp, err := newKeyPair(cert, key, "HTTPS certificate", zap.NewNop())
 	if err != nil {
 		t.Fatal(err)
 	}
-	next, _, _ := pki.issue(t, "next")
+	next, _, _ := pki.Issue(t, "next")
 	if err := os.Rename(next, cert); err != nil { // a new certificate, the old key
 		t.Fatal(err)
 	}
