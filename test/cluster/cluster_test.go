@@ -54,7 +54,7 @@ func TestCluster(t *testing.T) {
 	}
 	t.Logf("Kubernetes %s binaries in %s (%s)", KubernetesVersion, bin, time.Since(start).Round(time.Millisecond))
 	dir := t.TempDir()
-	nodes := hostNetwork(t)
+	nodes := clusterNetwork(t)
 	c := startControlPlane(t, bin, dir, nodes)
 	c.mustKubectl("version")
 
@@ -614,14 +614,30 @@ spec:
 	}
 }
 
-// pod reads salesagg-0.
+// pod reads salesagg-0 of the one-replica run.
 func (c *cluster) pod(t *testing.T) pod {
 	t.Helper()
+	return c.podIn(t, runNS, "salesagg-0")
+}
+
+// podIn reads pod name of namespace ns.
+func (c *cluster) podIn(t *testing.T, ns, name string) pod {
+	t.Helper()
 	var p pod
-	if err := c.get("/api/v1/namespaces/"+runNS+"/pods/salesagg-0", &p); err != nil {
+	if err := c.get("/api/v1/namespaces/"+ns+"/pods/"+name, &p); err != nil {
 		t.Fatal(err)
 	}
 	return p
+}
+
+// claimIn reads claim name of namespace ns.
+func (c *cluster) claimIn(t *testing.T, ns, name string) pvc {
+	t.Helper()
+	var cl pvc
+	if err := c.get("/api/v1/namespaces/"+ns+"/persistentvolumeclaims/"+name, &cl); err != nil {
+		t.Fatal(err)
+	}
+	return cl
 }
 
 // waitPodReady waits for salesagg-0 (another than the one of uid notUID,
@@ -669,16 +685,12 @@ func (c *cluster) lastWarning() string {
 	return fmt.Sprintf("%s (x%d): %s", e.Reason, e.Count, e.Message)
 }
 
+// claim reads data-salesagg-0 of the one-replica run.
 func (c *cluster) claim(t *testing.T) pvc {
 	t.Helper()
-	var cl pvc
-	if err := c.get("/api/v1/namespaces/"+runNS+"/persistentvolumeclaims/data-salesagg-0", &cl); err != nil {
-		t.Fatal(err)
-	}
-	return cl
+	return c.claimIn(t, runNS, "data-salesagg-0")
 }
 
-// sameClaim checks that the pod runs on the claim it had.
 // backOnItsClaim checks a pod made again after a clean stop (the old
 // container's log lines): the new pod, not notUID, turns Ready on the same
 // claim and volume, and every task restored 0 records.
@@ -691,6 +703,7 @@ func (c *cluster) backOnItsClaim(t *testing.T, notUID string, oldLog []string, c
 	restoredAll(t, c.logs(t, false), 0)
 }
 
+// sameClaim checks that the pod runs on the claim it had.
 func (c *cluster) sameClaim(t *testing.T, was pvc) {
 	t.Helper()
 	now := c.claim(t)

@@ -54,7 +54,7 @@ const (
 // containerd, kubelet and kube-proxy run (the mount and pid namespaces are
 // the host's: the test reads the containers' processes and volumes from
 // the host). Its fields are set by the test's goroutine: the network ones
-// by hostNetwork, dir and ctrSock by startNode.
+// by clusterNetwork, dir and ctrSock by startNode.
 type node struct {
 	name      string // the Node's name and kubernetes.io/hostname label
 	netns     string // its network namespace (ip netns)
@@ -91,7 +91,7 @@ func ip(args ...string) error {
 	return err
 }
 
-// hostNetwork makes the cluster's network and returns its nodes: the
+// clusterNetwork makes the cluster's network and returns its nodes: the
 // bridge cpIface with the control plane's address, and for each node a
 // network namespace, a veth from it to the bridge with the node's address,
 // a default route to the host and routes to the other nodes' pod subnets
@@ -99,7 +99,7 @@ func ip(args ...string) error {
 // the pods' network namespaces containerd left (the containers are killed
 // through containerd, not torn down through the CRI) and libcni's cached
 // results. What a run that was killed left is removed first.
-func hostNetwork(t *testing.T) []*node {
+func clusterNetwork(t *testing.T) []*node {
 	for _, need := range []string{"ip", "nsenter", "sysctl"} {
 		if _, err := exec.LookPath(need); err != nil {
 			t.Fatalf("the cluster's network needs %s (Debian's iproute2, util-linux, procps): %v", need, err)

@@ -43,11 +43,7 @@ func (pr *prodRun) pods(t *testing.T) map[string]pod {
 // volumeOf is the volume the pod's claim is bound to.
 func (pr *prodRun) volumeOf(t *testing.T, name string) string {
 	t.Helper()
-	var cl pvc
-	if err := pr.c.get("/api/v1/namespaces/"+prodNS+"/persistentvolumeclaims/data-"+name, &cl); err != nil {
-		t.Fatal(err)
-	}
-	return cl.Spec.VolumeName
+	return pr.c.claimIn(t, prodNS, "data-"+name).Spec.VolumeName
 }
 
 // restores is the pod's restore lines (its running container's log).
