@@ -324,7 +324,22 @@ func (h *handler) standbyPage(w http.ResponseWriter, r *http.Request, task, afte
 	}
 	ctx, cancel := context.WithTimeout(r.Context(), topGatherTimeout)
 	defer cancel()
-	page, lag, err := h.list.StandbyPage(ctx, task, after, limit, byTotal)
+	var page []state.Total
+	var lag int64
+	read := func() (err error) {
+		page, lag, err = h.list.StandbyPage(ctx, task, after, limit, byTotal)
+		return err
+	}
+	var err error
+	if byTotal {
+		err = h.scanWhole(ctx, read)
+	} else {
+		err = read()
+	}
+	if errors.Is(err, errScanBusy) {
+		writeJSON(w, http.StatusServiceUnavailable, map[string]string{"error": err.Error()})
+		return
+	}
 	if err != nil {
 		writeError(w, err)
 		return
@@ -362,7 +377,18 @@ func (h *handler) fromStandbys(ctx context.Context, timeout time.Duration, unava
 	var wg sync.WaitGroup
 	for _, task := range unavailable {
 		wg.Go(func() {
-			if got, _, err := h.list.StandbyPage(ctx, task, after, limit, byTotal); err == nil {
+			var got []state.Total
+			read := func() (err error) {
+				got, _, err = h.list.StandbyPage(ctx, task, after, limit, byTotal)
+				return err
+			}
+			var err error
+			if byTotal {
+				err = h.scanWhole(ctx, read)
+			} else {
+				err = read()
+			}
+			if err == nil {
 				answers <- answer{task, got, true}
 				return
 			}
@@ -412,14 +438,16 @@ func (h *handler) top(w http.ResponseWriter, r *http.Request, limit int) {
 			return h.fw.top(ctx, h.list.InstanceID(), is, limit)
 		})
 	}
-	select {
-	case h.topScans <- struct{}{}:
-	case <-ctx.Done():
-		writeJSON(w, http.StatusServiceUnavailable, map[string]string{"error": "another top query is reading this instance's stores; try again"})
+	var top []state.Total
+	var unavailable []string
+	err := h.scanWhole(ctx, func() (err error) {
+		top, unavailable, err = h.list.TopProducts(ctx, limit)
+		return err
+	})
+	if errors.Is(err, errScanBusy) {
+		writeJSON(w, http.StatusServiceUnavailable, map[string]string{"error": err.Error()})
 		return
 	}
-	top, unavailable, err := h.list.TopProducts(ctx, limit)
-	<-h.topScans
 	if errors.Is(err, context.DeadlineExceeded) {
 		writeJSON(w, http.StatusServiceUnavailable, map[string]string{"error": fmt.Sprintf("reading this instance's stores took longer than %s", topGatherTimeout)})
 		return
@@ -461,6 +489,23 @@ func (h *handler) top(w http.ResponseWriter, r *http.Request, limit int) {
 		resp["stale_tasks"] = stale
 	}
 	writeJSON(w, http.StatusOK, resp)
+}
+
+// errScanBusy: a query that reads stores whole waited for its turn past its
+// deadline.
+var errScanBusy = errors.New("another top query is reading this instance's stores; try again")
+
+// scanWhole runs scan, a read of stores whole (a top query of the tasks or
+// of a standby copy), once no other one runs on this instance (topScans);
+// errScanBusy when ctx ends first.
+func (h *handler) scanWhole(ctx context.Context, scan func() error) error {
+	select {
+	case h.topScans <- struct{}{}:
+	case <-ctx.Done():
+		return errScanBusy
+	}
+	defer func() { <-h.topScans }()
+	return scan()
 }
 
 // pageResult is one other instance's answer to a gathered query: its
