@@ -37,6 +37,23 @@ func NewKafka(root, dir string) Kafka {
 	return Kafka{Script: filepath.Join(root, "test", "kafka", "kafka.sh"), Dir: dir}
 }
 
+// LogLines returns the last n lines of the single broker's log
+// ($KAFKA_DIR/broker.log) that match, oldest first; what could not be read
+// is said in the one line returned.
+func (k Kafka) LogLines(match func(string) bool, n int) []string {
+	b, err := os.ReadFile(filepath.Join(k.Dir, "broker.log"))
+	if err != nil {
+		return []string{fmt.Sprintf("(the broker log could not be read: %v)", err)}
+	}
+	var out []string
+	for _, l := range strings.Split(string(b), "\n") {
+		if match(l) {
+			out = append(out, l)
+		}
+	}
+	return out[max(0, len(out)-n):]
+}
+
 // Run runs kafka.sh with args. It returns stdout on success, stdout and
 // stderr on failure.
 func (k Kafka) Run(timeout time.Duration, args ...string) (string, error) {
