@@ -197,44 +197,21 @@ func Totals(path string) (totals map[string]int64, cp Checkpoint, found bool, er
 		return nil, cp, found, err
 	}
 	totals = map[string]int64{}
-	for after := ""; ; {
-		page, err := s.Scan(after, 1000)
-		if err != nil {
-			return nil, cp, found, err
-		}
-		for _, t := range page {
-			totals[t.Product] = t.Total
-		}
-		if len(page) < 1000 {
-			return totals, cp, found, nil
-		}
-		after = page[len(page)-1].Product
+	if err := s.Each(1000, func(t Total) error { totals[t.Product] = t.Total; return nil }); err != nil {
+		return nil, cp, found, err
 	}
+	return totals, cp, found, nil
 }
 
 // EachTotal calls fn with every product's total of partition's store, in
-// product order, reading it read-only in pages of 1,000.
+// product order, reading it read-only (Store.Each).
 func (d *Dir) EachTotal(partition int32, fn func(Total) error) error {
 	s, err := Open(d.TaskPath(partition), zap.NewNop(), OpenOptions{ReadOnly: true})
 	if err != nil {
 		return err
 	}
 	defer s.Close()
-	for after := ""; ; {
-		page, err := s.Scan(after, 1000)
-		if err != nil {
-			return err
-		}
-		for _, t := range page {
-			if err := fn(t); err != nil {
-				return err
-			}
-		}
-		if len(page) < 1000 {
-			return nil
-		}
-		after = page[len(page)-1].Product
-	}
+	return s.Each(1000, fn)
 }
 
 // PeekProcessID returns the process id kept in <stateDir>/<appID>'s

@@ -595,6 +595,28 @@ func (s *Store) Scan(after string, limit int) ([]Total, error) {
 	return out, nil
 }
 
+// Each calls fn with every product's total in product order, reading
+// chunk products per Scan (each under the store's read lock, released
+// between chunks: a write waits at most one chunk). It stops at fn's first
+// error and returns it.
+func (s *Store) Each(chunk int, fn func(Total) error) error {
+	for after := ""; ; {
+		page, err := s.Scan(after, chunk)
+		if err != nil {
+			return err
+		}
+		for _, t := range page {
+			if err := fn(t); err != nil {
+				return err
+			}
+		}
+		if len(page) < chunk {
+			return nil
+		}
+		after = page[len(page)-1].Product
+	}
+}
+
 // ProductIter lists the products a store held when the iterator was made:
 // writes after that do not show in it (a Pebble iterator is a point-in-time
 // view). It pins what it sees, and must be closed before the store is.

@@ -102,23 +102,14 @@ func (rt *Runtime) TopProducts(ctx context.Context, limit int) (top []state.Tota
 // scanTop offers every total of store s to h, bound limit, reading it in
 // chunks of topChunk products; it stops at ctx's end with its error.
 func scanTop(ctx context.Context, s *state.Store, limit int, h *state.TopTotals) error {
-	after := ""
-	for {
-		if err := ctx.Err(); err != nil {
-			return err
+	n := 0
+	return s.Each(topChunk, func(e state.Total) error {
+		h.Offer(e, limit)
+		if n++; n%topChunk == 0 {
+			return ctx.Err()
 		}
-		chunk, err := s.Scan(after, topChunk)
-		if err != nil {
-			return err
-		}
-		for _, e := range chunk {
-			h.Offer(e, limit)
-		}
-		if len(chunk) < topChunk {
-			return nil
-		}
-		after = chunk[len(chunk)-1].Product
-	}
+		return nil
+	})
 }
 
 // StandbyPage lists the products of task's standby copy here, when it
