@@ -324,18 +324,7 @@ func (h *handler) standbyPage(w http.ResponseWriter, r *http.Request, task, afte
 	}
 	ctx, cancel := context.WithTimeout(r.Context(), topGatherTimeout)
 	defer cancel()
-	var page []state.Total
-	var lag int64
-	read := func() (err error) {
-		page, lag, err = h.list.StandbyPage(ctx, task, after, limit, byTotal)
-		return err
-	}
-	var err error
-	if byTotal {
-		err = h.scanWhole(ctx, read)
-	} else {
-		err = read()
-	}
+	page, lag, err := h.readStandby(ctx, task, after, limit, byTotal)
 	if errors.Is(err, errScanBusy) {
 		writeJSON(w, http.StatusServiceUnavailable, map[string]string{"error": err.Error()})
 		return
@@ -354,6 +343,21 @@ func (h *handler) standbyPage(w http.ResponseWriter, r *http.Request, task, afte
 		resp["next"] = page[len(page)-1].Product
 	}
 	writeJSON(w, http.StatusOK, resp)
+}
+
+// readStandby reads this instance's standby copy of task (StandbyPage); a
+// read of it whole (byTotal) waits its turn (scanWhole).
+func (h *handler) readStandby(ctx context.Context, task, after string, limit int, byTotal bool) (page []state.Total, lag int64, err error) {
+	read := func() (err error) {
+		page, lag, err = h.list.StandbyPage(ctx, task, after, limit, byTotal)
+		return err
+	}
+	if byTotal {
+		err = h.scanWhole(ctx, read)
+	} else {
+		err = read()
+	}
+	return page, lag, err
 }
 
 // fromStandbys reads the products of the tasks in unavailable from standby
@@ -377,18 +381,7 @@ func (h *handler) fromStandbys(ctx context.Context, timeout time.Duration, unava
 	var wg sync.WaitGroup
 	for _, task := range unavailable {
 		wg.Go(func() {
-			var got []state.Total
-			read := func() (err error) {
-				got, _, err = h.list.StandbyPage(ctx, task, after, limit, byTotal)
-				return err
-			}
-			var err error
-			if byTotal {
-				err = h.scanWhole(ctx, read)
-			} else {
-				err = read()
-			}
-			if err == nil {
+			if got, _, err := h.readStandby(ctx, task, after, limit, byTotal); err == nil {
 				answers <- answer{task, got, true}
 				return
 			}

@@ -220,33 +220,53 @@ func (a *answer) write(w http.ResponseWriter) {
 	}
 }
 
+// productsAnswer is another instance's answer to GET /v1/products.
+type productsAnswer struct {
+	Products    []state.Total `json:"products"`
+	Unavailable []string      `json:"unavailable_tasks"`
+	Sort        string        `json:"sort"`
+	Standby     string        `json:"standby"`
+}
+
+// products asks another instance for GET /v1/products with q and checks
+// its answer: 200, a page of at most limit products after after, and what
+// check (when set) requires of it. A failure is recorded against the
+// instance, but a 503 to a standby read (its copy cannot answer, for now).
+func (f *forwarder) products(ctx context.Context, self string, is status.Instance, q url.Values, after string, limit int, check func(productsAnswer) error) (productsAnswer, error) {
+	var got productsAnswer
+	what := "GET /v1/products?" + q.Encode()
+	req, err := f.request(ctx, self, is.Server, "/v1/products", "", q)
+	if err != nil {
+		f.failed(is.Name, is.Server, err)
+		return got, err
+	}
+	code, body, err := f.do(req, 8<<20)
+	if err == nil && code != http.StatusOK {
+		err = fmt.Errorf("%s answered %d", what, code)
+	}
+	if err == nil {
+		err = json.Unmarshal(body, &got)
+	}
+	if err == nil && check != nil {
+		err = check(got)
+	}
+	if err == nil {
+		err = checkPage(got.Products, got.Unavailable, after, limit)
+	}
+	if err != nil && !(code == http.StatusServiceUnavailable && q.Has("standby")) {
+		f.failed(is.Name, is.Server, err)
+	}
+	return got, err
+}
+
 // page reads one page of GET /v1/products from another instance.
 func (f *forwarder) page(ctx context.Context, self string, is status.Instance, after string, limit int) ([]state.Total, []string, error) {
 	q := url.Values{"limit": {strconv.Itoa(limit)}}
 	if after != "" {
 		q.Set("after", after)
 	}
-	req, err := f.request(ctx, self, is.Server, "/v1/products", "", q)
+	got, err := f.products(ctx, self, is, q, after, limit, nil)
 	if err != nil {
-		f.failed(is.Name, is.Server, err)
-		return nil, nil, err
-	}
-	code, body, err := f.do(req, 8<<20)
-	if err == nil && code != http.StatusOK {
-		err = fmt.Errorf("GET /v1/products answered %d", code)
-	}
-	var got struct {
-		Products    []state.Total `json:"products"`
-		Unavailable []string      `json:"unavailable_tasks"`
-	}
-	if err == nil {
-		err = json.Unmarshal(body, &got)
-	}
-	if err == nil {
-		err = checkPage(got.Products, got.Unavailable, after, limit)
-	}
-	if err != nil {
-		f.failed(is.Name, is.Server, err)
 		return nil, nil, err
 	}
 	return got.Products, got.Unavailable, nil
@@ -258,31 +278,13 @@ func (f *forwarder) page(ctx context.Context, self string, is status.Instance, a
 // tasks are unavailable rather than wrongly merged.
 func (f *forwarder) top(ctx context.Context, self string, is status.Instance, limit int) ([]state.Total, []string, error) {
 	q := url.Values{"limit": {strconv.Itoa(limit)}, "sort": {"total"}}
-	req, err := f.request(ctx, self, is.Server, "/v1/products", "", q)
+	got, err := f.products(ctx, self, is, q, "", limit, func(a productsAnswer) error {
+		if a.Sort != "total" {
+			return fmt.Errorf("GET /v1/products?sort=total answered a page sorted by %q", cmp.Or(a.Sort, "product"))
+		}
+		return nil
+	})
 	if err != nil {
-		f.failed(is.Name, is.Server, err)
-		return nil, nil, err
-	}
-	code, body, err := f.do(req, 8<<20)
-	if err == nil && code != http.StatusOK {
-		err = fmt.Errorf("GET /v1/products?sort=total answered %d", code)
-	}
-	var got struct {
-		Products    []state.Total `json:"products"`
-		Sort        string        `json:"sort"`
-		Unavailable []string      `json:"unavailable_tasks"`
-	}
-	if err == nil {
-		err = json.Unmarshal(body, &got)
-	}
-	if err == nil && got.Sort != "total" {
-		err = fmt.Errorf("GET /v1/products?sort=total answered a page sorted by %q", cmp.Or(got.Sort, "product"))
-	}
-	if err == nil {
-		err = checkPage(got.Products, got.Unavailable, "", limit)
-	}
-	if err != nil {
-		f.failed(is.Name, is.Server, err)
 		return nil, nil, err
 	}
 	return got.Products, got.Unavailable, nil
@@ -299,32 +301,13 @@ func (f *forwarder) standbyPage(ctx context.Context, self string, is status.Inst
 	if byTotal {
 		q.Set("sort", "total")
 	}
-	req, err := f.request(ctx, self, is.Server, "/v1/products", "", q)
-	if err != nil {
-		f.failed(is.Name, is.Server, err)
-		return nil, err
-	}
-	code, body, err := f.do(req, 8<<20)
-	if err == nil && code != http.StatusOK {
-		err = fmt.Errorf("GET /v1/products?standby=%s answered %d", task, code)
-	}
-	var got struct {
-		Products []state.Total `json:"products"`
-		Standby  string        `json:"standby"`
-	}
-	if err == nil {
-		err = json.Unmarshal(body, &got)
-	}
-	if err == nil && got.Standby != task {
-		err = fmt.Errorf("GET /v1/products?standby=%s answered for %q", task, got.Standby)
-	}
-	if err == nil {
-		err = checkPage(got.Products, nil, after, limit)
-	}
-	if err != nil {
-		if code != http.StatusServiceUnavailable {
-			f.failed(is.Name, is.Server, err)
+	got, err := f.products(ctx, self, is, q, after, limit, func(a productsAnswer) error {
+		if a.Standby != task {
+			return fmt.Errorf("GET /v1/products?standby=%s answered for %q", task, a.Standby)
 		}
+		return nil
+	})
+	if err != nil {
 		return nil, err
 	}
 	return got.Products, nil
