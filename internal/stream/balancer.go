@@ -168,6 +168,10 @@ type assignmentInfo struct {
 	// application.server is not host:port, with why; they are left out of
 	// servers (not kept on the wire: every member checks for itself).
 	badServers map[string]string
+	// from names, per task, the member it ran on before its owner in
+	// owners, when the leader knows: a member that joins in the round a
+	// task reaches it never saw the task's last owner itself.
+	from map[int32]string
 }
 
 // copyKind is what a standby copy is for (its byte on the wire).
@@ -221,9 +225,17 @@ func encodeAssignmentInfo(a assignmentInfo) []byte {
 		}
 	}
 	if a.probe {
-		return append(b, 1)
+		b = append(b, 1)
+	} else {
+		b = append(b, 0)
 	}
-	return append(b, 0)
+	tasks = slices.Sorted(maps.Keys(a.from))
+	b = binary.BigEndian.AppendUint16(b, uint16(len(tasks)))
+	for _, t := range tasks {
+		b = binary.BigEndian.AppendUint32(b, uint32(t))
+		b = appendString(b, a.from[t])
+	}
+	return b
 }
 
 func decodeAssignmentInfo(b []byte) (assignmentInfo, error) {
@@ -289,6 +301,29 @@ func decodeAssignmentInfo(b []byte) (assignmentInfo, error) {
 			b = rest
 		}
 		a.probe = len(b) >= 1 && b[0] == 1
+		if len(b) >= 1 {
+			b = b[1:]
+		}
+	}
+	// A leader of the version before from sends none.
+	if len(b) >= 2 {
+		n := int(binary.BigEndian.Uint16(b))
+		b = b[2:]
+		for range n {
+			if len(b) < 4 {
+				return assignmentInfo{}, errors.New("unreadable assignment info: from")
+			}
+			t := int32(binary.BigEndian.Uint32(b))
+			from, rest, ok := readString(b[4:])
+			if !ok {
+				return assignmentInfo{}, errors.New("unreadable assignment info: from")
+			}
+			if a.from == nil {
+				a.from = map[int32]string{}
+			}
+			a.from[t] = from
+			b = rest
+		}
 	}
 	return a, nil
 }
@@ -447,7 +482,12 @@ func (b *taskBalancer) ParseSyncAssignment(assignment []byte) (map[string][]int3
 		b.mu.lastOwner, b.mu.movedFrom = map[int32]string{}, map[int32]string{}
 	}
 	for t, o := range info.owners {
-		if last := b.mu.lastOwner[t]; last != "" && last != o {
+		last := b.mu.lastOwner[t]
+		if last == "" {
+			// Not seen here yet: the leader says where it ran.
+			last = info.from[t]
+		}
+		if last != "" && last != o {
 			b.mu.movedFrom[t] = last
 		}
 		b.mu.lastOwner[t] = o
@@ -575,7 +615,7 @@ func (mb *memberBalancer) BalanceOrError(topics map[string]int32) (kgo.IntoSyncA
 	for _, ms := range mb.servers {
 		servers[name[ms[0]]] = ms[1]
 	}
-	info := encodeAssignmentInfo(assignmentInfo{partitions: n, owners: owners, servers: servers, standbys: standbys, probe: res.Probe})
+	info := encodeAssignmentInfo(assignmentInfo{partitions: n, owners: owners, servers: servers, standbys: standbys, probe: res.Probe, from: mb.from(owners, name)})
 	return &syncPlan{members: mb.members, res: res, input: b.input, repartition: b.repartition, info: info}, nil
 }
 
@@ -619,6 +659,42 @@ func (mb *memberBalancer) owners(res assign.Result, name map[string]string) (map
 		}
 	}
 	return owners, summary
+}
+
+// from names, per task, the member it ran on before its owner in owners:
+// the member that reports holding it, else the owner the leader saw last;
+// a task that stays where the leader saw it keeps the member it came from
+// there. A member whose first SyncGroup is the round after the one that
+// moved a task to it (its sync of that round was cut by the next
+// rebalance) learns it from here.
+func (mb *memberBalancer) from(owners map[int32]string, name map[string]string) map[int32]string {
+	b := mb.b
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	from := map[int32]string{}
+	for t, o := range owners {
+		prev := ""
+		var holder *assign.Member
+		for i := range mb.members {
+			m := &mb.members[i]
+			if slices.Contains(m.Owned, t) && (holder == nil || m.Generation > holder.Generation) {
+				holder = m
+			}
+		}
+		if holder != nil {
+			prev = name[holder.ID]
+		}
+		if prev == "" || prev == o {
+			prev = b.mu.lastOwner[t]
+		}
+		switch {
+		case prev != "" && prev != o:
+			from[t] = prev
+		case b.mu.lastOwner[t] == o && b.mu.movedFrom[t] != "":
+			from[t] = b.mu.movedFrom[t]
+		}
+	}
+	return from
 }
 
 // copies gives each member the kind of every copy it keeps (standby,

@@ -68,6 +68,44 @@ func TestBalancerRoundTrip(t *testing.T) {
 		t.Fatalf("servers B learned = %v", servers)
 	}
 
+	// The next round, after A revoked 2: 2 goes to B. A B whose sync of the first round was cut
+	// by this one (a new balancer here: it never saw A hold 2) still learns where 2 came from.
+	b2 := newBal("pb")
+	metaA = a.JoinGroupMetadata(topics, map[string][]int32{in: {0, 1}, rep: {0, 1}}, 5)
+	metaB = b2.JoinGroupMetadata(topics, nil, -1)
+	members = []kmsg.JoinGroupResponseMember{
+		{MemberID: "m-a", InstanceID: &idA, ProtocolMetadata: metaA},
+		{MemberID: "m-b", InstanceID: &idB, ProtocolMetadata: metaB},
+	}
+	mb2, _, err := a.MemberBalancer(members)
+	if err != nil {
+		t.Fatal(err)
+	}
+	plan, err = mb2.(kgo.GroupMemberBalancerOrError).BalanceOrError(map[string]int32{in: 3, rep: 3})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, sa := range plan.IntoSyncAssignment() {
+		parser := a
+		if sa.MemberID == "m-b" {
+			parser = b2
+		}
+		parts, err := parser.ParseSyncAssignment(sa.MemberAssignment)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got[sa.MemberID] = parts
+	}
+	if want := map[string][]int32{in: {2}, rep: {2}}; !reflect.DeepEqual(got["m-b"], want) {
+		t.Fatalf("B's assignment in the second round = %v, want %v", got["m-b"], want)
+	}
+	if from := b2.cameFrom(2); from != idA {
+		t.Fatalf("B says 0_2 came from %q, want %q", from, idA)
+	}
+	if from := b2.cameFrom(0); from != "" {
+		t.Fatalf("B says 0_0 came from %q, want nobody (it never moved)", from)
+	}
+
 	// Mismatched partition counts fail the round.
 	if _, err := mb.(kgo.GroupMemberBalancerOrError).BalanceOrError(map[string]int32{in: 3, rep: 4}); err == nil {
 		t.Fatal("balancing with 3 input and 4 repartition partitions did not fail")
@@ -112,13 +150,24 @@ func TestBalancerWireFormats(t *testing.T) {
 		t.Fatalf("newer member info = %+v, %v", got, err)
 	}
 	ai := assignmentInfo{version: 3, partitions: 3, owners: map[int32]string{0: "a", 2: "b"}, servers: map[string]string{"a": "10-a:8080", "b": "b.svc:8080"},
-		standbys: map[string]map[int32]copyKind{"a": {2: kindStandby}, "b": {0: kindIncoming, 1: kindWarmup}}, probe: true}
+		standbys: map[string]map[int32]copyKind{"a": {2: kindStandby}, "b": {0: kindIncoming, 1: kindWarmup}}, probe: true,
+		from: map[int32]string{2: "a"}}
 	gotA, err := decodeAssignmentInfo(encodeAssignmentInfo(ai))
 	if err != nil || !reflect.DeepEqual(gotA, ai) {
 		t.Fatalf("assignment info = %+v, %v", gotA, err)
 	}
 	enc := encodeAssignmentInfo(ai)
-	if _, err := decodeAssignmentInfo(enc[:len(enc)-4]); err == nil {
+	if _, err := decodeAssignmentInfo(enc[:len(enc)-2]); err == nil {
+		t.Fatal("assignment info with a truncated from decoded")
+	}
+	// A leader of the version before from: standbys and probe, no from.
+	noFrom := ai
+	noFrom.from = nil
+	enc = encodeAssignmentInfo(noFrom)
+	if got, err := decodeAssignmentInfo(enc[:len(enc)-2]); err != nil || !reflect.DeepEqual(got, noFrom) {
+		t.Fatalf("assignment info without from = %+v, %v", got, err)
+	}
+	if _, err := decodeAssignmentInfo(enc[:len(enc)-6]); err == nil {
 		t.Fatal("assignment info with truncated standbys decoded")
 	}
 	// A leader of the version before standbys: none, no probe.
