@@ -485,7 +485,14 @@ func (s *Store) Checkpoint() (Checkpoint, bool, error) {
 // changelog than the tail since the last commit). One sync per commit cycle
 // and per restored fetch is cheap next to the produce round trip.
 func (s *Store) Apply(updates []Update, cp Checkpoint) error {
-	return s.apply(updates, cp, pebble.Sync)
+	return s.apply(updates, cp, nil, pebble.Sync)
+}
+
+// ApplyWith is Apply with the writes of window sizes in the same batch:
+// the totals and the windows of one cycle are stored together or not at
+// all.
+func (s *Store) ApplyWith(updates []Update, cp Checkpoint, ws []WindowWrite) error {
+	return s.apply(updates, cp, ws, pebble.Sync)
 }
 
 // ApplyUnsynced is Apply without the sync: a crash may lose the latest
@@ -493,10 +500,10 @@ func (s *Store) Apply(updates []Update, cp Checkpoint) error {
 // the store stays consistent and only falls behind. For a standby copy,
 // which the changelog can always bring forward again; Close syncs.
 func (s *Store) ApplyUnsynced(updates []Update, cp Checkpoint) error {
-	return s.apply(updates, cp, pebble.NoSync)
+	return s.apply(updates, cp, nil, pebble.NoSync)
 }
 
-func (s *Store) apply(updates []Update, cp Checkpoint, opts *pebble.WriteOptions) error {
+func (s *Store) apply(updates []Update, cp Checkpoint, ws []WindowWrite, opts *pebble.WriteOptions) error {
 	s.mu.RLock()
 	defer s.mu.RUnlock()
 	if s.mu.db == nil {
@@ -516,6 +523,9 @@ func (s *Store) apply(updates []Update, cp Checkpoint, opts *pebble.WriteOptions
 		}
 	}
 	if err := b.Set(checkpointKey, encodeCheckpoint(cp), nil); err != nil {
+		return fmt.Errorf("writing batch to %s: %w", s.path, err)
+	}
+	if err := appendWindows(b, ws); err != nil {
 		return fmt.Errorf("writing batch to %s: %w", s.path, err)
 	}
 	if err := b.Commit(opts); err != nil {
