@@ -64,6 +64,8 @@ type Config struct {
 	TaskTimeout time.Duration
 	// Security of the Kafka connections.
 	Security Security
+	// Windows are the windowed totals (off without sizes).
+	Windows Windows
 
 	// GroupInstanceID is this process's static group membership id
 	// (KIP-345): a restart within the session timeout gets its partitions
@@ -233,6 +235,68 @@ func (c Config) TransactionTimeout() time.Duration {
 		return c.TransactionTimeoutSet
 	}
 	return max(10*time.Second, 10*c.CommitInterval)
+}
+
+// Windows configures the windowed totals: tumbling windows by event time.
+type Windows struct {
+	// Sizes are the window sizes as given (Go durations); WindowSizes
+	// parses them. Empty: no windows.
+	Sizes []string
+	// Grace is how long after a window's end late events still count.
+	Grace time.Duration
+	// Retention, when set, is how long after a window's end it is kept
+	// (see WindowRetention).
+	Retention time.Duration
+	// TimeField names the JSON field holding an event's time; empty: the
+	// record timestamp.
+	TimeField string
+}
+
+// MaxWindowSizes bounds windows.sizes: each size costs a store key space,
+// a changelog and a write per event.
+const MaxWindowSizes = 8
+
+// parseWindowSize reads one entry of windows.sizes.
+func parseWindowSize(s string) (time.Duration, error) {
+	d, err := time.ParseDuration(s)
+	switch {
+	case err != nil:
+		return 0, err
+	case d < time.Second || d%time.Millisecond != 0:
+		return 0, fmt.Errorf("%s is not a whole number of milliseconds of at least 1s", s)
+	case d > 366*24*time.Hour:
+		return 0, fmt.Errorf("%s is longer than 366 days", s)
+	}
+	return d, nil
+}
+
+// WindowSizes returns the window sizes in the order given (validated at
+// start: entries that do not parse are left out).
+func (c Config) WindowSizes() []time.Duration {
+	var out []time.Duration
+	for _, s := range c.Windows.Sizes {
+		if d, err := parseWindowSize(s); err == nil {
+			out = append(out, d)
+		}
+	}
+	return out
+}
+
+// WindowRetention returns how long after its end a window of size is
+// kept: windows.retention.ms, or by default 24 h, or size + grace when that
+// is longer (a window is kept at least until it closes).
+func (c Config) WindowRetention(size time.Duration) time.Duration {
+	if c.Windows.Retention > 0 {
+		return c.Windows.Retention
+	}
+	return max(24*time.Hour, size+c.Windows.Grace)
+}
+
+// WindowChangelogTopic returns the changelog topic of the windows of size:
+// <application.id>-<store.name>-<size>-changelog (see
+// sales.WindowStoreName).
+func (c Config) WindowChangelogTopic(size time.Duration) string {
+	return sales.ChangelogTopic(c.ApplicationID, sales.WindowStoreName(c.StoreName, size))
 }
 
 // ChangelogTopic returns <application.id>-<store.name>-changelog.

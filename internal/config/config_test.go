@@ -5,6 +5,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -504,5 +505,47 @@ func TestPeek(t *testing.T) {
 	}
 	if _, err := Peek(bad, "http.addr"); err == nil {
 		t.Fatal("Peek of a file that is not YAML: no error")
+	}
+}
+
+func TestWindowsConfig(t *testing.T) {
+	// Scenario: windows are off by default; sizes come as a YAML list or a comma separated
+	// value, with grace and retention; a size that is not a duration of at least 1s, a size
+	// given twice or a retention shorter than a size plus the grace fail at start naming the
+	// key, the value and what is allowed.
+	c, err := load(t, "", nil)
+	if err != nil || len(c.WindowSizes()) != 0 {
+		t.Fatalf("default windows = %v, %v", c.WindowSizes(), err)
+	}
+	c, err = load(t, "windows:\n  sizes: [1h, 24h]\n  grace.ms: 600000\n", nil)
+	if err != nil || !reflect.DeepEqual(c.WindowSizes(), []time.Duration{time.Hour, 24 * time.Hour}) || c.Windows.Grace != 10*time.Minute {
+		t.Fatalf("windows from YAML = %v grace %s, %v", c.WindowSizes(), c.Windows.Grace, err)
+	}
+	if got := c.WindowRetention(time.Hour); got != 24*time.Hour {
+		t.Fatalf("default retention of 1h = %s, want 24h", got)
+	}
+	if got := c.WindowRetention(24 * time.Hour); got != 24*time.Hour+10*time.Minute {
+		t.Fatalf("default retention of 24h with 10m grace = %s, want 24h10m", got)
+	}
+	if got := c.WindowChangelogTopic(time.Hour); got != "sales-aggregator-PRODUCT_AGGREGATED_SALES-1h-changelog" {
+		t.Fatalf("1h changelog = %s", got)
+	}
+	c, err = load(t, "", []string{"SALESAGG_WINDOWS_SIZES=15m, 1h"}, "--windows.retention.ms", "7200000")
+	if err != nil || !reflect.DeepEqual(c.WindowSizes(), []time.Duration{15 * time.Minute, time.Hour}) || c.WindowRetention(time.Hour) != 2*time.Hour {
+		t.Fatalf("windows from the environment = %v, %v", c.WindowSizes(), err)
+	}
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--windows.sizes", "1h,soon"}, `windows.sizes = "soon": each entry must be a Go duration`},
+		{[]string{"--windows.sizes", "500ms"}, `windows.sizes = "500ms": each entry must be a Go duration`},
+		{[]string{"--windows.sizes", "1h,60m"}, `windows.sizes = "1h": each size at most once`},
+		{[]string{"--windows.sizes", "1h", "--windows.grace.ms", "600000", "--windows.retention.ms", "3600000"},
+			`windows.retention.ms = "3600000": must be 0 or at least each window size plus windows.grace.ms (4200000 for the size 1h)`},
+	} {
+		if _, err := load(t, "", nil, tc.args...); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%v: %v, want an error saying %q", tc.args, err, tc.want)
+		}
 	}
 }

@@ -272,7 +272,7 @@ func (l *list) show(c Config) any { return strings.Join(*l.at(&c), ",") }
 
 func (l *list) check(c Config, _ key, report func(val any, allowed string)) {
 	vals := *l.at(&c)
-	if len(vals) == 0 {
+	if len(vals) == 0 && l.empty != "" {
 		report("", l.empty)
 	}
 	for _, v := range vals {
@@ -348,6 +348,8 @@ func (s source) boolean(name string) (bool, error) {
 func (s source) list(name string) []string {
 	var parts []string
 	switch x := s.v.Get(name).(type) {
+	case nil:
+		return nil
 	case []any:
 		for _, e := range x {
 			parts = append(parts, fmt.Sprint(e))

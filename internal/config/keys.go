@@ -133,6 +133,18 @@ var keys = []key{
 	{name: "dlq.max.record.bytes", def: "262144",
 		help: "largest dead-letter record (key, value and headers); a bigger bad event is cut to fit, with headers giving its original sizes (keep it under the topic's max.message.bytes)",
 		bind: number(1024, 64<<20, func(c *Config) *int64 { return &c.DLQMaxRecordBytes })},
+	{name: "windows.sizes",
+		help: "tumbling window sizes, comma separated Go durations (e.g. 1h,24h): each product's total per window of each size, with a window store and changelog per size (default: none, no windows)",
+		bind: windowSizes(func(c *Config) *[]string { return &c.Windows.Sizes })},
+	{name: "windows.grace.ms", def: "0",
+		help: "how long after a window ends (by event time) late events still count; later ones are dropped, counted as late and dead-lettered when dlq.topic is set",
+		bind: millis(0, 365*24*3_600_000, func(c *Config) *time.Duration { return &c.Windows.Grace })},
+	{name: "windows.retention.ms", def: "0",
+		help: "how long a window is kept, from its start by stream time (the latest event time of its task), then deleted from the store and tombstoned in the changelog; 0 or at least each size + grace (0: 24 h, or size + grace when longer)",
+		bind: millis(0, 10*365*24*3_600_000, func(c *Config) *time.Duration { return &c.Windows.Retention }).must(windowRetention)},
+	{name: "windows.time.field",
+		help: "JSON field of the event holding its time, epoch milliseconds or RFC 3339 (default: the record timestamp)",
+		bind: text(func(c *Config) *string { return &c.Windows.TimeField })},
 	{name: "task.timeout.ms", def: "300000",
 		help: "how long a task may keep failing (its restore errors, or its records cannot be produced) while it retries with backoff before GET /healthz reports the process unhealthy; the task keeps retrying",
 		bind: millis(1000, 24*3_600_000, func(c *Config) *time.Duration { return &c.TaskTimeout })},
@@ -307,6 +319,44 @@ func dlqTopic(v string, c Config) string {
 func instanceID(v string, _ Config) string {
 	if !legalName.MatchString(v) || len(v) > 249 {
 		return "must be up to 249 characters of a-z, A-Z, 0-9, '.', '_' and '-'"
+	}
+	return ""
+}
+
+// windowSizes binds windows.sizes: Go durations of at least 1s, each once,
+// at most MaxWindowSizes; empty is allowed (no windows).
+func windowSizes(at func(*Config) *[]string) *list {
+	return &list{at: at, each: func(v string, c Config) string {
+		d, err := parseWindowSize(v)
+		if err != nil {
+			return "each entry must be a Go duration (1h, 15m, 24h) of whole milliseconds, from 1s to 366 days"
+		}
+		same := 0
+		for _, o := range c.Windows.Sizes {
+			if od, err := parseWindowSize(o); err == nil && od == d {
+				same++
+			}
+		}
+		if same > 1 {
+			return "each size at most once"
+		}
+		if len(c.Windows.Sizes) > MaxWindowSizes {
+			return fmt.Sprintf("at most %d sizes", MaxWindowSizes)
+		}
+		return ""
+	}}
+}
+
+// windowRetention is the rule of windows.retention.ms: 0 (the default) or
+// at least every size plus the grace, so a window is kept until it closes.
+func windowRetention(v time.Duration, c Config) string {
+	if v == 0 {
+		return ""
+	}
+	for _, size := range c.WindowSizes() {
+		if v < size+c.Windows.Grace {
+			return fmt.Sprintf("must be 0 or at least each window size plus windows.grace.ms (%d for the size %s)", (size + c.Windows.Grace).Milliseconds(), sales.FormatWindowSize(size))
+		}
 	}
 	return ""
 }

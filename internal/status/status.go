@@ -27,6 +27,23 @@ type Task struct {
 	// is behind the last stable offset it saw (nil for an active task, or
 	// while unknown).
 	ChangelogLag *int64 `json:"changelog_lag,omitempty"`
+	// Windows are an active task's window sizes (windows.sizes).
+	Windows []Window `json:"windows,omitempty"`
+}
+
+// Window is one window size of an active task.
+type Window struct {
+	Size string `json:"size"`
+	// StreamTime is the latest event time the store holds (ms; -1: none
+	// yet): windows close and expire by it.
+	StreamTime int64 `json:"stream_time"`
+	// Checkpoint is the next offset of the size's changelog the store
+	// reflects.
+	Checkpoint int64 `json:"checkpoint"`
+	// Late counts the events left out of a closed window, BadTime those
+	// whose time field could not be read.
+	Late    int64 `json:"late"`
+	BadTime int64 `json:"bad_time"`
 }
 
 // Counters are a task's input position and what an active task has done

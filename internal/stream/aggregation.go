@@ -161,14 +161,15 @@ func (a *aggregation) reset() {
 	a.arena.reset()
 }
 
-// write writes updates to the store with the checkpoint cp, and then to
+// write writes updates to the store with the checkpoint cp (and the
+// windows' writes ws in the same batch), and then to
 // the cache. The filter learns the products before the write: it may know
 // more than the store holds (a failed write), never less.
-func (a *aggregation) write(updates []state.Update, cp state.Checkpoint) error {
+func (a *aggregation) write(updates []state.Update, cp state.Checkpoint, ws []state.WindowWrite) error {
 	for _, u := range updates {
 		a.filter.add(u.Product)
 	}
-	if err := a.store.Load().Apply(updates, cp); err != nil {
+	if err := a.store.Load().ApplyWith(updates, cp, ws); err != nil {
 		return err
 	}
 	for _, u := range updates {

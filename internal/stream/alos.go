@@ -513,7 +513,11 @@ func (t *task) flush(ctx context.Context) error {
 	}
 	began := time.Now()
 	t.deps.env.crashPoint("flush-start")
-	updates, maxOffset := t.produceDirty(ctx)
+	updates, maxOffset, err := t.produceDirty(ctx)
+	if err != nil {
+		t.out.pending.Wait()
+		return fmt.Errorf("flushing task %s: %w", t.name, err)
+	}
 	t.deps.env.crashPoint("changelog-produced")
 	if k := t.deps.env.knobs.FlushProduced; k != nil {
 		k(t.partition, t.out.cycleRecords)

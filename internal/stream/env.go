@@ -12,6 +12,7 @@ import (
 	"go.uber.org/zap/zapcore"
 
 	"github.com/salesagg/salesagg/internal/config"
+	"github.com/salesagg/salesagg/internal/sales"
 	"github.com/salesagg/salesagg/internal/state"
 )
 
@@ -111,6 +112,9 @@ func (e *env) producedKind(topic string) int {
 		return producedNotification
 	case e.cfg.RepartitionTopic():
 		return producedRepartition
+	}
+	if topic != e.cfg.DLQTopic && sales.IsChangelogTopic(topic) {
+		return producedChangelog // a window changelog
 	}
 	return producedDeadLetter
 }

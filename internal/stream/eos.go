@@ -79,7 +79,10 @@ func (t *task) handleCycle(ctx context.Context, req cycleReq) error {
 				done = true
 			}
 		}
-		updates, maxOffset := t.produceDirty(ctx)
+		updates, maxOffset, err := t.produceDirty(ctx)
+		if err != nil {
+			return fmt.Errorf("preparing the cycle of task %s: %w", t.name, err)
+		}
 		t.out.prepared = &preparedBatch{updates: updates, maxOffset: maxOffset, inputNext: t.in.inputNext}
 		return nil
 	case cycleFinish:

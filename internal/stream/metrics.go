@@ -119,6 +119,7 @@ var (
 	descForwarded  = newDesc("salesagg_events_forwarded_total", "Events forwarded to the task owning their product, through the repartition topic.", prometheus.CounterValue, "task")
 	descSkipped    = newDesc("salesagg_events_skipped_total", "Bad events skipped (dead-lettered when dlq.topic is set), by reason.", prometheus.CounterValue, "task", "reason")
 	descWarned     = newDesc("salesagg_events_folded_with_warning_total", "Events folded although something about them is off, by reason (key_product_mismatch: folded under the record key, which differs from the product field).", prometheus.CounterValue, "task", "reason")
+	descWindowSkip = newDesc("salesagg_window_events_skipped_total", "Events left out of their window of a size (they count in the product's total), by reason (late: the window had closed; bad_time: the time field could not be read).", prometheus.CounterValue, "task", "window", "reason")
 	descTaskState  = newDesc("salesagg_task_state", "1 for the state each task and standby copy is in.", prometheus.GaugeValue, "task", "role", "state")
 	descLag        = newDesc("salesagg_input_lag_records", "Input records of the task's partition not processed yet: high watermark minus position.", prometheus.GaugeValue, "task")
 	descCheckpoint = newDesc("salesagg_checkpoint_offset", "Next changelog offset the task's store reflects.", prometheus.GaugeValue, "task", "role")
@@ -138,7 +139,7 @@ var (
 	descFailures   = newDesc("salesagg_task_failures_total", "Failed attempts retried with backoff: restores that errored, commit cycles whose records could not be produced.", prometheus.CounterValue, "kind")
 )
 
-var allDescs = []desc{descReady, descProcessed, descDuplicates, descForwarded, descSkipped, descWarned, descTaskState, descLag, descCheckpoint,
+var allDescs = []desc{descReady, descProcessed, descDuplicates, descForwarded, descSkipped, descWarned, descWindowSkip, descTaskState, descLag, descCheckpoint,
 	descRestored, descRemaining, descRestoreSec, descStoreBytes, descCacheHits, descCacheMiss, descCacheEvict, descCacheBytes,
 	descStandbyLag, descProduced, descTxns, descBadTotal, descHealthy, descFailures}
 
@@ -206,6 +207,11 @@ func collectTask(emit func(d desc, v float64, labels ...string), t *task) {
 		emit(descSkipped, float64(reasons[r]), t.name, r)
 	}
 	emit(descWarned, float64(t.stats.keyMismatches.Load()), t.name, sales.WarnKeyProductMismatch)
+	for _, w := range t.windows {
+		size := sales.FormatWindowSize(w.size)
+		emit(descWindowSkip, float64(w.late.Load()), t.name, size, reasonLate)
+		emit(descWindowSkip, float64(w.badTime.Load()), t.name, size, sales.ReasonBadTime)
+	}
 	emit(descTaskState, 1, t.name, "active", st.String())
 	emit(descLag, float64(t.inputLag()), t.name)
 	emit(descCheckpoint, float64(t.stats.checkpoint.Load()), t.name, "active")

@@ -137,6 +137,11 @@ func (t *task) restore(ctx context.Context) error {
 		}
 		break
 	}
+	for _, w := range t.windows {
+		if err := t.restoreWindows(ctx, w); err != nil {
+			return err
+		}
+	}
 	t.restoredLog(tp, n, to, time.Since(start))
 	return nil
 }

@@ -312,6 +312,9 @@ func (rt *Runtime) Tasks() []status.Task {
 			},
 		})
 		ts := &out[len(out)-1]
+		for _, w := range t.windows {
+			ts.Windows = append(ts.Windows, w.status())
+		}
 		waiting, ferr, attempts, since, overdue := t.trouble.snapshot(rt.env.cfg.TaskTimeout)
 		ts.Waiting, ts.Unhealthy = waiting, overdue
 		if kw := rt.env.waits.forPartition(t.partition); kw != "" {

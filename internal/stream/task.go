@@ -56,7 +56,10 @@ type task struct {
 	mail      mailboxes
 	// totals is the task's aggregation: the products' totals, their store
 	// and the folding of events into them (aggregation.go).
-	totals   aggregation
+	totals aggregation
+	// windows are the task's windowed totals, one per window size
+	// (window.go), in the totals' store.
+	windows  []*windowAgg
 	in       inputState
 	out      outputs
 	stall    stallState
@@ -118,8 +121,9 @@ type inputState struct {
 	// processed counts the events folded of the batch being folded.
 	processed int64
 	// badLog rate-limits the bad-event warnings, mismatchLog those of
-	// events folded under a key their product field disagrees with.
-	badLog, mismatchLog rateLimiter
+	// events folded under a key their product field disagrees with,
+	// windowLog those of events left out of their windows.
+	badLog, mismatchLog, windowLog rateLimiter
 }
 
 // outputs are the records a cycle produces.
@@ -336,6 +340,16 @@ func newTask(deps taskDeps, partition int32) *task {
 		handover: handover{at: -1},
 	}
 	t.log = deps.env.log.With(zap.String("task", t.name), zap.Int32("partition", partition))
+	cfg := deps.env.cfg
+	for i, size := range cfg.WindowSizes() {
+		var id [16]byte
+		if i < len(deps.topo.windowIDs) {
+			id = deps.topo.windowIDs[i]
+		}
+		t.windows = append(t.windows, newWindowAgg(size, cfg.Windows.Grace, cfg.WindowRetention(size),
+			cfg.WindowChangelogTopic(size), sales.WindowStoreName(cfg.StoreName, size), id))
+	}
+	t.in.windowLog = rateLimiter{every: 10 * time.Second, burst: 5}
 	t.out.plain = t.promise(nil)
 	t.stats.inputPos.Store(-1)
 	t.stats.checkpoint.Store(-1)
@@ -638,6 +652,16 @@ func (t *task) process(ctx context.Context, topic string, r *kgo.Record) error {
 	case bad != nil:
 		t.badEvent(ctx, topic, r, bad, sales.Reason(bad))
 		return nil
+	}
+	// Each window keeps its own offsets: it folds an event the totals
+	// already reflect when it does not (its changelog record may be the
+	// one a crash lost).
+	if len(t.windows) > 0 {
+		if err := t.foldWindows(ctx, topic, r, key, value, src); err != nil {
+			return err
+		}
+	}
+	switch {
 	case dup:
 		t.stats.duplicates.Add(1)
 		return nil
@@ -658,6 +682,8 @@ func (t *task) forward(ctx context.Context, owner int32, key []byte, r *kgo.Reco
 		Partition: owner,
 		Key:       bytes.Clone(key),
 		Value:     r.Value,
+		// The event's time travels with it: windows go by it.
+		Timestamp: r.Timestamp,
 		Headers: []kgo.RecordHeader{
 			{Key: sales.SourcePartitionHeader, Value: binary.BigEndian.AppendUint32(nil, uint32(r.Partition))},
 			{Key: sales.SourceOffsetHeader, Value: binary.BigEndian.AppendUint64(nil, uint64(r.Offset))},
@@ -736,7 +762,7 @@ func (t *task) promise(max *atomic.Int64) func(*kgo.Record, error) {
 // input offsets it reflects, the notifications of those at or above the
 // threshold, and the outbox. It returns the store updates and the highest
 // changelog offset acknowledged so far (final once t.out.pending is done).
-func (t *task) produceDirty(ctx context.Context) ([]state.Update, *atomic.Int64) {
+func (t *task) produceDirty(ctx context.Context) ([]state.Update, *atomic.Int64, error) {
 	maxOffset := new(atomic.Int64)
 	maxOffset.Store(-1)
 	onChangelog := t.promise(maxOffset)
@@ -758,18 +784,41 @@ func (t *task) produceDirty(ctx context.Context) ([]state.Update, *atomic.Int64)
 			t.produce(ctx, gate, rec, t.out.plain)
 		}
 	})
+	st := t.totals.store.Load()
+	for _, w := range t.windows {
+		wMax := new(atomic.Int64)
+		wMax.Store(-1)
+		onWindow := t.promise(wMax)
+		wn, err := w.records(st, spec, wMax, func(rec *kgo.Record, changelog bool) {
+			if changelog {
+				t.produce(ctx, gate, rec, onWindow)
+			} else {
+				t.produce(ctx, gate, rec, t.out.plain)
+			}
+		})
+		if err != nil {
+			return nil, nil, err
+		}
+		n += wn
+	}
 	for _, rec := range t.out.outbox {
 		t.produce(ctx, gate, rec, t.out.plain)
 	}
 	t.out.cycleRecords = n + len(t.out.outbox)
-	t.dropDirty()
-	return updates, maxOffset
+	t.totals.reset()
+	clear(t.out.outbox)
+	t.out.outbox = t.out.outbox[:0]
+	return updates, maxOffset, nil
 }
 
-// dropDirty empties the dirty map (reusing its entries' memory) and the
-// outbox.
+// dropDirty forgets a cycle that commits nothing: it empties the dirty
+// maps (reusing the totals' entries' memory) and the outbox, and the
+// windows go back to the store's stream time.
 func (t *task) dropDirty() {
 	t.totals.reset()
+	for _, w := range t.windows {
+		w.drop()
+	}
 	clear(t.out.outbox)
 	t.out.outbox = t.out.outbox[:0]
 }
@@ -780,7 +829,16 @@ func (t *task) dropDirty() {
 // failed log write as fatal to the process.
 func (t *task) apply(updates []state.Update, maxOffset, inputNext int64) error {
 	defer t.totals.cache.publish()
-	if len(updates) == 0 && (inputNext < 0 || inputNext == t.totals.cp.InputOffset) {
+	st := t.totals.store.Load()
+	var ws []state.WindowWrite
+	for _, w := range t.windows {
+		if ww := w.write(st); ww != nil && (len(ww.Updates) > 0 || ww.ExpireBefore > 0) {
+			ws = append(ws, *ww)
+		} else {
+			w.pending = nil // nothing to write
+		}
+	}
+	if len(updates) == 0 && len(ws) == 0 && (inputNext < 0 || inputNext == t.totals.cp.InputOffset) {
 		// Nothing to write (duplicates only, or an idle cycle): let go of
 		// the lookups' view of the store.
 		if st := t.totals.store.Load(); st != nil {
@@ -805,8 +863,15 @@ func (t *task) apply(updates []state.Update, maxOffset, inputNext int64) error {
 	if inputNext >= 0 {
 		cp.InputOffset = inputNext
 	}
-	if err := t.totals.write(updates, cp); err != nil {
+	if err := t.totals.write(updates, cp, ws); err != nil {
 		return err
+	}
+	for i := range ws {
+		for _, w := range t.windows {
+			if w.size == ws[i].Windows.Size() {
+				w.written(&ws[i])
+			}
+		}
 	}
 	t.stats.checkpoint.Store(cp.ChangelogOffset)
 	t.deps.env.metrics.taskCommits.Add(1)
@@ -880,6 +945,20 @@ type stalledBatch struct {
 func (t *task) stallOn(b stalledBatch, err error) error {
 	if !errors.Is(err, state.ErrUnwritable) {
 		return err
+	}
+	if old := t.stall.batch; old != nil {
+		// Stalled already: an exactly-once cycle went on meanwhile (with
+		// nothing folded, as the stalled task holds its batches). Both
+		// are written together; the later update of a product wins.
+		b.updates = append(append([]state.Update(nil), old.updates...), b.updates...)
+		b.maxOffset = max(b.maxOffset, old.maxOffset)
+		if b.inputNext < 0 {
+			b.inputNext = old.inputNext
+		}
+		if b.repartNext < 0 {
+			b.repartNext = old.repartNext
+		}
+		b.report = b.report || old.report
 	}
 	t.stall.batch = &b
 	t.setState(taskStalled)

@@ -25,6 +25,9 @@ type topology struct {
 	dlqPartitions          int32    // of the dead-letter topic, 0 when off
 	changelogID            [16]byte // the changelog topic's id
 	inputID                [16]byte // the input topic's id: per-product offsets refer to it
+	// windowIDs are the ids of the window changelogs, one per size in
+	// cfg.WindowSizes' order.
+	windowIDs [][16]byte
 }
 
 // topicInfo is what ensure learns of one topic.
@@ -55,6 +58,17 @@ func ensureTopics(ctx context.Context, adm *kadm.Client, cfg config.Config, log 
 		{cfg.ChangelogTopic(), map[string]*string{"cleanup.policy": &compact}},
 		{cfg.RepartitionTopic(), nil},
 	}
+	// A window changelog is compacted only: expired windows are
+	// tombstoned (see windowAgg.expire), so that no window still kept is
+	// deleted by the broker's time retention, which goes by record
+	// timestamps (event times) and would drop the windows of replayed
+	// history while the store still holds them.
+	for _, size := range cfg.WindowSizes() {
+		internal = append(internal, struct {
+			name    string
+			configs map[string]*string
+		}{cfg.WindowChangelogTopic(size), map[string]*string{"cleanup.policy": &compact}})
+	}
 	for _, it := range internal {
 		info, err := ensure(ctx, adm, cfg, log, it.name, topo.partitions, it.configs)
 		if err != nil {
@@ -66,6 +80,11 @@ func ensureTopics(ctx context.Context, adm *kadm.Client, cfg config.Config, log 
 		}
 		if it.name == cfg.ChangelogTopic() {
 			topo.changelogID = info.id
+		}
+		for _, size := range cfg.WindowSizes() {
+			if it.name == cfg.WindowChangelogTopic(size) {
+				topo.windowIDs = append(topo.windowIDs, info.id)
+			}
 		}
 	}
 

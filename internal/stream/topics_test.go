@@ -3,6 +3,7 @@ package stream
 import (
 	"context"
 	"errors"
+	"reflect"
 	"strings"
 	"sync"
 	"testing"
@@ -193,7 +194,7 @@ func TestEnsureTopicsRacing(t *testing.T) {
 		if took[i] > 2*time.Second {
 			t.Errorf("racer %d: ensureTopics took %v, want well under a second", i, took[i])
 		}
-		if topos[i] != topos[0] {
+		if !reflect.DeepEqual(topos[i], topos[0]) {
 			t.Errorf("racer %d: topology %+v, racer 0: %+v", i, topos[i], topos[0])
 		}
 	}

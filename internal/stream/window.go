@@ -1,0 +1,625 @@
+package stream
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"slices"
+	"sort"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+	"go.uber.org/zap"
+
+	"github.com/salesagg/salesagg/internal/changelog"
+	"github.com/salesagg/salesagg/internal/sales"
+	"github.com/salesagg/salesagg/internal/state"
+	"github.com/salesagg/salesagg/internal/status"
+)
+
+// windowAgg is one window size of a task: each product's total per
+// tumbling window of the size, by event time, in the task's store beside
+// the totals (state.Windows) with a changelog of its own. The task
+// goroutine owns it; the atomics are read by status queries.
+//
+// Stream time is the latest event time folded. A window closes once stream
+// time reaches its end plus the grace: later events of it are late, left
+// out of it (they still count in the product's total). A window is deleted
+// once stream time is its retention past its start, from the store and,
+// with a tombstone, from the changelog.
+type windowAgg struct {
+	size                      time.Duration
+	sizeMS, graceMS, retainMS int64
+	changelog                 string
+	topicID                   [16]byte
+	storeName                 string
+	// dirty are the windows changed in the current cycle.
+	dirty map[windowKey]*state.Entry
+	// streamTime is the stream time with the cycle's events (-1: none
+	// yet), committed the stream time the store holds: a dropped cycle
+	// goes back to it.
+	streamTime, committed int64
+	// expired: every window starting before it is gone from the store.
+	expired int64
+	// cp is the checkpoint of the size's changelog the store holds.
+	cp state.Checkpoint
+	// current is the cycle in progress, produced to the changelog and not
+	// yet committed there (nil: none); pending are the cycles committed
+	// and not yet written to the store, oldest first (more than one when
+	// the store could not take a write and exactly-once cycles went on).
+	current *windowPending
+	pending []*windowPending
+	// late counts the events left out of a closed window, badTime those
+	// whose time field could not be read.
+	late, badTime atomic.Int64
+	// shownTime and shownCheckpoint are the committed stream time and
+	// checkpoint offset, for the status.
+	shownTime, shownCheckpoint atomic.Int64
+	// v is the size's key space of store vOf (see view).
+	v   *state.Windows
+	vOf *state.Store
+}
+
+// windowKey names one window of one product.
+type windowKey struct {
+	product string
+	start   int64
+}
+
+// windowPending is what a cycle produced for one window size: the store
+// write that follows once the cycle commits.
+type windowPending struct {
+	updates      []state.WindowUpdate
+	expireBefore int64
+	streamTime   int64
+	maxOffset    *atomic.Int64
+}
+
+func newWindowAgg(size, grace, retention time.Duration, changelog, storeName string, topicID [16]byte) *windowAgg {
+	w := &windowAgg{
+		size: size, sizeMS: size.Milliseconds(), graceMS: grace.Milliseconds(), retainMS: retention.Milliseconds(),
+		changelog: changelog, storeName: storeName, topicID: topicID,
+		dirty: map[windowKey]*state.Entry{}, streamTime: -1, committed: -1,
+	}
+	w.shownTime.Store(-1)
+	w.shownCheckpoint.Store(-1)
+	return w
+}
+
+// status is the size's line of the task's status.
+func (w *windowAgg) status() status.Window {
+	return status.Window{Size: sales.FormatWindowSize(w.size), StreamTime: w.shownTime.Load(), Checkpoint: w.shownCheckpoint.Load(),
+		Late: w.late.Load(), BadTime: w.badTime.Load()}
+}
+
+// view returns the size's key space in st, made once per store.
+func (w *windowAgg) view(st *state.Store) *state.Windows {
+	if w.vOf != st {
+		w.v, w.vOf = st.Windows(w.size), st
+	}
+	return w.v
+}
+
+// expireBefore returns the first window start still kept at stream time
+// st: a window is deleted once st - start reaches the retention.
+func (w *windowAgg) expireBefore(st int64) int64 {
+	x := st - w.retainMS
+	if st < 0 || x < 0 {
+		return 0
+	}
+	return sales.WindowStart(x, w.sizeMS) + w.sizeMS
+}
+
+// closed reports whether the window starting at start takes no more
+// events at stream time st.
+func (w *windowAgg) closed(start, st int64) bool {
+	return st >= 0 && start+w.sizeMS+w.graceMS <= st
+}
+
+// foldResult is what folding an event into a window did.
+type foldResult int
+
+const (
+	foldAdded foldResult = iota
+	// foldDup: the window reflects the event already.
+	foldDup
+	// foldLate: the window is closed; the event is left out of it.
+	foldLate
+)
+
+// fold adds value, of an event at time ts, to product key's window of ts,
+// unless the window reflects src already or is closed. bad is an overflow
+// of the window's total (the event is left out of it).
+func (w *windowAgg) fold(st *state.Store, key []byte, value, ts int64, src source) (res foldResult, bad, err error) {
+	w.streamTime = max(w.streamTime, ts)
+	start := sales.WindowStart(ts, w.sizeMS)
+	k := windowKey{product: string(key), start: start}
+	e, owned := w.dirty[k]
+	if !owned {
+		var committed state.Entry
+		if start >= w.expired {
+			if committed, _, err = w.view(st).Get(k.product, start); err != nil {
+				return 0, nil, err
+			}
+		}
+		if committed.Offsets.Reflects(src.topic, src.partition, src.offset) {
+			return foldDup, nil, nil
+		}
+		if w.closed(start, w.streamTime) {
+			return foldLate, nil, nil
+		}
+		e = &state.Entry{Total: committed.Total, Offsets: committed.Offsets.Clone()}
+	} else if e.Offsets.Reflects(src.topic, src.partition, src.offset) {
+		return foldDup, nil, nil
+	} else if w.closed(start, w.streamTime) {
+		return foldLate, nil, nil
+	}
+	total, bad := sales.Add(e.Total, value)
+	if bad != nil {
+		return 0, bad, nil
+	}
+	e.Total = total
+	if src.record {
+		e.Offsets.Set(src.topic, src.partition, src.offset)
+	}
+	w.dirty[k] = e
+	return foldAdded, nil, nil
+}
+
+// records builds the cycle's records of the changed windows and hands each
+// to emit (changelog true for a changelog record): per window its changelog
+// record (WindowKeySchema key, the total, the offsets header, the stream
+// time within the window as its timestamp) and, at or above the threshold,
+// a windowed notification; and a tombstone for each window the stream time
+// expired (read from st). It keeps the store write for once the cycle
+// commits (pending) and returns how many records it built.
+func (w *windowAgg) records(st *state.Store, spec recordSpec, maxOffset *atomic.Int64, emit func(rec *kgo.Record, changelog bool)) (int, error) {
+	p := &windowPending{expireBefore: w.expireBefore(w.streamTime), streamTime: w.streamTime, maxOffset: maxOffset}
+	n := 0
+	if p.expireBefore > w.expired {
+		// Every window of the store now past its retention: tombstoned.
+		err := w.eachStored(st, w.expired, p.expireBefore, func(product string, start int64) {
+			emit(w.tombstone(spec, product, start), true)
+			n++
+		})
+		if err != nil {
+			return 0, err
+		}
+	} else {
+		p.expireBefore = 0
+	}
+	size := sales.FormatWindowSize(w.size)
+	for k, e := range w.dirty {
+		if k.start < p.expireBefore {
+			// Folded and expired in one cycle (stream time jumped past
+			// its retention): its tombstone went out with the others, or
+			// the store never had it.
+			emit(w.tombstone(spec, k.product, k.start), true)
+			n++
+			continue
+		}
+		rec := &kgo.Record{
+			Topic: w.changelog, Partition: spec.partition,
+			Key:       sales.AppendWindowKey(nil, []byte(k.product), k.start),
+			Value:     sales.EncodeTotal(e.Total),
+			Headers:   []kgo.RecordHeader{{Key: sales.OffsetsHeader, Value: e.Offsets.AppendEncode(nil)}},
+			Timestamp: time.UnixMilli(min(w.streamTime, k.start+w.sizeMS-1)),
+		}
+		emit(rec, true)
+		n++
+		if sales.Notify(e.Total, spec.threshold) {
+			key := []byte(k.product)
+			emit(&kgo.Record{
+				Topic:     spec.notifications,
+				Partition: sales.Partition(key, spec.notificationPartitions),
+				Key:       key,
+				Value:     sales.AppendWindowNotification(nil, k.product, e.Total, size, k.start, k.start+w.sizeMS),
+				Headers:   []kgo.RecordHeader{{Key: sales.WindowHeader, Value: []byte(size)}},
+			}, false)
+			n++
+		}
+		p.updates = append(p.updates, state.WindowUpdate{Product: k.product, Start: k.start, Entry: *e})
+	}
+	clear(w.dirty)
+	w.current = p
+	return n, nil
+}
+
+// tombstone returns the changelog tombstone of product's window at start.
+func (w *windowAgg) tombstone(spec recordSpec, product string, start int64) *kgo.Record {
+	return &kgo.Record{Topic: w.changelog, Partition: spec.partition,
+		Key: sales.AppendWindowKey(nil, []byte(product), start), Timestamp: time.UnixMilli(max(w.streamTime, 0))}
+}
+
+// eachStored calls fn with every window of the store starting from from
+// to before, a page of products at a time.
+func (w *windowAgg) eachStored(st *state.Store, from, before int64, fn func(product string, start int64)) error {
+	v := w.view(st)
+	for {
+		starts, err := v.Starts(from, 64)
+		if err != nil {
+			return err
+		}
+		for _, start := range starts {
+			if start >= before {
+				return nil
+			}
+			for after := ""; ; {
+				page, err := v.Scan(start, after, 4096)
+				if err != nil {
+					return err
+				}
+				for _, wt := range page {
+					fn(wt.Product, start)
+				}
+				if len(page) < 4096 {
+					break
+				}
+				after = page[len(page)-1].Product
+			}
+		}
+		if len(starts) < 64 {
+			return nil
+		}
+		from = starts[len(starts)-1] + 1
+	}
+}
+
+// write takes the cycle in progress as committed and returns the store
+// write of the cycles committed and not yet written, merged (nil: none):
+// their updates in order, less those of windows a later one expired; the
+// latest expiry and stream time; the checkpoint after the changelog
+// offsets acknowledged.
+func (w *windowAgg) write(st *state.Store) *state.WindowWrite {
+	if w.current != nil {
+		w.pending = append(w.pending, w.current)
+		w.current = nil
+	}
+	if len(w.pending) == 0 {
+		return nil
+	}
+	cp := w.cp
+	cp.ChangelogTopicID = w.topicID
+	ww := &state.WindowWrite{Windows: w.view(st), Checkpoint: cp, StreamTime: state.NoStreamTime}
+	for _, p := range w.pending {
+		if m := p.maxOffset.Load(); m >= 0 {
+			ww.Checkpoint.ChangelogOffset = max(ww.Checkpoint.ChangelogOffset, m+1)
+		}
+		ww.ExpireBefore = max(ww.ExpireBefore, p.expireBefore)
+		ww.StreamTime = max(ww.StreamTime, p.streamTime)
+	}
+	for _, p := range w.pending {
+		for _, u := range p.updates {
+			if u.Start >= ww.ExpireBefore {
+				ww.Updates = append(ww.Updates, u)
+			}
+		}
+	}
+	return ww
+}
+
+// written records that the pending cycles are in the store as ww.
+func (w *windowAgg) written(ww *state.WindowWrite) {
+	w.cp = ww.Checkpoint
+	w.committed = max(w.committed, ww.StreamTime)
+	w.shownTime.Store(w.committed)
+	w.shownCheckpoint.Store(w.cp.ChangelogOffset)
+	w.expired = max(w.expired, ww.ExpireBefore)
+	w.pending = nil
+}
+
+// drop forgets the cycle in progress (it commits nothing): its windows,
+// and the stream time goes back to what the committed cycles reached.
+func (w *windowAgg) drop() {
+	clear(w.dirty)
+	w.current = nil
+	w.streamTime = w.committed
+	for _, p := range w.pending {
+		w.streamTime = max(w.streamTime, p.streamTime)
+	}
+}
+
+// restored sets what the store holds after a restore: its checkpoint and
+// stream time.
+func (w *windowAgg) restored(cp state.Checkpoint, streamTime int64) {
+	w.cp = cp
+	w.streamTime, w.committed = streamTime, streamTime
+	w.shownTime.Store(streamTime)
+	w.shownCheckpoint.Store(cp.ChangelogOffset)
+	// The first cycle tombstones and deletes what is past retention,
+	// whatever the changelog held (a retention shortened since).
+	w.expired = 0
+	clear(w.dirty)
+	w.current, w.pending = nil, nil
+}
+
+// eventTime returns the time of an event for its windows: the record
+// timestamp, or the JSON field timeField names.
+func eventTime(r *kgo.Record, timeField string) (int64, error) {
+	if timeField == "" {
+		return r.Timestamp.UnixMilli(), nil
+	}
+	return sales.EventTime(r.Value, timeField)
+}
+
+// allWindows is an ExpireBefore that clears a size's whole key space.
+const allWindows = math.MaxInt64
+
+// windowsWith is the message of a window size for the log.
+func (w *windowAgg) String() string {
+	return fmt.Sprintf("%s (%s)", sales.FormatWindowSize(w.size), w.changelog)
+}
+
+// reasonLate names an event left out of a closed window.
+const reasonLate = "late"
+
+// foldWindows folds an event into its window of each size. An event whose
+// time cannot be read, or whose window closed, is left out of it: counted,
+// logged (rate limited) and dead-lettered when dlq.topic is set; it still
+// counts in its product's total.
+func (t *task) foldWindows(ctx context.Context, topic string, r *kgo.Record, key []byte, value int64, src source) error {
+	ts, err := eventTime(r, t.deps.env.cfg.Windows.TimeField)
+	if err != nil {
+		for _, w := range t.windows {
+			w.badTime.Add(1)
+		}
+		t.windowSkip(ctx, topic, r, err, sales.ReasonBadTime, nil)
+		return nil
+	}
+	st := t.totals.store.Load()
+	for _, w := range t.windows {
+		res, bad, err := w.fold(st, key, value, ts, src)
+		switch {
+		case err != nil:
+			return err
+		case bad != nil:
+			// A window's total out of range while the product's is not
+			// (negative amounts): left out like a late event.
+			w.late.Add(1)
+			t.windowSkip(ctx, topic, r, bad, sales.Reason(bad), w)
+		case res == foldLate:
+			w.late.Add(1)
+			start := sales.WindowStart(ts, w.sizeMS)
+			t.windowSkip(ctx, topic, r, fmt.Errorf("event time %d is in window [%d, %d) of %s, closed at stream time %d (grace %d ms)",
+				ts, start, start+w.sizeMS, sales.FormatWindowSize(w.size), w.streamTime, w.graceMS), reasonLate, w)
+		}
+	}
+	return nil
+}
+
+// windowSkip records an event left out of the window of w (of every size
+// when w is nil): a warning (rate limited) and, with dlq.topic, a
+// dead-letter copy.
+func (t *task) windowSkip(_ context.Context, topic string, r *kgo.Record, err error, reason string, w *windowAgg) {
+	if dlq := t.deps.env.cfg.DLQTopic; dlq != "" {
+		rec := deadLetter(topic, r, err, reason, int(t.deps.env.cfg.DLQMaxRecordBytes))
+		rec.Topic, rec.Partition = dlq, r.Partition%t.deps.topo.dlqPartitions
+		t.out.outbox = append(t.out.outbox, rec)
+	}
+	if ok, suppressed := t.in.windowLog.allow(time.Now()); ok {
+		window := "every window size"
+		if w != nil {
+			window = sales.FormatWindowSize(w.size)
+		}
+		t.log.Warn("Event left out of its window (it counts in the product's total)",
+			zap.String("topic", topic),
+			zap.Int64("offset", r.Offset),
+			zap.String("window", window),
+			zap.String("reason", reason),
+			zap.String("key", snippet(r.Key)),
+			zap.Int64("suppressed", suppressed),
+			zap.Error(err))
+	}
+}
+
+// restoreWindows brings the task's windows of w's size up to the end of
+// their changelog: from their checkpoint in the store, or from the start
+// (the size's windows cleared) when there is none or it is not of this
+// changelog or out of its range. The stream time is the stored one, or the
+// latest record timestamp restored (each record's is the stream time
+// within its window). It logs what it restored as the totals' restore
+// does, per store.
+func (t *task) restoreWindows(ctx context.Context, w *windowAgg) error {
+	e := t.deps.env
+	began := time.Now()
+	st := t.totals.store.Load()
+	v := w.view(st)
+	tp := fmt.Sprintf("%s-%d", w.changelog, t.partition)
+	onRetry, done := t.listRetry(tp)
+	logStart, end, err := changelog.Bounds(ctx, e.client, w.changelog, t.partition, onRetry)
+	done()
+	if err != nil {
+		return err
+	}
+	cp, found, err := v.Checkpoint()
+	if err != nil {
+		return err
+	}
+	streamTime, hasTime, err := v.StreamTime()
+	if err != nil {
+		return err
+	}
+	if !hasTime {
+		streamTime = -1
+	}
+	usable := found && cp.ChangelogTopicID == w.topicID && cp.ChangelogOffset >= logStart && cp.ChangelogOffset <= end
+	if !usable {
+		if !found {
+			t.log.Info(fmt.Sprintf("task [%s] State store %s did not find checkpoint offset, hence would default to the starting offset at changelog %s",
+				t.name, w.storeName, tp))
+		} else {
+			t.log.Warn(fmt.Sprintf("task [%s] The checkpoint of store %s (offset %d) does not fit changelog %s (offsets %d to %d, or another topic): clearing its windows and restoring from the start",
+				t.name, w.storeName, cp.ChangelogOffset, tp, logStart, end))
+		}
+		cp = state.Checkpoint{ChangelogOffset: logStart, InputOffset: -1, ChangelogTopicID: w.topicID}
+		if err := st.ApplyWindows([]state.WindowWrite{{Windows: v, ExpireBefore: allWindows, Checkpoint: cp, StreamTime: state.ClearStreamTime}}, false); err != nil {
+			return err
+		}
+		streamTime = -1
+	}
+	var n int64
+	if cp.ChangelogOffset < end {
+		r, err := changelog.Open(changelog.Options{Client: e.kafkaOpts(), Topic: w.changelog, TopicID: w.topicID,
+			Partition: t.partition, From: cp.ChangelogOffset, FetchBytes: restoreFetchBytes, Log: t.log})
+		if err != nil {
+			return err
+		}
+		defer r.Close()
+		var updates []state.WindowUpdate
+		for next := cp.ChangelogOffset; next < end; {
+			b, err := r.Next(ctx)
+			if err != nil {
+				return err
+			}
+			updates = updates[:0]
+			for _, rec := range b.Records {
+				if rec.Offset >= end {
+					break
+				}
+				product, start, err := sales.DecodeWindowKey(rec.Key)
+				if err == nil && (start < 0 || start%w.sizeMS != 0) {
+					err = fmt.Errorf("window start %d is not on the %s grid", start, sales.FormatWindowSize(w.size))
+				}
+				var total int64
+				if err == nil && rec.Value != nil {
+					total, err = sales.DecodeTotal(rec.Value)
+				}
+				if err != nil {
+					changelog.LogUnreadable(t.log, tp, rec.Offset, err)
+					continue
+				}
+				u := state.WindowUpdate{Product: string(product), Start: start, Delete: rec.Value == nil}
+				if !u.Delete {
+					u.Entry.Total = total
+					for _, h := range rec.Headers {
+						if h.Key == sales.OffsetsHeader {
+							if offs, err := sales.DecodeOffsets(h.Value); err == nil {
+								u.Entry.Offsets = offs
+							}
+						}
+					}
+				}
+				updates = append(updates, u)
+				streamTime = max(streamTime, rec.Timestamp.UnixMilli())
+				n++
+			}
+			next = min(b.Next, end)
+			cp.ChangelogOffset = next
+			ww := state.WindowWrite{Windows: v, Updates: updates, Checkpoint: cp, StreamTime: max(streamTime, state.NoStreamTime)}
+			if err := st.ApplyWindows([]state.WindowWrite{ww}, next < end); err != nil {
+				return err
+			}
+		}
+	}
+	w.restored(cp, streamTime)
+	d := time.Since(began)
+	t.log.Info(fmt.Sprintf("Finished restoring changelog %s to store %s with a total number of %d records", tp, w.storeName, n),
+		zap.Int64("records", n), zap.Duration("duration", d))
+	return nil
+}
+
+// ErrUnknownWindow is returned by the window queries for a size that is
+// not one of windows.sizes.
+var ErrUnknownWindow = errors.New("not a configured window size")
+
+// checkWindowSize returns an error wrapping ErrUnknownWindow, naming the
+// configured sizes, unless size is one of them.
+func (rt *Runtime) checkWindowSize(size time.Duration) error {
+	sizes := rt.env.cfg.WindowSizes()
+	if slices.Contains(sizes, size) {
+		return nil
+	}
+	names := make([]string, len(sizes))
+	for i, s := range sizes {
+		names[i] = sales.FormatWindowSize(s)
+	}
+	if len(names) == 0 {
+		return fmt.Errorf("%w: %s (windows.sizes is empty: no windows are kept)", ErrUnknownWindow, sales.FormatWindowSize(size))
+	}
+	return fmt.Errorf("%w: %s (windows.sizes: %s)", ErrUnknownWindow, sales.FormatWindowSize(size), strings.Join(names, ", "))
+}
+
+// WindowSizes returns the configured window sizes.
+func (rt *Runtime) WindowSizes() []time.Duration { return rt.env.cfg.WindowSizes() }
+
+// ProductWindows returns product's windows of size starting from from to
+// to (ms, both included), from the task that owns it here; errors as Total.
+func (rt *Runtime) ProductWindows(product string, size time.Duration, from, to int64) ([]state.WindowTotal, error) {
+	if err := rt.checkWindowSize(size); err != nil {
+		return nil, err
+	}
+	n := rt.reg.topology().partitions
+	if n == 0 {
+		return nil, ErrNotReady
+	}
+	p := sales.Partition([]byte(product), n)
+	t := rt.reg.task(p)
+	if t == nil {
+		return nil, rt.notHosted(p)
+	}
+	if t.State() != taskRunning {
+		return nil, fmt.Errorf("%w: task %s is %s", ErrNotReady, t.name, t.State())
+	}
+	s := t.totals.store.Load()
+	if s == nil {
+		return nil, ErrNotReady
+	}
+	return s.Windows(size).Fetch(product, from, to)
+}
+
+// WindowPage lists up to limit products of the window of size starting at
+// start, sorted by product, after the product after, from every running
+// task here; unavailable names the tasks assigned here but not running.
+func (rt *Runtime) WindowPage(size time.Duration, start int64, after string, limit int) (page []state.Total, unavailable []string, err error) {
+	if err := rt.checkWindowSize(size); err != nil {
+		return nil, nil, err
+	}
+	for _, t := range rt.reg.tasks() {
+		s := t.totals.store.Load()
+		if t.State() != taskRunning || s == nil {
+			unavailable = append(unavailable, t.name)
+			continue
+		}
+		got, err := s.Windows(size).Scan(start, after, limit)
+		if err != nil {
+			return nil, nil, err
+		}
+		for _, wt := range got {
+			page = append(page, state.Total{Product: wt.Product, Total: wt.Total})
+		}
+	}
+	sort.Slice(page, func(i, j int) bool { return page[i].Product < page[j].Product })
+	if len(page) > limit {
+		page = page[:limit]
+	}
+	return page, unavailable, nil
+}
+
+// WindowStarts returns up to limit starts of windows of size that the
+// running tasks here hold, from from on, sorted and each once.
+func (rt *Runtime) WindowStarts(size time.Duration, from int64, limit int) ([]int64, error) {
+	if err := rt.checkWindowSize(size); err != nil {
+		return nil, err
+	}
+	var all []int64
+	for _, t := range rt.reg.tasks() {
+		s := t.totals.store.Load()
+		if t.State() != taskRunning || s == nil {
+			continue
+		}
+		got, err := s.Windows(size).Starts(from, limit)
+		if err != nil {
+			return nil, err
+		}
+		all = append(all, got...)
+	}
+	slices.Sort(all)
+	all = slices.Compact(all)
+	if len(all) > limit {
+		all = all[:limit]
+	}
+	return all, nil
+}

@@ -1,0 +1,267 @@
+package stream_test
+
+import (
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"os"
+	"reflect"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/salesagg/salesagg/internal/sales"
+	"github.com/salesagg/salesagg/internal/state"
+	th "github.com/salesagg/salesagg/test/harness"
+)
+
+// windowBase is a window boundary of every size the tests use (a UTC
+// midnight).
+var windowBase = time.Date(2026, 12, 1, 0, 0, 0, 0, time.UTC)
+
+// at returns an event of product (keyed by it) at windowBase + offset.
+func at(product string, value int64, offset time.Duration) *kgo.Record {
+	r := event(product, product, value)
+	r.Timestamp = windowBase.Add(offset)
+	return r
+}
+
+// waitWindows waits until product's 1h windows from windowBase to
+// windowBase+span read through in's runtime are want.
+func (in *instance) waitWindows(product string, span time.Duration, want []state.WindowTotal) {
+	in.h.t.Helper()
+	var got []state.WindowTotal
+	var err error
+	th.WaitFor(in.h.t, 30*time.Second, fmt.Sprintf("the 1h windows of %s to be %v", product, want), func() error {
+		got, err = in.rt.ProductWindows(product, time.Hour, windowBase.UnixMilli(), windowBase.Add(span).UnixMilli())
+		if err != nil || !reflect.DeepEqual(got, want) {
+			return fmt.Errorf("got %v, %v", got, err)
+		}
+		return nil
+	})
+}
+
+func win(product string, offset time.Duration, total int64) state.WindowTotal {
+	return state.WindowTotal{Product: product, Start: windowBase.Add(offset).UnixMilli(), Total: total}
+}
+
+// windowChangelog reads the 1h window changelog: the last value per
+// window ("product@start"), tombstones as -1.
+func (h *harness) windowChangelog(topic string) map[string]int64 {
+	h.t.Helper()
+	out := map[string]int64{}
+	h.readCommitted(topic, func(r *kgo.Record) {
+		p, start, err := sales.DecodeWindowKey(r.Key)
+		if err != nil {
+			h.t.Fatalf("window changelog record at %d: %v", r.Offset, err)
+		}
+		k := fmt.Sprintf("%s@%s", p, time.UnixMilli(start).UTC().Sub(windowBase))
+		if r.Value == nil {
+			out[k] = -1
+			return
+		}
+		v, err := sales.DecodeTotal(r.Value)
+		if err != nil {
+			h.t.Fatalf("window changelog record at %d: %v", r.Offset, err)
+		}
+		out[k] = v
+	})
+	return out
+}
+
+func TestWindowedTotals(t *testing.T) {
+	// Scenario: with 1h windows (grace 10m), events fold into the window of their record
+	// timestamp beside the product's total; an event of a window closed by the stream time of its
+	// task counts in the total only (late); a restart on the same state dir restores 0 window
+	// records, a lost volume rebuilds the windows from their changelog; a stream time 24h past a
+	// window's start deletes it, from the store and with a tombstone from the changelog.
+	eachGuarantee(t, func(t *testing.T, h *harness) {
+		h.cfg.Windows.Sizes = []string{"1h"}
+		h.cfg.Windows.Grace = 10 * time.Minute
+		cfg := h.instanceCfg("a")
+		in := h.start(cfg)
+		in.waitReady()
+		const p1, p2 = "wp1", "wp2"
+		h.produce(at(p1, 10, 5*time.Minute), at(p1, 20, 50*time.Minute), at(p2, 7, 10*time.Minute))
+		h.produce(at(p1, 5, 70*time.Minute))
+		in.waitTotals(map[string]int64{p1: 35, p2: 7})
+		in.waitWindows(p1, 2*time.Hour, []state.WindowTotal{win(p1, 0, 30), win(p1, time.Hour, 5)})
+		in.waitWindows(p2, 2*time.Hour, []state.WindowTotal{win(p2, 0, 7)})
+		page, unavailable, err := in.rt.WindowPage(time.Hour, windowBase.UnixMilli(), "", 10)
+		if want := []state.Total{{Product: p1, Total: 30}, {Product: p2, Total: 7}}; err != nil || len(unavailable) > 0 || !reflect.DeepEqual(page, want) {
+			t.Fatalf("window 0 = %v (unavailable %v), %v; want %v", page, unavailable, err, want)
+		}
+
+		// p1's task is at stream time 70m: window 0 closed (end 60m + grace 10m).
+		h.produce(at(p1, 100, 30*time.Minute))
+		in.waitTotals(map[string]int64{p1: 135, p2: 7})
+		th.WaitFor(t, 10*time.Second, "the late event to be counted", th.Holds(func() bool {
+			return in.logs.FilterMessageSnippet("Event left out of its window").Len() == 1
+		}))
+		in.waitWindows(p1, 2*time.Hour, []state.WindowTotal{win(p1, 0, 30), win(p1, time.Hour, 5)})
+		var late int64
+		for _, ts := range in.rt.Tasks() {
+			for _, w := range ts.Windows {
+				if w.Size != "1h" || w.StreamTime < 0 && ts.Processed > 0 {
+					t.Fatalf("task %s shows window %+v", ts.Task, w)
+				}
+				late += w.Late
+			}
+		}
+		if late != 1 {
+			t.Fatalf("the tasks show %d late events, want 1", late)
+		}
+		// An unknown size is refused, naming the configured ones.
+		if _, err := in.rt.ProductWindows(p1, 24*time.Hour, 0, 1); err == nil {
+			t.Fatal("a 24h query answered without 24h windows configured")
+		}
+		if err := in.stop(); err != nil {
+			t.Fatal(err)
+		}
+		topic := cfg.WindowChangelogTopic(time.Hour)
+		if got, want := h.windowChangelog(topic), map[string]int64{p1 + "@0s": 30, p1 + "@1h0m0s": 5, p2 + "@0s": 7}; !reflect.DeepEqual(got, want) {
+			t.Fatalf("window changelog = %v, want %v", got, want)
+		}
+
+		// A restart on the same volume restores no window record; a lost volume rebuilds them.
+		in = h.start(cfg)
+		in.waitReady()
+		if n, lines := windowRestored(in, topic); n != 0 || lines != 3 {
+			t.Fatalf("restart restored %d window records in %d lines, want 0 in 3", n, lines)
+		}
+		in.waitWindows(p1, 2*time.Hour, []state.WindowTotal{win(p1, 0, 30), win(p1, time.Hour, 5)})
+		if err := in.stop(); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.RemoveAll(cfg.StateDir); err != nil {
+			t.Fatal(err)
+		}
+		in = h.start(cfg)
+		in.waitReady()
+		if n, _ := windowRestored(in, topic); n < 3 {
+			t.Fatalf("a lost volume restored %d window records, want at least 3", n)
+		}
+		in.waitWindows(p1, 2*time.Hour, []state.WindowTotal{win(p1, 0, 30), win(p1, time.Hour, 5)})
+		in.waitWindows(p2, 2*time.Hour, []state.WindowTotal{win(p2, 0, 7)})
+		// The stream time kept: window 0 of p1 is still closed after the rebuild.
+		h.produce(at(p1, 1000, 40*time.Minute))
+		in.waitTotals(map[string]int64{p1: 1135})
+		in.waitWindows(p1, 2*time.Hour, []state.WindowTotal{win(p1, 0, 30), win(p1, time.Hour, 5)})
+
+		// 24h past the start of windows 0 and 1h, p1's task deletes them.
+		h.produce(at(p1, 1, 25*time.Hour+30*time.Minute))
+		in.waitTotals(map[string]int64{p1: 1136})
+		in.waitWindows(p1, 26*time.Hour, []state.WindowTotal{win(p1, 25*time.Hour, 1)})
+		in.waitWindows(p2, 2*time.Hour, []state.WindowTotal{win(p2, 0, 7)}) // another task's stream time
+		if err := in.stop(); err != nil {
+			t.Fatal(err)
+		}
+		got := h.windowChangelog(topic)
+		if want := map[string]int64{p1 + "@0s": -1, p1 + "@1h0m0s": -1, p1 + "@25h0m0s": 1, p2 + "@0s": 7}; !reflect.DeepEqual(got, want) {
+			t.Fatalf("window changelog after expiry = %v, want %v", got, want)
+		}
+	})
+}
+
+// windowRestored sums the records of the restore lines of the window
+// changelog topic.
+func windowRestored(in *instance, topic string) (records int64, lines int) {
+	for _, e := range in.logs.FilterMessageSnippet("Finished restoring changelog " + topic + "-").All() {
+		records += e.ContextMap()["records"].(int64)
+		lines++
+	}
+	return records, lines
+}
+
+// getJSON reads GET url into v and returns the status code.
+func getJSON(t *testing.T, url string, v any) int {
+	t.Helper()
+	resp, err := http.Get(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	if err := json.NewDecoder(resp.Body).Decode(v); err != nil {
+		t.Fatalf("GET %s: %v", url, err)
+	}
+	return resp.StatusCode
+}
+
+func TestWindowQueriesFromAnyInstance(t *testing.T) {
+	// Scenario: two instances split the tasks; a product's windows are answered by either (the
+	// other forwards to the owner), one window's products are gathered from both, and a query
+	// for a size that is not configured, without a size, or with an unknown parameter is a 400
+	// that says what is wrong.
+	h := newHarness(t)
+	h.createInput(3)
+	h.cfg.Windows.Sizes = []string{"1h"}
+	a := h.start(h.instanceCfg("a"))
+	a.waitReady()
+	b := h.start(h.instanceCfg("b"))
+	waitSpread(t, a, b)
+	var products []string
+	for p := range int32(3) {
+		name := productOn("hw", p, 3)
+		products = append(products, name)
+		h.produce(at(name, int64(p+1)*10, 20*time.Minute), at(name, 1, 90*time.Minute))
+	}
+	want := map[string]int64{}
+	for i, p := range products {
+		want[p] = int64(i+1)*10 + 1
+	}
+	a.waitTotals(want)
+	base := windowBase.UnixMilli()
+	for _, in := range []*instance{a, b} {
+		for i, p := range products {
+			var got struct {
+				Product string `json:"product"`
+				Size    string `json:"size"`
+				Windows []struct {
+					Start, End, Total int64
+				} `json:"windows"`
+			}
+			url := fmt.Sprintf("%s/v1/products/%s/windows?size=1h&from=%d&to=%d", in.http.URL, p, base, base+2*3_600_000)
+			th.WaitFor(t, 10*time.Second, "GET "+url, func() error {
+				if code := getJSON(t, url, &got); code != http.StatusOK {
+					return fmt.Errorf("answered %d", code)
+				}
+				if got.Product != p || got.Size != "1h" || len(got.Windows) != 2 || got.Windows[0].Total != int64(i+1)*10 || got.Windows[1].Total != 1 ||
+					got.Windows[0].Start != base || got.Windows[0].End != base+3_600_000 || got.Windows[1].Start != base+3_600_000 {
+					return fmt.Errorf("answered %+v", got)
+				}
+				return nil
+			})
+		}
+		var page struct {
+			Start, End  int64
+			Products    []state.Total `json:"products"`
+			Unavailable []string      `json:"unavailable_tasks"`
+		}
+		url := in.http.URL + "/v1/windows?size=1h&start=" + windowBase.Add(30*time.Minute).Format(time.RFC3339)
+		if code := getJSON(t, url, &page); code != http.StatusOK || page.Start != base || page.End != base+3_600_000 || len(page.Products) != 3 || len(page.Unavailable) > 0 {
+			t.Fatalf("GET %s = %d %+v", url, code, page)
+		}
+		for _, pt := range page.Products {
+			if pt.Total != want[pt.Product]-1 {
+				t.Fatalf("GET %s: %s = %d, want %d", url, pt.Product, pt.Total, want[pt.Product]-1)
+			}
+		}
+		for _, c := range []struct{ path, says string }{
+			{"/v1/products/" + products[0] + "/windows?size=24h", "windows.sizes: 1h"},
+			{"/v1/products/" + products[0] + "/windows", "size is required"},
+			{"/v1/products/" + products[0] + "/windows?size=1h&form=1", "unknown query parameter(s) form"},
+			{"/v1/products/" + products[0] + "/windows?size=1h&from=10&to=5", "after to"},
+			{"/v1/windows?size=1h&limit=0", "limit must be"},
+			{"/v1/windows?size=2h", "windows.sizes: 1h"},
+		} {
+			var e struct {
+				Error string `json:"error"`
+			}
+			if code := getJSON(t, in.http.URL+c.path, &e); code != http.StatusBadRequest || !strings.Contains(e.Error, c.says) {
+				t.Fatalf("GET %s = %d %q, want 400 saying %q", c.path, code, e.Error, c.says)
+			}
+		}
+	}
+}
