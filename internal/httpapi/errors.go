@@ -56,3 +56,16 @@ type unavailableError struct{ err error }
 func (u unavailableError) Error() string        { return u.err.Error() }
 func (u unavailableError) Unwrap() error        { return u.err }
 func (u unavailableError) Is(target error) bool { return target == ErrUnavailable }
+
+// ErrBadQuery marks a query's error as the request's fault (a window size
+// that is not configured): it is answered 400. Mark an error with BadQuery.
+var ErrBadQuery = errors.New("httpapi: bad query")
+
+// BadQuery returns err marked as ErrBadQuery; its text is err's.
+func BadQuery(err error) error { return badQueryError{err} }
+
+type badQueryError struct{ err error }
+
+func (b badQueryError) Error() string        { return b.err.Error() }
+func (b badQueryError) Unwrap() error        { return b.err }
+func (b badQueryError) Is(target error) bool { return target == ErrBadQuery }

@@ -29,6 +29,7 @@ import (
 type Backend interface {
 	Querier
 	Lister
+	Windower
 	StatusReader
 	Prober
 	PageSource
@@ -101,6 +102,7 @@ const productsPrefix = "/v1/products/"
 type handler struct {
 	query  Querier
 	list   Lister
+	win    Windower
 	status StatusReader
 	probe  Prober
 	fw     *forwarder
@@ -113,8 +115,10 @@ type handler struct {
 // routes wires the handler's routes over b, behind g's protection, with
 // request bodies bounded to 1 MiB.
 func routes(b Backend, g *guard, log *zap.Logger, o options) http.Handler {
-	h := &handler{query: b, list: b, status: b, probe: b, fw: newForwarder(g, log), topScans: make(chan struct{}, 1), mux: http.NewServeMux()}
+	h := &handler{query: b, list: b, win: b, status: b, probe: b, fw: newForwarder(g, log), topScans: make(chan struct{}, 1), mux: http.NewServeMux()}
 	h.mux.HandleFunc("GET /v1/products", h.products)
+	h.mux.HandleFunc("GET /v1/products/{product}/windows", h.productWindows)
+	h.mux.HandleFunc("GET /v1/windows", h.windowPage)
 	h.mux.HandleFunc("GET /v1/tasks", h.tasks)
 	h.mux.HandleFunc("GET /v1/instances", h.instances)
 	h.mux.Handle("GET /{$}", newStatusPage(b, o))
@@ -704,6 +708,9 @@ func writeError(w http.ResponseWriter, err error) {
 		return
 	}
 	code := http.StatusInternalServerError
+	if errors.Is(err, ErrBadQuery) {
+		code = http.StatusBadRequest
+	}
 	if errors.Is(err, ErrUnavailable) {
 		code = http.StatusServiceUnavailable
 		w.Header().Set("Retry-After", "1")

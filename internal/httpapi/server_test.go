@@ -43,6 +43,13 @@ func (idle) StandbyTotal(string) (int64, bool, int64, error) {
 	return 0, false, 0, Unavailable(errors.New("partition not hosted by this instance"))
 }
 func (idle) StandbyServers(string) []status.Peer { return nil }
+func (idle) WindowSizes() []time.Duration        { return nil }
+func (idle) ProductWindows(string, time.Duration, int64, int64) ([]state.WindowTotal, error) {
+	return nil, Unavailable(errors.New("task not ready"))
+}
+func (idle) WindowPage(time.Duration, int64, string, int) ([]state.Total, []string, error) {
+	return nil, nil, nil
+}
 func (idle) ScanStore(task, _ string, _ int) ([]state.Total, error) {
 	return nil, errors.New("task " + task + " does not run here")
 }

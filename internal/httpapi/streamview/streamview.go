@@ -8,6 +8,7 @@ package streamview
 import (
 	"context"
 	"errors"
+	"time"
 
 	"github.com/salesagg/salesagg/internal/httpapi"
 	"github.com/salesagg/salesagg/internal/state"
@@ -62,6 +63,21 @@ func (b Backend) StandbyPage(ctx context.Context, task, after string, limit int,
 	return page, lag, queryError(err)
 }
 
+// WindowSizes is rt's WindowSizes.
+func (b Backend) WindowSizes() []time.Duration { return b.rt.WindowSizes() }
+
+// ProductWindows is rt's ProductWindows, its error adapted.
+func (b Backend) ProductWindows(product string, size time.Duration, from, to int64) ([]state.WindowTotal, error) {
+	ws, err := b.rt.ProductWindows(product, size, from, to)
+	return ws, queryError(err)
+}
+
+// WindowPage is rt's WindowPage, its error adapted.
+func (b Backend) WindowPage(size time.Duration, start int64, after string, limit int) ([]state.Total, []string, error) {
+	page, unavailable, err := b.rt.WindowPage(size, start, after, limit)
+	return page, unavailable, queryError(err)
+}
+
 // Ready is rt's Ready.
 func (b Backend) Ready() (bool, string) { return b.rt.Ready() }
 
@@ -97,6 +113,9 @@ func queryError(err error) error {
 	}
 	if errors.Is(err, stream.ErrNotReady) || errors.Is(err, stream.ErrNotHosted) {
 		return httpapi.Unavailable(err)
+	}
+	if errors.Is(err, stream.ErrUnknownWindow) || errors.Is(err, state.ErrTooManyWindows) {
+		return httpapi.BadQuery(err)
 	}
 	return err
 }
