@@ -14,13 +14,15 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/salesagg/salesagg/internal/sales"
 	"github.com/salesagg/salesagg/test/harness"
 )
 
 func TestSIGKILLAtEveryCommitStepKeepsTotalsExact(t *testing.T) {
 	// Scenario: while events flow, the service is SIGKILLed at each step of the commit cycle and at
 	// random moments, and restarted each time; at the end every total is exact (nothing lost, nothing
-	// counted twice), over HTTP and in the changelog, under both guarantees.
+	// counted twice), over HTTP and in the changelog, under both guarantees, and so is every window
+	// of the two window sizes (1m and 1h by record timestamp, in their changelogs).
 	t.Run("exactly_once_v2", func(t *testing.T) { crashTest(t, "exactly_once_v2", 50) })
 	t.Run("at_least_once", func(t *testing.T) { crashTest(t, "at_least_once", 8) })
 }
@@ -33,7 +35,11 @@ func crashTest(t *testing.T, guarantee string, randomKills int) {
 
 	broker := kfakeCluster(t, 3)
 	stateDir := t.TempDir()
-	groupArgs := []string{"--group.instance.id", "crash-test", "--session.timeout.ms", "6000", "--processing.guarantee", guarantee}
+	// Windows of 1m and 1h with a grace of 1h: the run crosses several
+	// minute boundaries, and no event is late (a forwarded one arrives
+	// after its task's stream time moved on, within the grace).
+	groupArgs := []string{"--group.instance.id", "crash-test", "--session.timeout.ms", "6000", "--processing.guarantee", guarantee,
+		"--windows.sizes", "1m,1h", "--windows.grace.ms", "3600000"}
 
 	// Events: 40 products; some with an empty key, some sent to a partition that does not own them.
 	// Exactly-once, values are positive so that committed notifications of a product must rise
@@ -118,7 +124,7 @@ func crashTest(t *testing.T, guarantee string, randomKills int) {
 	p.WaitReady(t, 60*time.Second)
 	p.WaitTotals(t, want, 60*time.Second)
 	got, records := changelogTotals(t, broker)
-	if restored := p.RestoredTasks(t, 3).Total; eos && restored*4 > int64(records) {
+	if restored := p.RestoredTasks(t, 9).ByStore[sales.StoreName]; eos && restored*4 > int64(records) {
 		// After a SIGKILL only the tail past the local checkpoint is restored, never the whole changelog.
 		t.Errorf("restart after SIGKILL restored %d records of a changelog of %d", restored, records)
 	}
@@ -142,6 +148,21 @@ func crashTest(t *testing.T, guarantee string, randomKills int) {
 	if len(got) != len(want) {
 		t.Errorf("changelog has %d products, want %d", len(got), len(want))
 	}
+	input, err := harness.ReadTopic(broker, "sales-events-v1", 30*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, size := range []time.Duration{time.Minute, time.Hour} {
+		topic := sales.ChangelogTopic("sales-aggregator", sales.WindowStoreName(sales.StoreName, size))
+		gotW, err := harness.ReadWindows(broker, topic)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := harness.DiffTotals("window changelog "+topic, gotW, harness.WindowTruth(input.Records, size)); err != nil {
+			t.Error(err)
+		}
+		t.Logf("%s: %d windows exact", topic, len(gotW))
+	}
 	p.Terminate(t)
 
 	// After a clean stop, nothing is restored.
@@ -149,8 +170,8 @@ func crashTest(t *testing.T, guarantee string, randomKills int) {
 	p.WaitReady(t, 60*time.Second)
 	// The restore lines reach the test through the process's log pipe:
 	// wait for all three rather than take readiness for their arrival.
-	if sum := p.RestoredTasks(t, 3); sum.Total != 0 || sum.Lines != 3 {
-		t.Fatalf("restart after clean stop restored %d records over %d tasks, want 0 over 3", sum.Total, sum.Lines)
+	if sum := p.RestoredTasks(t, 9); sum.Total != 0 || sum.Lines != 9 {
+		t.Fatalf("restart after clean stop restored %d records in %d lines, want 0 in 9 (3 tasks, 3 stores each)", sum.Total, sum.Lines)
 	}
 	p.WaitTotals(t, want, 30*time.Second)
 	p.Terminate(t)

@@ -354,6 +354,9 @@ func ReadNotifications(bootstrap, topic string) (map[string][]int64, error) {
 	}
 	got := map[string][]int64{}
 	for _, r := range c.Records {
+		if windowed(r) {
+			continue
+		}
 		var n sales.Notification
 		if err := json.Unmarshal(r.Value, &n); err != nil {
 			return nil, fmt.Errorf("notification %s-%d@%d %q: %w", r.Topic, r.Partition, r.Offset, r.Value, err)
@@ -361,6 +364,62 @@ func ReadNotifications(bootstrap, topic string) (map[string][]int64, error) {
 		got[n.SKU] = append(got[n.SKU], n.Value)
 	}
 	return got, nil
+}
+
+// windowed reports whether a notification is a window's (it carries
+// sales.WindowHeader).
+func windowed(r *kgo.Record) bool {
+	for _, h := range r.Headers {
+		if h.Key == sales.WindowHeader {
+			return true
+		}
+	}
+	return false
+}
+
+// ReadWindows reads a window changelog topic: the latest committed total
+// of each window, keyed "product@start" (start in ms); a tombstone
+// deletes it.
+func ReadWindows(bootstrap, topic string) (map[string]int64, error) {
+	c, err := ReadTopic(bootstrap, topic, 30*time.Second)
+	if err != nil {
+		return nil, err
+	}
+	got := map[string]int64{}
+	for _, r := range c.Records {
+		p, start, err := sales.DecodeWindowKey(r.Key)
+		if err != nil {
+			return nil, fmt.Errorf("window record %s-%d@%d: %w", r.Topic, r.Partition, r.Offset, err)
+		}
+		k := fmt.Sprintf("%s@%d", p, start)
+		if r.Value == nil {
+			delete(got, k)
+			continue
+		}
+		v, err := sales.DecodeTotal(r.Value)
+		if err != nil {
+			return nil, fmt.Errorf("window record %s-%d@%d: %w", r.Topic, r.Partition, r.Offset, err)
+		}
+		got[k] = v
+	}
+	return got, nil
+}
+
+// WindowTruth returns, from the records of an input topic, each window's
+// total ("product@start", start in ms) of the tumbling windows of size by
+// record timestamp: the product is the record key, or without one the
+// event's product field; events that are not valid are left out.
+func WindowTruth(recs []*kgo.Record, size time.Duration) map[string]int64 {
+	out := map[string]int64{}
+	for _, r := range recs {
+		key, value, _, err := sales.DecodeKey(r.Key, r.Value)
+		if err != nil {
+			continue
+		}
+		start := sales.WindowStart(r.Timestamp.UnixMilli(), size.Milliseconds())
+		out[fmt.Sprintf("%s@%d", key, start)] += value
+	}
+	return out
 }
 
 // DiffTotals returns nil when got equals want, else an error naming what

@@ -61,6 +61,7 @@ var finishedRestoring = regexp.MustCompile(`^Finished restoring changelog (\S+)-
 // with a total number of N records" line.
 type RestoreLine struct {
 	Msg       string
+	Store     string
 	Partition int
 	// Records is the line's field "records"; Agrees whether it is there
 	// and equals the N of the message.
@@ -79,7 +80,7 @@ func RestoreLines(es []LogEntry) []RestoreLine {
 		p, _ := strconv.Atoi(g[2])
 		inMsg, _ := strconv.ParseInt(g[4], 10, 64)
 		n, ok := e.Int("records")
-		out = append(out, RestoreLine{Msg: e.Msg(), Partition: p, Records: n, Agrees: ok && n == inMsg})
+		out = append(out, RestoreLine{Msg: e.Msg(), Store: g[3], Partition: p, Records: n, Agrees: ok && n == inMsg})
 	}
 	return out
 }
@@ -88,8 +89,11 @@ func RestoreLines(es []LogEntry) []RestoreLine {
 type RestoreSummary struct {
 	Partitions map[int]int64 // changelog partition → records restored
 	Lines      int           // "Finished restoring changelog" lines
-	Total      int64
-	TookLine   string // the "Restoration took ..." line, "" if none yet
+	// ByStore are the records restored per store (the totals' and, with
+	// windows, one per window size).
+	ByStore  map[string]int64
+	Total    int64
+	TookLine string // the "Restoration took ..." line, "" if none yet
 }
 
 // Restored reads the "Finished restoring changelog" and "Restoration took"
@@ -99,7 +103,7 @@ type RestoreSummary struct {
 func (p *Proc) Restored(t testing.TB) RestoreSummary {
 	t.Helper()
 	es := p.Logs()
-	sum := RestoreSummary{Partitions: map[int]int64{}}
+	sum := RestoreSummary{Partitions: map[int]int64{}, ByStore: map[string]int64{}}
 	for _, e := range es {
 		if m := e.Msg(); strings.HasPrefix(m, "Restoration took ") {
 			sum.TookLine = m
@@ -110,6 +114,7 @@ func (p *Proc) Restored(t testing.TB) RestoreSummary {
 			t.Errorf("%s: restore line %q has field records=%d, which disagrees with its message", p.Name, l.Msg, l.Records)
 		}
 		sum.Partitions[l.Partition] += l.Records
+		sum.ByStore[l.Store] += l.Records
 		sum.Total += l.Records
 		sum.Lines++
 	}
