@@ -250,7 +250,16 @@ type Windows struct {
 	// TimeField names the JSON field holding an event's time; empty: the
 	// record timestamp.
 	TimeField string
+	// Notify is when windowed notifications are written: at each update
+	// (WindowNotifyUpdates) or once at the close (WindowNotifyFinal).
+	Notify string
 }
+
+// The values of windows.notify.
+const (
+	WindowNotifyUpdates = "updates"
+	WindowNotifyFinal   = "final"
+)
 
 // MaxWindowSizes bounds windows.sizes: each size costs a store key space,
 // a changelog and a write per event.

@@ -135,15 +135,18 @@ type WindowNotification struct {
 	Window string `json:"window"`
 	Start  int64  `json:"start"`
 	End    int64  `json:"end"`
+	// Final marks the window's final total, written once it closed
+	// (windows.notify final).
+	Final bool `json:"final"`
 }
 
 // AppendWindowNotification appends the JSON of a windowed notification
 // of product's window of size (as FormatWindowSize writes it) from start
 // to end to b.
-func AppendWindowNotification(b []byte, product string, total int64, size string, start, end int64) []byte {
+func AppendWindowNotification(b []byte, product string, total int64, size string, start, end int64, final bool) []byte {
 	var buf bytes.Buffer
 	enc := json.NewEncoder(&buf)
 	enc.SetEscapeHTML(false)
-	_ = enc.Encode(WindowNotification{SKU: product, Value: total, Window: size, Start: start, End: end}) // cannot fail for these types
+	_ = enc.Encode(WindowNotification{SKU: product, Value: total, Window: size, Start: start, End: end, Final: final}) // cannot fail for these types
 	return append(b, bytes.TrimSuffix(buf.Bytes(), []byte("\n"))...)
 }

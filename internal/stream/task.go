@@ -15,6 +15,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 	"go.uber.org/zap"
 
+	"github.com/salesagg/salesagg/internal/config"
 	"github.com/salesagg/salesagg/internal/sales"
 	"github.com/salesagg/salesagg/internal/state"
 )
@@ -346,8 +347,10 @@ func newTask(deps taskDeps, partition int32) *task {
 		if i < len(deps.topo.windowIDs) {
 			id = deps.topo.windowIDs[i]
 		}
-		t.windows = append(t.windows, newWindowAgg(size, cfg.Windows.Grace, cfg.WindowRetention(size),
-			cfg.WindowChangelogTopic(size), sales.WindowStoreName(cfg.StoreName, size), id))
+		w := newWindowAgg(size, cfg.Windows.Grace, cfg.WindowRetention(size),
+			cfg.WindowChangelogTopic(size), sales.WindowStoreName(cfg.StoreName, size), id)
+		w.final = cfg.Windows.Notify == config.WindowNotifyFinal
+		t.windows = append(t.windows, w)
 	}
 	t.in.windowLog = rateLimiter{every: 10 * time.Second, burst: 5}
 	t.out.plain = t.promise(nil)

@@ -44,6 +44,12 @@ type windowAgg struct {
 	streamTime, committed int64
 	// expired: every window starting before it is gone from the store.
 	expired int64
+	// final: windowed notifications are written once, when a window
+	// closes (windows.notify final); closedFrom is the first start whose
+	// window was open at the stream time before the cycle: every window
+	// before it had its final notification written.
+	final      bool
+	closedFrom int64
 	// cp is the checkpoint of the size's changelog the store holds.
 	cp state.Checkpoint
 	// current is the cycle in progress, produced to the changelog and not
@@ -107,6 +113,16 @@ func (w *windowAgg) view(st *state.Store) *state.Windows {
 // st: a window is deleted once st - start reaches the retention.
 func (w *windowAgg) expireBefore(st int64) int64 {
 	x := st - w.retainMS
+	if st < 0 || x < 0 {
+		return 0
+	}
+	return sales.WindowStart(x, w.sizeMS) + w.sizeMS
+}
+
+// closedBefore returns the first window start still open at stream time
+// st: every window starting before it is closed.
+func (w *windowAgg) closedBefore(st int64) int64 {
+	x := st - w.sizeMS - w.graceMS
 	if st < 0 || x < 0 {
 		return 0
 	}
@@ -181,8 +197,8 @@ func (w *windowAgg) records(st *state.Store, spec recordSpec, maxOffset *atomic.
 	n := 0
 	if p.expireBefore > w.expired {
 		// Every window of the store now past its retention: tombstoned.
-		err := w.eachStored(st, w.expired, p.expireBefore, func(product string, start int64) {
-			emit(w.tombstone(spec, product, start), true)
+		err := w.eachStored(st, w.expired, p.expireBefore, func(wt state.WindowTotal) {
+			emit(w.tombstone(spec, wt.Product, wt.Start), true)
 			n++
 		})
 		if err != nil {
@@ -192,6 +208,34 @@ func (w *windowAgg) records(st *state.Store, spec recordSpec, maxOffset *atomic.
 		p.expireBefore = 0
 	}
 	size := sales.FormatWindowSize(w.size)
+	if w.final {
+		// The cycle's windows closed: their final totals, read before
+		// the cycle's changes and expiry are written. Exactly-once they
+		// are in the transaction of the changelog records that carry the
+		// stream time closing them, so a restore (which rebuilds that
+		// stream time) never writes them again.
+		if to := w.closedBefore(w.streamTime); to > w.closedFrom {
+			finals := map[windowKey]int64{}
+			err := w.eachStored(st, w.closedFrom, to, func(wt state.WindowTotal) {
+				finals[windowKey{product: wt.Product, start: wt.Start}] = wt.Total
+			})
+			if err != nil {
+				return 0, err
+			}
+			for k, e := range w.dirty {
+				if k.start >= w.closedFrom && k.start < to {
+					finals[k] = e.Total
+				}
+			}
+			for k, total := range finals {
+				if sales.Notify(total, spec.threshold) {
+					emit(w.notification(spec, k, total, size, true), false)
+					n++
+				}
+			}
+			w.closedFrom = to
+		}
+	}
 	for k, e := range w.dirty {
 		if k.start < p.expireBefore {
 			// Folded and expired in one cycle (stream time jumped past
@@ -210,15 +254,8 @@ func (w *windowAgg) records(st *state.Store, spec recordSpec, maxOffset *atomic.
 		}
 		emit(rec, true)
 		n++
-		if sales.Notify(e.Total, spec.threshold) {
-			key := []byte(k.product)
-			emit(&kgo.Record{
-				Topic:     spec.notifications,
-				Partition: sales.Partition(key, spec.notificationPartitions),
-				Key:       key,
-				Value:     sales.AppendWindowNotification(nil, k.product, e.Total, size, k.start, k.start+w.sizeMS),
-				Headers:   []kgo.RecordHeader{{Key: sales.WindowHeader, Value: []byte(size)}},
-			}, false)
+		if !w.final && sales.Notify(e.Total, spec.threshold) {
+			emit(w.notification(spec, k, e.Total, size, false), false)
 			n++
 		}
 		p.updates = append(p.updates, state.WindowUpdate{Product: k.product, Start: k.start, Entry: *e})
@@ -226,6 +263,19 @@ func (w *windowAgg) records(st *state.Store, spec recordSpec, maxOffset *atomic.
 	clear(w.dirty)
 	w.current = p
 	return n, nil
+}
+
+// notification returns the windowed notification of window k's total
+// (final: once it closed).
+func (w *windowAgg) notification(spec recordSpec, k windowKey, total int64, size string, final bool) *kgo.Record {
+	key := []byte(k.product)
+	return &kgo.Record{
+		Topic:     spec.notifications,
+		Partition: sales.Partition(key, spec.notificationPartitions),
+		Key:       key,
+		Value:     sales.AppendWindowNotification(nil, k.product, total, size, k.start, k.start+w.sizeMS, final),
+		Headers:   []kgo.RecordHeader{{Key: sales.WindowHeader, Value: []byte(size)}},
+	}
 }
 
 // tombstone returns the changelog tombstone of product's window at start.
@@ -236,7 +286,7 @@ func (w *windowAgg) tombstone(spec recordSpec, product string, start int64) *kgo
 
 // eachStored calls fn with every window of the store starting from from
 // to before, a page of products at a time.
-func (w *windowAgg) eachStored(st *state.Store, from, before int64, fn func(product string, start int64)) error {
+func (w *windowAgg) eachStored(st *state.Store, from, before int64, fn func(state.WindowTotal)) error {
 	v := w.view(st)
 	for {
 		starts, err := v.Starts(from, 64)
@@ -253,7 +303,7 @@ func (w *windowAgg) eachStored(st *state.Store, from, before int64, fn func(prod
 					return err
 				}
 				for _, wt := range page {
-					fn(wt.Product, start)
+					fn(wt)
 				}
 				if len(page) < 4096 {
 					break
@@ -320,6 +370,7 @@ func (w *windowAgg) drop() {
 	for _, p := range w.pending {
 		w.streamTime = max(w.streamTime, p.streamTime)
 	}
+	w.closedFrom = w.closedBefore(w.streamTime)
 }
 
 // restored sets what the store holds after a restore: its checkpoint and
@@ -327,6 +378,7 @@ func (w *windowAgg) drop() {
 func (w *windowAgg) restored(cp state.Checkpoint, streamTime int64) {
 	w.cp = cp
 	w.streamTime, w.committed = streamTime, streamTime
+	w.closedFrom = w.closedBefore(streamTime)
 	w.shownTime.Store(streamTime)
 	w.shownCheckpoint.Store(cp.ChangelogOffset)
 	// The first cycle tombstones and deletes what is past retention,

@@ -265,3 +265,85 @@ func TestWindowQueriesFromAnyInstance(t *testing.T) {
 		}
 	}
 }
+
+// windowFinals reads the committed windowed notifications of cfg's
+// notification topic: "product@offset-from-windowBase" -> values, in order.
+func (h *harness) windowFinals(topic string) map[string][]int64 {
+	h.t.Helper()
+	out := map[string][]int64{}
+	h.readCommitted(topic, func(r *kgo.Record) {
+		windowed := false
+		for _, hd := range r.Headers {
+			windowed = windowed || hd.Key == sales.WindowHeader
+		}
+		if !windowed {
+			return
+		}
+		var n sales.WindowNotification
+		if err := json.Unmarshal(r.Value, &n); err != nil || !n.Final {
+			h.t.Fatalf("windowed notification %q: %v, want a final one", r.Value, err)
+		}
+		k := fmt.Sprintf("%s@%s", n.SKU, time.UnixMilli(n.Start).UTC().Sub(windowBase))
+		out[k] = append(out[k], n.Value)
+	})
+	return out
+}
+
+func TestFinalWindowNotifications(t *testing.T) {
+	// Scenario: with windows.notify final, a window's total is notified once, when its task's
+	// stream time closes it (end + grace), and only at or above the threshold; a restart on the
+	// same volume and one on a lost volume write no final twice, and close the next window.
+	eachGuarantee(t, func(t *testing.T, h *harness) {
+		h.cfg.Windows.Sizes = []string{"1h"}
+		h.cfg.Windows.Grace = 10 * time.Minute
+		h.cfg.Windows.Notify = "final"
+		h.cfg.NotificationThreshold = 2000
+		cfg := h.instanceCfg("a")
+		in := h.start(cfg)
+		in.waitReady()
+		const p1 = "fp1"
+		p2 := productOn("fp", (sales.Partition([]byte(p1), 3)+1)%3, 3)
+		h.produce(at(p1, 1500, 5*time.Minute), at(p1, 700, 50*time.Minute), at(p2, 500, 10*time.Minute))
+		in.waitTotals(map[string]int64{p1: 2200, p2: 500})
+		if got := h.windowFinals(cfg.NotificationTopic); len(got) != 0 {
+			t.Fatalf("finals before any window closed: %v", got)
+		}
+		// 75m: p1's window 0 closed (60m + 10m); p2's task is still at 10m.
+		h.produce(at(p1, 100, 75*time.Minute))
+		in.waitTotals(map[string]int64{p1: 2300})
+		th.WaitFor(t, 10*time.Second, "p1's final of window 0", func() error {
+			if got := h.windowFinals(cfg.NotificationTopic); !reflect.DeepEqual(got, map[string][]int64{p1 + "@0s": {2200}}) {
+				return fmt.Errorf("finals %v", got)
+			}
+			return nil
+		})
+		if err := in.stop(); err != nil {
+			t.Fatal(err)
+		}
+		in = h.start(cfg)
+		in.waitReady()
+		h.produce(at(p1, 2000, 80*time.Minute))
+		in.waitTotals(map[string]int64{p1: 4300})
+		if err := in.stop(); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.RemoveAll(cfg.StateDir); err != nil {
+			t.Fatal(err)
+		}
+		in = h.start(cfg)
+		in.waitReady()
+		// 130m closes window 1h (120m + 10m): 100 + 2000.
+		h.produce(at(p1, 5, 130*time.Minute))
+		in.waitTotals(map[string]int64{p1: 4305})
+		th.WaitFor(t, 10*time.Second, "p1's final of window 1h", func() error {
+			want := map[string][]int64{p1 + "@0s": {2200}, p1 + "@1h0m0s": {2100}}
+			if got := h.windowFinals(cfg.NotificationTopic); !reflect.DeepEqual(got, want) {
+				return fmt.Errorf("finals %v, want %v", got, want)
+			}
+			return nil
+		})
+		if err := in.stop(); err != nil {
+			t.Fatal(err)
+		}
+	})
+}

@@ -422,6 +422,19 @@ func WindowTruth(recs []*kgo.Record, size time.Duration) map[string]int64 {
 	return out
 }
 
+// InputTotals returns each product's total of the records of an input
+// topic (the product is the key, or the event's product field): what the
+// service must reach.
+func InputTotals(recs []*kgo.Record) map[string]int64 {
+	out := map[string]int64{}
+	for _, r := range recs {
+		if key, value, _, err := sales.DecodeKey(r.Key, r.Value); err == nil {
+			out[string(key)] += value
+		}
+	}
+	return out
+}
+
 // DiffTotals returns nil when got equals want, else an error naming what
 // and (up to 5 of) the differences: products missing, wrong or unexpected.
 func DiffTotals(what string, got, want map[string]int64) error {
