@@ -50,6 +50,9 @@ func (idle) ProductWindows(string, time.Duration, int64, int64) ([]state.WindowT
 func (idle) WindowPage(time.Duration, int64, string, int) ([]state.Total, []string, error) {
 	return nil, nil, nil
 }
+func (idle) WindowTop(context.Context, time.Duration, int64, int) ([]state.Total, []string, error) {
+	return nil, nil, nil
+}
 func (idle) ScanStore(task, _ string, _ int) ([]state.Total, error) {
 	return nil, errors.New("task " + task + " does not run here")
 }

@@ -31,6 +31,10 @@ type Windower interface {
 	// at start, after the product after, from this instance's running
 	// tasks; unavailable names those not running.
 	WindowPage(size time.Duration, start int64, after string, limit int) ([]state.Total, []string, error)
+	// WindowTop lists the limit largest totals of that window over this
+	// instance's running tasks, each read whole; unavailable as
+	// WindowPage's.
+	WindowTop(ctx context.Context, size time.Duration, start int64, limit int) ([]state.Total, []string, error)
 }
 
 // defaultWindows is how many windows a product's window query spans
@@ -159,9 +163,9 @@ func (h *handler) forwardWindows(w http.ResponseWriter, r *http.Request, nh *Not
 // windowPage answers GET /v1/windows?size=&start=&after=&limit=: the
 // products of one window of size (start: epoch ms or RFC 3339 within it,
 // by default now), paged by product and gathered from every instance as
-// GET /v1/products is.
+// GET /v1/products is; with sort=total (no after) the limit largest.
 func (h *handler) windowPage(w http.ResponseWriter, r *http.Request) {
-	if unknownParams(w, r, "size", "start", "after", "limit") {
+	if unknownParams(w, r, "size", "start", "after", "limit", "sort") {
 		return
 	}
 	q := r.URL.Query()
@@ -186,6 +190,19 @@ func (h *handler) windowPage(w http.ResponseWriter, r *http.Request) {
 		limit = n
 	}
 	after := q.Get("after")
+	switch sortBy := q.Get("sort"); sortBy {
+	case "", "product":
+	case "total":
+		if q.Has("after") {
+			writeJSON(w, http.StatusBadRequest, map[string]string{"error": "after pages by product; with sort=total ask for up to limit=" + strconv.Itoa(MaxPageSize) + " instead"})
+			return
+		}
+		h.windowTop(w, r, size, start, limit)
+		return
+	default:
+		writeJSON(w, http.StatusBadRequest, map[string]string{"error": fmt.Sprintf("sort must be product (the default) or total, not %q", sortBy)})
+		return
+	}
 	page, unavailable, err := h.win.WindowPage(size, start, after, limit)
 	if err != nil {
 		writeError(w, err)
@@ -194,7 +211,7 @@ func (h *handler) windowPage(w http.ResponseWriter, r *http.Request) {
 	if !forwarded(r) {
 		ctx, cancel := context.WithTimeout(r.Context(), forwardTimeout)
 		for res := range h.askPeers(ctx, func(ctx context.Context, is status.Instance) ([]state.Total, []string, error) {
-			return h.fw.windowPage(ctx, h.list.InstanceID(), is, size, start, after, limit)
+			return h.fw.windowPage(ctx, h.list.InstanceID(), is, size, start, after, limit, false)
 		}) {
 			if res.err != nil {
 				unavailable = append(unavailable, res.tasks...)
@@ -223,11 +240,69 @@ func (h *handler) windowPage(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, resp)
 }
 
-// windowPage reads one page of GET /v1/windows from another instance.
-func (f *forwarder) windowPage(ctx context.Context, self string, is status.Instance, size time.Duration, start int64, after string, limit int) ([]state.Total, []string, error) {
+// windowTop answers GET /v1/windows?sort=total: the limit largest totals
+// of one window, this instance's stores read whole (one such read at a
+// time, as GET /v1/products?sort=total), with every other instance's.
+func (h *handler) windowTop(w http.ResponseWriter, r *http.Request, size time.Duration, start int64, limit int) {
+	ctx, cancel := context.WithTimeout(r.Context(), topGatherTimeout)
+	defer cancel()
+	var peers chan pageResult
+	if !forwarded(r) {
+		peers = h.askPeers(ctx, func(ctx context.Context, is status.Instance) ([]state.Total, []string, error) {
+			return h.fw.windowPage(ctx, h.list.InstanceID(), is, size, start, "", limit, true)
+		})
+	}
+	var top []state.Total
+	var unavailable []string
+	err := h.scanWhole(ctx, func() (err error) {
+		top, unavailable, err = h.win.WindowTop(ctx, size, start, limit)
+		return err
+	})
+	switch {
+	case errors.Is(err, errScanBusy):
+		writeJSON(w, http.StatusServiceUnavailable, map[string]string{"error": err.Error()})
+		return
+	case errors.Is(err, context.DeadlineExceeded):
+		writeJSON(w, http.StatusServiceUnavailable, map[string]string{"error": fmt.Sprintf("reading this instance's stores took longer than %s", topGatherTimeout)})
+		return
+	case err != nil:
+		writeError(w, err)
+		return
+	}
+	if peers != nil { // nil when forwarded: this instance's stores only
+		for res := range peers {
+			if res.err != nil {
+				unavailable = append(unavailable, res.tasks...)
+				continue
+			}
+			top = append(top, res.page...)
+			unavailable = append(unavailable, res.unavailable...)
+		}
+	}
+	state.SortByTotal(top)
+	if len(top) > limit {
+		top = top[:limit]
+	}
+	sort.Strings(unavailable)
+	if top == nil {
+		top = []state.Total{}
+	}
+	resp := map[string]any{"size": sales.FormatWindowSize(size), "start": start, "end": start + size.Milliseconds(), "products": top, "sort": "total"}
+	if len(unavailable) > 0 {
+		resp["unavailable_tasks"] = unavailable
+	}
+	writeJSON(w, http.StatusOK, resp)
+}
+
+// windowPage reads one page of GET /v1/windows from another instance (with
+// byTotal, its limit largest totals).
+func (f *forwarder) windowPage(ctx context.Context, self string, is status.Instance, size time.Duration, start int64, after string, limit int, byTotal bool) ([]state.Total, []string, error) {
 	q := url.Values{"size": {sales.FormatWindowSize(size)}, "start": {strconv.FormatInt(start, 10)}, "limit": {strconv.Itoa(limit)}}
 	if after != "" {
 		q.Set("after", after)
+	}
+	if byTotal {
+		q.Set("sort", "total")
 	}
 	req, err := f.request(ctx, self, is.Server, "/v1/windows", "", q)
 	if err != nil {
@@ -249,8 +324,11 @@ func (f *forwarder) windowPage(ctx context.Context, self string, is status.Insta
 	if err == nil && got.Start != start {
 		err = fmt.Errorf("GET /v1/windows?%s answered window %d", q.Encode(), got.Start)
 	}
-	if err == nil {
+	if err == nil && !byTotal {
 		err = checkPage(got.Products, got.Unavailable, after, limit)
+	}
+	if err == nil && byTotal && len(got.Products) > limit {
+		err = fmt.Errorf("GET /v1/windows?%s answered %d products, more than %d", q.Encode(), len(got.Products), limit)
 	}
 	if err != nil {
 		f.failed(is.Name, is.Server, err)

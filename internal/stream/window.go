@@ -675,3 +675,47 @@ func (rt *Runtime) WindowStarts(size time.Duration, from int64, limit int) ([]in
 	}
 	return all, nil
 }
+
+// WindowTop lists the limit largest totals (equal totals by product) of
+// the window of size starting at start, over this instance's running
+// tasks, each read whole in chunks (it stops at ctx's end); unavailable as
+// WindowPage's.
+func (rt *Runtime) WindowTop(ctx context.Context, size time.Duration, start int64, limit int) (top []state.Total, unavailable []string, err error) {
+	if err := rt.checkWindowSize(size); err != nil {
+		return nil, nil, err
+	}
+	var h state.TopTotals
+	for _, t := range rt.reg.tasks() {
+		s := t.totals.store.Load()
+		if t.State() != taskRunning || s == nil {
+			unavailable = append(unavailable, t.name)
+			continue
+		}
+		v := s.Windows(size)
+		err := func() error {
+			for after := ""; ; {
+				page, err := v.Scan(start, after, topChunk)
+				if err != nil {
+					return err
+				}
+				for _, wt := range page {
+					h.Offer(state.Total{Product: wt.Product, Total: wt.Total}, limit)
+				}
+				if len(page) < topChunk {
+					return nil
+				}
+				if err := ctx.Err(); err != nil {
+					return err
+				}
+				after = page[len(page)-1].Product
+			}
+		}()
+		if errors.Is(err, state.ErrClosed) {
+			unavailable = append(unavailable, t.name)
+		} else if err != nil {
+			return nil, nil, err
+		}
+	}
+	sort.Strings(unavailable)
+	return h.Sorted(), unavailable, nil
+}

@@ -248,7 +248,17 @@ func TestWindowQueriesFromAnyInstance(t *testing.T) {
 				t.Fatalf("GET %s: %s = %d, want %d", url, pt.Product, pt.Total, want[pt.Product]-1)
 			}
 		}
+		var top struct {
+			Products []state.Total `json:"products"`
+			Sort     string        `json:"sort"`
+		}
+		url = fmt.Sprintf("%s/v1/windows?size=1h&start=%d&sort=total&limit=2", in.http.URL, base)
+		if code := getJSON(t, url, &top); code != http.StatusOK || top.Sort != "total" ||
+			!reflect.DeepEqual(top.Products, []state.Total{{Product: products[2], Total: 30}, {Product: products[1], Total: 20}}) {
+			t.Fatalf("GET %s = %d %+v", url, code, top)
+		}
 		for _, c := range []struct{ path, says string }{
+			{"/v1/windows?size=1h&sort=total&after=x", "after pages by product"},
 			{"/v1/products/" + products[0] + "/windows?size=24h", "windows.sizes: 1h"},
 			{"/v1/products/" + products[0] + "/windows", "size is required"},
 			{"/v1/products/" + products[0] + "/windows?size=1h&form=1", "unknown query parameter(s) form"},

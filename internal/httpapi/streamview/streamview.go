@@ -78,6 +78,12 @@ func (b Backend) WindowPage(size time.Duration, start int64, after string, limit
 	return page, unavailable, queryError(err)
 }
 
+// WindowTop is rt's WindowTop, its error adapted.
+func (b Backend) WindowTop(ctx context.Context, size time.Duration, start int64, limit int) ([]state.Total, []string, error) {
+	top, unavailable, err := b.rt.WindowTop(ctx, size, start, limit)
+	return top, unavailable, queryError(err)
+}
+
 // Ready is rt's Ready.
 func (b Backend) Ready() (bool, string) { return b.rt.Ready() }
 
