@@ -36,16 +36,20 @@ func TestSIGKILLWhileWindowsCloseWritesEachFinalOnce(t *testing.T) {
 		// arrives after its task's stream time moved past its window.
 		events[i] = harness.Event{Product: fmt.Sprintf("fin-%02d", rng.IntN(20)), Value: int64(1 + rng.IntN(500))}
 	}
-	prod := harness.NewProducer(cl, "sales-events-v1", events).Start(t, 20, 40*time.Millisecond)
+	// 50 events a second for a minute: six 10 s windows close per task.
+	prod := harness.NewProducer(cl, "sales-events-v1", events).Start(t, 2, 40*time.Millisecond)
+	topUp := func() {
+		if prod.Finished() {
+			harness.Produce(t, cl, harness.Records("sales-events-v1", []harness.Event{{Product: fmt.Sprintf("fin-%02d", rng.IntN(20)), Value: 1}})...)
+		}
+	}
 	for round, point := range append(harness.CrashPoints["exactly_once_v2"], harness.CrashPoints["exactly_once_v2"]...) {
 		p := startService(t, broker, stateDir, []string{fmt.Sprintf("SALESAGGTEST_CRASH_POINT=%s:%d", point, 1+rng.IntN(4))}, args...)
 		harness.WaitFor(t, 90*time.Second, fmt.Sprintf("round %d: crash point %s to be reached", round, point), func() error {
 			if !p.Alive() {
 				return nil
 			}
-			if prod.Finished() {
-				harness.Produce(t, cl, harness.Records("sales-events-v1", []harness.Event{{Product: "fin-00", Value: 1}})...)
-			}
+			topUp()
 			return errors.New("still running")
 		})
 		if !p.KilledBy(syscall.SIGKILL) {
@@ -54,7 +58,10 @@ func TestSIGKILLWhileWindowsCloseWritesEachFinalOnce(t *testing.T) {
 	}
 	for round := range 12 {
 		p := startService(t, broker, stateDir, nil, args...)
-		harness.WaitFor(t, 30*time.Second, fmt.Sprintf("random kill round %d: a processed event", round), p.Folded)
+		harness.WaitFor(t, 30*time.Second, fmt.Sprintf("random kill round %d: a processed event", round), func() error {
+			topUp()
+			return p.Folded()
+		})
 		time.Sleep(time.Duration(300+rng.IntN(1500)) * time.Millisecond)
 		p.Kill()
 	}
