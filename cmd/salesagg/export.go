@@ -20,10 +20,11 @@ import (
 	"strings"
 	"time"
 
+	"github.com/salesagg/salesagg/internal/sales"
 	"github.com/salesagg/salesagg/internal/state"
 )
 
-const exportLine = "state export [--state.dir DIR] [--task 0_N ...] | --from URL [--token-file F] [--ca-file F] [--cert-file F --key-file F]; [--format jsonl|csv] [--output FILE]"
+const exportLine = "state export [--state.dir DIR] [--task 0_N ...] [--window SIZE] | --from URL [--token-file F] [--ca-file F] [--cert-file F --key-file F]; [--format jsonl|csv] [--output FILE]"
 
 const exportAbout = `Writes every product's total, sorted by product within each task, one per line:
 JSONL ({"task":"0_1","product":"p1","total":1200}) or CSV (task,product,total with a header).
@@ -35,13 +36,22 @@ when a task was unavailable (restoring, or its instance did not answer), after w
 read. --token-file gives the bearer token (its first line) when http.auth.tokens.file is set;
 --ca-file the CA for an https URL, --cert-file and --key-file a client certificate when the
 service asks for one (http.tls.client.ca.file). With --output the file appears only once the
-export is whole.`
+export is whole.
+
+With --window SIZE (one of windows.sizes, offline only) it writes the windows of that size
+instead, by start and then product: {"task":"0_1","product":"p1","window":"1h","start":…,
+"end":…,"total":300} (epoch ms), or CSV task,product,window,start,end,total.`
 
 // exportRow is one exported total.
 type exportRow struct {
 	Task    string `json:"task"`
 	Product string `json:"product"`
-	Total   int64  `json:"total"`
+	// Window, Start and End are a window's size and bounds (epoch ms; the
+	// end excluded), for an export of windows.
+	Window string `json:"window,omitempty"`
+	Start  *int64 `json:"start,omitempty"`
+	End    *int64 `json:"end,omitempty"`
+	Total  int64  `json:"total"`
 }
 
 // exportWriter writes rows in one format.
@@ -58,20 +68,29 @@ type jsonlWriter struct {
 func (j *jsonlWriter) write(r exportRow) error { return j.enc.Encode(r) }
 func (j *jsonlWriter) flush() error            { return j.w.Flush() }
 
-type csvWriter struct{ w *csv.Writer }
+type csvWriter struct {
+	w       *csv.Writer
+	windows bool
+}
 
 func (c *csvWriter) write(r exportRow) error {
+	if c.windows && r.Start != nil && r.End != nil {
+		return c.w.Write([]string{r.Task, r.Product, r.Window, strconv.FormatInt(*r.Start, 10), strconv.FormatInt(*r.End, 10), strconv.FormatInt(r.Total, 10)})
+	}
 	return c.w.Write([]string{r.Task, r.Product, strconv.FormatInt(r.Total, 10)})
 }
 func (c *csvWriter) flush() error { c.w.Flush(); return c.w.Error() }
 
-func newExportWriter(format string, out io.Writer) (exportWriter, error) {
+func newExportWriter(format string, out io.Writer, windows bool) (exportWriter, error) {
 	switch format {
 	case "jsonl":
 		bw := bufio.NewWriter(out)
 		return &jsonlWriter{w: bw, enc: json.NewEncoder(bw)}, nil
 	case "csv":
 		w := csv.NewWriter(out)
+		if windows {
+			return &csvWriter{w: w, windows: true}, w.Write([]string{"task", "product", "window", "start", "end", "total"})
+		}
 		return &csvWriter{w: w}, w.Write([]string{"task", "product", "total"})
 	}
 	return nil, usageError{fmt.Errorf("--format %q: want jsonl or csv", format)}
@@ -79,7 +98,7 @@ func newExportWriter(format string, out io.Writer) (exportWriter, error) {
 
 // runStateExport implements "salesagg state export".
 func runStateExport(args []string, stdout io.Writer) (err error) {
-	fs := stateFlags("export")
+	fs := stateFlags("export", "windows.sizes")
 	tasks := fs.StringSlice("task", nil, "export only this task, 0_<partition> (repeatable; default: every task; offline only)")
 	format := fs.String("format", "jsonl", "jsonl or csv")
 	output := fs.String("output", "-", "the file to write (- for standard output)")
@@ -89,6 +108,7 @@ func runStateExport(args []string, stdout io.Writer) (err error) {
 	certFile := fs.String("cert-file", "", "with --from https://…: a client certificate (PEM), with --key-file")
 	keyFile := fs.String("key-file", "", "with --from https://…: the client certificate's key (PEM)")
 	timeout := fs.Duration("timeout", 2*time.Minute, "with --from: give up after this long")
+	window := fs.String("window", "", "export the windows of this size (one of windows.sizes, e.g. 1h) instead of the totals; offline only")
 	commandUsage(fs, exportLine, exportAbout)
 	cfg, err := loadCommandConfig(fs, args)
 	if err != nil {
@@ -103,7 +123,16 @@ func runStateExport(args []string, stdout io.Writer) (err error) {
 	if (*certFile == "") != (*keyFile == "") {
 		return usageError{errors.New("--cert-file and --key-file go together")}
 	}
-	if _, err := newExportWriter(*format, io.Discard); err != nil {
+	var size time.Duration
+	if *window != "" {
+		if *from != "" {
+			return usageError{errors.New("--window reads the stores offline; a running instance answers GET /v1/windows?size=…&start=… per window")}
+		}
+		if size, err = time.ParseDuration(*window); err != nil || !slices.Contains(cfg.WindowSizes(), size) {
+			return usageError{fmt.Errorf("--window %q: want one of windows.sizes (%s)", *window, strings.Join(cfg.Windows.Sizes, ", "))}
+		}
+	}
+	if _, err := newExportWriter(*format, io.Discard, size > 0); err != nil {
 		return err
 	}
 
@@ -124,7 +153,7 @@ func runStateExport(args []string, stdout io.Writer) (err error) {
 		}()
 		out = tmp
 	}
-	w, err := newExportWriter(*format, out)
+	w, err := newExportWriter(*format, out, size > 0)
 	if err != nil {
 		return err
 	}
@@ -133,7 +162,7 @@ func runStateExport(args []string, stdout io.Writer) (err error) {
 	if *from != "" {
 		err = exportHTTP(*from, httpCreds{token: *tokenFile, ca: *caFile, cert: *certFile, key: *keyFile}, *timeout, emit)
 	} else {
-		err = exportOffline(cfg.StateDir, cfg.ApplicationID, *tasks, emit)
+		err = exportOffline(cfg.StateDir, cfg.ApplicationID, *tasks, size, emit)
 	}
 	if ferr := w.flush(); err == nil {
 		err = ferr
@@ -159,7 +188,7 @@ func runStateExport(args []string, stdout io.Writer) (err error) {
 
 // exportOffline reads the stores of the tasks named (all when none) of a
 // stopped service's state dir, holding its lock.
-func exportOffline(stateDir, appID string, names []string, emit func(exportRow) error) error {
+func exportOffline(stateDir, appID string, names []string, size time.Duration, emit func(exportRow) error) error {
 	dir, parts, err := openTasks(stateDir, appID, names)
 	if err != nil {
 		return err
@@ -167,6 +196,16 @@ func exportOffline(stateDir, appID string, names []string, emit func(exportRow) 
 	defer dir.Close()
 	for _, p := range parts {
 		task := state.TaskName(p)
+		if size > 0 {
+			name := sales.FormatWindowSize(size)
+			if err := dir.EachWindow(p, size, func(wt state.WindowTotal) error {
+				end := wt.Start + size.Milliseconds()
+				return emit(exportRow{Task: task, Product: wt.Product, Window: name, Start: &wt.Start, End: &end, Total: wt.Total})
+			}); err != nil {
+				return err
+			}
+			continue
+		}
 		if err := dir.EachTotal(p, func(t state.Total) error {
 			return emit(exportRow{Task: task, Product: t.Product, Total: t.Total})
 		}); err != nil {

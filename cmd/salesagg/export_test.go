@@ -174,3 +174,50 @@ func TestStateExportOfflineAndOverHTTP(t *testing.T) {
 		t.Fatalf("a failed export left %s (%v)", bad, err)
 	}
 }
+
+func TestStateExportWindows(t *testing.T) {
+	// Scenario: a service with 1h windows folds the sample events; stopped, `state export
+	// --window 1h` writes every window of that size (JSONL, then CSV with its own header), whose
+	// totals add up to each product's total; a size that is not one of windows.sizes, or
+	// --window with --from, is a usage error.
+	work := t.TempDir()
+	brokerAddr := harness.FreeAddr(t)
+	startBroker(t, filepath.Join(work, "broker"), brokerAddr)
+	stateDir := filepath.Join(work, "state")
+	svc := startService(t, brokerAddr, stateDir, nil, "--windows.sizes", "1h")
+	svc.WaitReady(t, 60*time.Second)
+	produceSample(t, brokerAddr)
+	svc.WaitTotals(t, harness.SampleTotals, 30*time.Second)
+	code, _, stderr := runBinary(t, nil, "state", "export", "--from", "http://"+svc.Addr, "--window", "1h", "--windows.sizes", "1h")
+	if code != exitUsage || !strings.Contains(stderr, "--window reads the stores offline") {
+		t.Fatalf("export --from --window: exit %d\n%s", code, stderr)
+	}
+	svc.Terminate(t)
+
+	code, stdout, stderr := runBinary(t, nil, "state", "export", "--state.dir", stateDir, "--windows.sizes", "1h", "--window", "1h")
+	if code != 0 {
+		t.Fatalf("export --window 1h: exit %d\n%s", code, stderr)
+	}
+	sums := map[string]int64{}
+	for _, line := range strings.Split(strings.TrimSpace(stdout), "\n") {
+		var r struct {
+			Task, Product, Window string
+			Start, End, Total     int64
+		}
+		if err := json.Unmarshal([]byte(line), &r); err != nil || r.Window != "1h" || r.End-r.Start != 3_600_000 || r.Start%3_600_000 != 0 || !state.IsTaskName(r.Task) {
+			t.Fatalf("window row %q: %+v, %v", line, r, err)
+		}
+		sums[r.Product] += r.Total
+	}
+	if !maps.Equal(sums, harness.SampleTotals) {
+		t.Fatalf("the windows add up to %v, want the totals %v", sums, harness.SampleTotals)
+	}
+	code, stdout, _ = runBinary(t, nil, "state", "export", "--state.dir", stateDir, "--windows.sizes", "1h", "--window", "1h", "--format", "csv")
+	if first, _, _ := strings.Cut(stdout, "\n"); code != 0 || first != "task,product,window,start,end,total" {
+		t.Fatalf("export --window --format csv: exit %d, header %q", code, first)
+	}
+	code, _, stderr = runBinary(t, nil, "state", "export", "--state.dir", stateDir, "--windows.sizes", "1h", "--window", "24h")
+	if code != exitUsage || !strings.Contains(stderr, "want one of windows.sizes (1h)") {
+		t.Fatalf("export --window 24h: exit %d\n%s", code, stderr)
+	}
+}

@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"strings"
 	"syscall"
+	"time"
 
 	"go.uber.org/zap"
 )
@@ -212,6 +213,17 @@ func (d *Dir) EachTotal(partition int32, fn func(Total) error) error {
 	}
 	defer s.Close()
 	return s.Each(1000, fn)
+}
+
+// EachWindow calls fn with every window of size in the store of task
+// partition, opened read-only, by start and then product.
+func (d *Dir) EachWindow(partition int32, size time.Duration, fn func(WindowTotal) error) error {
+	s, err := Open(d.TaskPath(partition), zap.NewNop(), OpenOptions{ReadOnly: true})
+	if err != nil {
+		return err
+	}
+	defer s.Close()
+	return s.Windows(size).Each(fn)
 }
 
 // PeekProcessID returns the process id kept in <stateDir>/<appID>'s

@@ -378,3 +378,36 @@ func appendWindows(b *pebble.Batch, ws []WindowWrite) error {
 	}
 	return nil
 }
+
+// Each calls fn with every window of the size, by start and then
+// product, reading a page of products at a time (each under the store's
+// read lock). It stops at fn's first error and returns it.
+func (w *Windows) Each(fn func(WindowTotal) error) error {
+	for from := int64(0); ; {
+		starts, err := w.Starts(from, 64)
+		if err != nil {
+			return err
+		}
+		for _, start := range starts {
+			for after := ""; ; {
+				page, err := w.Scan(start, after, 1000)
+				if err != nil {
+					return err
+				}
+				for _, wt := range page {
+					if err := fn(wt); err != nil {
+						return err
+					}
+				}
+				if len(page) < 1000 {
+					break
+				}
+				after = page[len(page)-1].Product
+			}
+		}
+		if len(starts) < 64 {
+			return nil
+		}
+		from = starts[len(starts)-1] + 1
+	}
+}
