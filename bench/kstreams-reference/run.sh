@@ -7,7 +7,7 @@
 #               [--commit-interval-ms MS] [--num-stream-threads N] [--cache-max-bytes N]
 #               [--leave-group-on-close true|false] [--num-standby-replicas N]
 #               [--instance-id ID] [--http-addr HOST:PORT] [--rocksdb default|tuned]
-#               [--transactional-state-stores true|false]
+#               [--transactional-state-stores true|false] [--windows 1h,24h] [--windows-grace-ms MS]
 #               [--prop key=value]... [--describe]
 #        run.sh --build-only     build (if needed) and exit
 #        run.sh --rebuild ...    build even if up to date, then run

@@ -48,11 +48,11 @@ var referenceSeq int
 // startReference runs the reference at-least-once, leaving the group on
 // close (so that the next member gets the partitions at once), committing
 // every 200 ms (its record cache then reaches the changelog within that).
-func startReference(t *testing.T, appID, stateDir, input, notif string) *reference {
+func startReference(t *testing.T, appID, stateDir, input, notif string, extra ...string) *reference {
 	t.Helper()
 	referenceSeq++
 	name := fmt.Sprintf("reference-%02d", referenceSeq)
-	p := harness.Start(t, harness.Spec{Name: name, Path: referenceScript(), Dir: repoRoot, Args: []string{
+	p := harness.Start(t, harness.Spec{Name: name, Path: referenceScript(), Dir: repoRoot, Args: append([]string{
 		"--bootstrap", bootstrap,
 		"--application-id", appID,
 		"--state-dir", stateDir,
@@ -61,7 +61,7 @@ func startReference(t *testing.T, appID, stateDir, input, notif string) *referen
 		"--processing-guarantee", "at_least_once",
 		"--leave-group-on-close", "true",
 		"--commit-interval-ms", "200",
-	}})
+	}, extra...)})
 	t.Logf("started %s (pid %d, state dir %s)", name, p.PID, stateDir)
 	return &reference{p}
 }

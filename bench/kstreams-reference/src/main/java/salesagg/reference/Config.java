@@ -36,6 +36,8 @@ final class Config {
         DEFAULTS.put("HTTP_ADDR", null);
         DEFAULTS.put("ROCKSDB", "default");
         DEFAULTS.put("TRANSACTIONAL_STATE_STORES", null);
+        DEFAULTS.put("WINDOWS", null);
+        DEFAULTS.put("WINDOWS_GRACE_MS", "0");
     }
 
     /** Short argument spellings. */
@@ -65,6 +67,9 @@ final class Config {
             "                                                   /readyz) and announce it as application.server; unset: no HTTP server",
             "  --rocksdb                ROCKSDB                 default | tuned (rocksdb.config.setter = salesagg.reference.RocksDBTuning)",
             "  --transactional-state-stores TRANSACTIONAL_STATE_STORES  true | false: enable.transactional.statestores (KIP-892); default Kafka Streams' (false)",
+            "  --windows                WINDOWS                 tumbling window sizes, comma separated (1h,24h; units ms, s, m, h): each a",
+            "                                                   windowed aggregation into the store PRODUCT_AGGREGATED_SALES-<size>; unset: none",
+            "  --windows-grace-ms       WINDOWS_GRACE_MS        the windows' grace period, default 0 (TimeWindows.ofSizeAndGrace)",
             "  --prop key=value         any other Kafka Streams or client property (repeatable)",
             "  --describe               print the topology and exit (no broker needed)");
 
@@ -74,6 +79,9 @@ final class Config {
     boolean help;
 
     final long threshold;
+    /** The window sizes as given (they name the stores), in milliseconds. */
+    final Map<String, Long> windows = new LinkedHashMap<>();
+    final long windowGraceMs;
     final boolean leaveGroupOnClose;
     final int numStreamThreads;
 
@@ -161,6 +169,21 @@ final class Config {
         if (values.get("CACHE_MAX_BYTES") != null) {
             parseLong("CACHE_MAX_BYTES", errors, 0);
         }
+        windowGraceMs = parseLong("WINDOWS_GRACE_MS", errors, 0);
+        if (values.get("WINDOWS") != null) {
+            for (String size : values.get("WINDOWS").split(",")) {
+                size = size.trim();
+                if (size.isEmpty()) {
+                    continue;
+                }
+                Long ms = windowSizeMs(size);
+                if (ms == null) {
+                    errors.add("WINDOWS: " + size + " is not a size such as 1h, 15m, 90s or 1500ms");
+                } else {
+                    windows.put(size, ms);
+                }
+            }
+        }
         for (String k : new String[] {"BOOTSTRAP_SERVERS", "APPLICATION_ID", "STATE_DIR", "INPUT_TOPIC", "NOTIFICATION_TOPIC"}) {
             if (values.get(k).isBlank()) {
                 errors.add(k + " must not be empty");
@@ -173,6 +196,21 @@ final class Config {
 
     static Config load(Map<String, String> env, String[] args) {
         return new Config(env, args);
+    }
+
+    /** Reads a window size written as salesagg writes it: a whole number of ms, s, m or h. */
+    static Long windowSizeMs(String s) {
+        java.util.regex.Matcher m = java.util.regex.Pattern.compile("(\\d+)(ms|s|m|h)").matcher(s);
+        if (!m.matches()) {
+            return null;
+        }
+        long n = Long.parseLong(m.group(1));
+        switch (m.group(2)) {
+            case "h": return n * 3_600_000L;
+            case "m": return n * 60_000L;
+            case "s": return n * 1_000L;
+            default: return n;
+        }
     }
 
     String get(String key) {

@@ -31,10 +31,12 @@ import org.apache.kafka.streams.kstream.Materialized;
 import org.apache.kafka.streams.kstream.Named;
 import org.apache.kafka.streams.kstream.Produced;
 import org.apache.kafka.streams.kstream.Repartitioned;
+import org.apache.kafka.streams.kstream.TimeWindows;
 import org.apache.kafka.streams.processor.StandbyUpdateListener;
 import org.apache.kafka.streams.processor.StateRestoreListener;
 import org.apache.kafka.streams.processor.TaskId;
 import org.apache.kafka.streams.state.KeyValueStore;
+import org.apache.kafka.streams.state.WindowStore;
 import org.slf4j.Logger;
 import org.slf4j.LoggerFactory;
 
@@ -111,6 +113,17 @@ public final class SalesAggregator {
      * PRODUCT_AGGREGATED_SALES → updates with total ≥ threshold → {"sku":..,"value":..}.
      */
     static Topology buildTopology(String inputTopic, String notificationTopic, long threshold, Properties props) {
+        return buildTopology(inputTopic, notificationTopic, threshold, props, Map.of(), 0);
+    }
+
+    /**
+     * The topology with, for each window size (name → ms), the same sums per tumbling window by
+     * record timestamp, {@code windowedBy(TimeWindows.ofSizeAndGrace(size, grace)).aggregate(...)}
+     * into the window store {@code PRODUCT_AGGREGATED_SALES-<name>}: the store salesagg keeps
+     * beside the totals with windows.sizes, with the same changelog.
+     */
+    static Topology buildTopology(String inputTopic, String notificationTopic, long threshold, Properties props,
+            Map<String, Long> windows, long graceMs) {
         // Built with the application's own config, as KafkaStreams will run it.
         StreamsBuilder builder = new StreamsBuilder(new TopologyConfig(new StreamsConfig(props)));
 
@@ -145,7 +158,19 @@ public final class SalesAggregator {
                         .withKeySerde(Serdes.String())
                         .withValueSerde(Serdes.Long()));
 
-        keyed.merge(rekeyed, Named.as("merge"))
+        KStream<String, Long> merged = keyed.merge(rekeyed, Named.as("merge"));
+        for (Map.Entry<String, Long> w : windows.entrySet()) {
+            merged.groupByKey(Grouped.<String, Long>as("by-product-" + w.getKey()).withKeySerde(Serdes.String()).withValueSerde(Serdes.Long()))
+                    .windowedBy(TimeWindows.ofSizeAndGrace(Duration.ofMillis(w.getValue()), Duration.ofMillis(graceMs)))
+                    .aggregate(
+                            () -> 0L,
+                            (product, value, total) -> total + value,
+                            Named.as("sum-" + w.getKey()),
+                            Materialized.<String, Long, WindowStore<Bytes, byte[]>>as(STORE_NAME + "-" + w.getKey())
+                                    .withKeySerde(Serdes.String())
+                                    .withValueSerde(Serdes.Long()));
+        }
+        merged
                 .groupByKey(Grouped.with(Serdes.String(), Serdes.Long()))
                 .aggregate(
                         () -> 0L,
@@ -223,7 +248,8 @@ public final class SalesAggregator {
         }
 
         Properties props = streamsProperties(cfg);
-        Topology topology = buildTopology(cfg.get("INPUT_TOPIC"), cfg.get("NOTIFICATION_TOPIC"), cfg.threshold, props);
+        Topology topology = buildTopology(cfg.get("INPUT_TOPIC"), cfg.get("NOTIFICATION_TOPIC"), cfg.threshold, props,
+                cfg.windows, cfg.windowGraceMs);
         if (cfg.describeOnly) {
             System.out.println(topology.describe());
             return;
