@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/salesagg/salesagg/internal/config"
+	"github.com/salesagg/salesagg/internal/sales"
 	"github.com/salesagg/salesagg/internal/state"
 	"github.com/salesagg/salesagg/internal/status"
 )
@@ -162,6 +163,8 @@ type taskView struct {
 	// Trouble is what keeps the task back: a failure it retries, or what it
 	// waits for; TroubleClass colours it (warn, or bad once unhealthy).
 	Trouble, TroubleClass string
+	// Windows are an active task's current windows, one line per size.
+	Windows []string
 }
 
 // restoreBar is a restore under way (On): the bar is Done of Total
@@ -304,7 +307,34 @@ func taskRow(t status.Task, r taskRates, known bool) taskView {
 		tv.Detail = copyDetail(t, r, known)
 	}
 	tv.Trouble, tv.TroubleClass = trouble(t)
+	for _, w := range t.Windows {
+		tv.Windows = append(tv.Windows, currentWindow(w))
+	}
 	return tv
+}
+
+// currentWindow says which window of a size a task is in (the one holding
+// its stream time), and the events left out of windows.
+func currentWindow(w status.Window) string {
+	size, err := time.ParseDuration(w.Size)
+	var text string
+	switch {
+	case w.StreamTime < 0:
+		text = w.Size + " windows: no event yet"
+	case err != nil || size <= 0:
+		text = fmt.Sprintf("%s windows: stream time %s", w.Size, time.UnixMilli(w.StreamTime).UTC().Format(timeFormat))
+	default:
+		start := sales.WindowStart(w.StreamTime, size.Milliseconds())
+		text = fmt.Sprintf("%s window %s – %s (stream time %s)", w.Size, time.UnixMilli(start).UTC().Format(timeFormat),
+			time.UnixMilli(start+size.Milliseconds()).UTC().Format(timeFormat), time.UnixMilli(w.StreamTime).UTC().Format(timeFormat))
+	}
+	if w.Late > 0 {
+		text += fmt.Sprintf(", %s late", formatCount(w.Late))
+	}
+	if w.BadTime > 0 {
+		text += fmt.Sprintf(", %s without a readable time", formatCount(w.BadTime))
+	}
+	return text
 }
 
 // activeCounters are an active task's counters, its events/s and its

@@ -381,3 +381,28 @@ func TestStatusPageSaysWhatItRuns(t *testing.T) {
 		t.Errorf("a time in another format: %q", rfc)
 	}
 }
+
+func TestStatusPageShowsTheCurrentWindow(t *testing.T) {
+	// Scenario: an active task with windows shows, per size, the window holding its stream
+	// time and the events left out of windows; one with no event yet says so.
+	b := &pageBackend{tasks: []status.Task{
+		{Task: "0_0", Role: "active", State: "running", Windows: []status.Window{
+			{Size: "1h", StreamTime: time.Date(2026, 12, 1, 5, 59, 24, 0, time.UTC).UnixMilli(), Late: 3},
+			{Size: "24h", StreamTime: time.Date(2026, 12, 1, 5, 59, 24, 0, time.UTC).UnixMilli(), BadTime: 2},
+		}},
+		{Task: "0_1", Role: "active", State: "running", Windows: []status.Window{{Size: "1h", StreamTime: -1}}},
+	}}
+	_, body := render(t, newStatusPage(b, options{}), "/")
+	r := rowOf(t, body, "0_0", "active")
+	for _, want := range []string{
+		"1h window 2026-12-01 05:00:00Z – 2026-12-01 06:00:00Z (stream time 2026-12-01 05:59:24Z), 3 late",
+		"24h window 2026-12-01 00:00:00Z – 2026-12-02 00:00:00Z (stream time 2026-12-01 05:59:24Z), 2 without a readable time",
+	} {
+		if !strings.Contains(r, want) {
+			t.Errorf("0_0 row lacks %q: %s", want, r)
+		}
+	}
+	if r := rowOf(t, body, "0_1", "active"); !strings.Contains(r, "1h windows: no event yet") {
+		t.Errorf("0_1 row: %s", r)
+	}
+}
