@@ -250,14 +250,9 @@ func (h *handler) products(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	q := r.URL.Query()
-	limit := DefaultPageSize
-	if v := q.Get("limit"); v != "" {
-		n, err := strconv.Atoi(v)
-		if err != nil || n < 1 || n > MaxPageSize {
-			writeJSON(w, http.StatusBadRequest, map[string]string{"error": fmt.Sprintf("limit must be an integer from 1 to %d", MaxPageSize)})
-			return
-		}
-		limit = n
+	limit, ok := pageLimit(w, q)
+	if !ok {
+		return
 	}
 	after := q.Get("after")
 	byTotal := false
@@ -537,6 +532,21 @@ func (h *handler) askPeers(ctx context.Context, ask func(context.Context, status
 		close(results)
 	}()
 	return results
+}
+
+// pageLimit reads the limit parameter (DefaultPageSize when absent), or
+// answers 400 and reports false.
+func pageLimit(w http.ResponseWriter, q url.Values) (int, bool) {
+	v := q.Get("limit")
+	if v == "" {
+		return DefaultPageSize, true
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil || n < 1 || n > MaxPageSize {
+		writeJSON(w, http.StatusBadRequest, map[string]string{"error": fmt.Sprintf("limit must be an integer from 1 to %d", MaxPageSize)})
+		return 0, false
+	}
+	return n, true
 }
 
 // unknownParams answers 400 naming the query parameters of r that are not

@@ -180,14 +180,9 @@ func (h *handler) windowPage(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	start := sales.WindowStart(at, size.Milliseconds())
-	limit := DefaultPageSize
-	if v := q.Get("limit"); v != "" {
-		n, err := strconv.Atoi(v)
-		if err != nil || n < 1 || n > MaxPageSize {
-			writeJSON(w, http.StatusBadRequest, map[string]string{"error": fmt.Sprintf("limit must be an integer from 1 to %d", MaxPageSize)})
-			return
-		}
-		limit = n
+	limit, ok := pageLimit(w, q)
+	if !ok {
+		return
 	}
 	after := q.Get("after")
 	switch sortBy := q.Get("sort"); sortBy {

@@ -380,15 +380,25 @@ func appendWindows(b *pebble.Batch, ws []WindowWrite) error {
 }
 
 // Each calls fn with every window of the size, by start and then
-// product, reading a page of products at a time (each under the store's
-// read lock). It stops at fn's first error and returns it.
+// product (see EachBetween).
 func (w *Windows) Each(fn func(WindowTotal) error) error {
-	for from := int64(0); ; {
+	return w.EachBetween(0, math.MaxInt64, fn)
+}
+
+// EachBetween calls fn with every window of the size starting from from
+// to before (excluded), by start and then product, reading a page of
+// products at a time (each under the store's read lock). It stops at
+// fn's first error and returns it.
+func (w *Windows) EachBetween(from, before int64, fn func(WindowTotal) error) error {
+	for {
 		starts, err := w.Starts(from, 64)
 		if err != nil {
 			return err
 		}
 		for _, start := range starts {
+			if start >= before {
+				return nil
+			}
 			for after := ""; ; {
 				page, err := w.Scan(start, after, 1000)
 				if err != nil {

@@ -632,6 +632,19 @@ func (mb *memberBalancer) names() map[string]string {
 	return name
 }
 
+// holder returns the member that reports holding task t, of the latest
+// generation when several do (nil: none).
+func (mb *memberBalancer) holder(t int32) *assign.Member {
+	var holder *assign.Member
+	for i := range mb.members {
+		m := &mb.members[i]
+		if slices.Contains(m.Owned, t) && (holder == nil || m.Generation > holder.Generation) {
+			holder = m
+		}
+	}
+	return holder
+}
+
 // owners names the owner of every task, and summarizes the plan per member
 // for the log. A withheld task is still run by its holder until it revokes
 // it: the holder is named, so queries reach it and the next owner knows
@@ -647,14 +660,7 @@ func (mb *memberBalancer) owners(res assign.Result, name map[string]string) (map
 		summary = append(summary, fmt.Sprintf("%s=%v", name[m.ID], taskNames(tasks)))
 	}
 	for _, t := range res.Withheld {
-		var holder *assign.Member
-		for i := range mb.members {
-			m := &mb.members[i]
-			if slices.Contains(m.Owned, t) && (holder == nil || m.Generation > holder.Generation) {
-				holder = m
-			}
-		}
-		if holder != nil {
+		if holder := mb.holder(t); holder != nil {
 			owners[t] = name[holder.ID]
 		}
 	}
@@ -674,14 +680,7 @@ func (mb *memberBalancer) from(owners map[int32]string, name map[string]string) 
 	from := map[int32]string{}
 	for t, o := range owners {
 		prev := ""
-		var holder *assign.Member
-		for i := range mb.members {
-			m := &mb.members[i]
-			if slices.Contains(m.Owned, t) && (holder == nil || m.Generation > holder.Generation) {
-				holder = m
-			}
-		}
-		if holder != nil {
+		if holder := mb.holder(t); holder != nil {
 			prev = name[holder.ID]
 		}
 		if prev == "" || prev == o {

@@ -197,9 +197,10 @@ func (w *windowAgg) records(st *state.Store, spec recordSpec, maxOffset *atomic.
 	n := 0
 	if p.expireBefore > w.expired {
 		// Every window of the store now past its retention: tombstoned.
-		err := w.eachStored(st, w.expired, p.expireBefore, func(wt state.WindowTotal) {
+		err := w.view(st).EachBetween(w.expired, p.expireBefore, func(wt state.WindowTotal) error {
 			emit(w.tombstone(spec, wt.Product, wt.Start), true)
 			n++
+			return nil
 		})
 		if err != nil {
 			return 0, err
@@ -216,8 +217,9 @@ func (w *windowAgg) records(st *state.Store, spec recordSpec, maxOffset *atomic.
 		// stream time) never writes them again.
 		if to := w.closedBefore(w.streamTime); to > w.closedFrom {
 			finals := map[windowKey]int64{}
-			err := w.eachStored(st, w.closedFrom, to, func(wt state.WindowTotal) {
+			err := w.view(st).EachBetween(w.closedFrom, to, func(wt state.WindowTotal) error {
 				finals[windowKey{product: wt.Product, start: wt.Start}] = wt.Total
+				return nil
 			})
 			if err != nil {
 				return 0, err
@@ -282,40 +284,6 @@ func (w *windowAgg) notification(spec recordSpec, k windowKey, total int64, size
 func (w *windowAgg) tombstone(spec recordSpec, product string, start int64) *kgo.Record {
 	return &kgo.Record{Topic: w.changelog, Partition: spec.partition,
 		Key: sales.AppendWindowKey(nil, []byte(product), start), Timestamp: time.UnixMilli(max(w.streamTime, 0))}
-}
-
-// eachStored calls fn with every window of the store starting from from
-// to before, a page of products at a time.
-func (w *windowAgg) eachStored(st *state.Store, from, before int64, fn func(state.WindowTotal)) error {
-	v := w.view(st)
-	for {
-		starts, err := v.Starts(from, 64)
-		if err != nil {
-			return err
-		}
-		for _, start := range starts {
-			if start >= before {
-				return nil
-			}
-			for after := ""; ; {
-				page, err := v.Scan(start, after, 4096)
-				if err != nil {
-					return err
-				}
-				for _, wt := range page {
-					fn(wt)
-				}
-				if len(page) < 4096 {
-					break
-				}
-				after = page[len(page)-1].Product
-			}
-		}
-		if len(starts) < 64 {
-			return nil
-		}
-		from = starts[len(starts)-1] + 1
-	}
 }
 
 // write takes the cycle in progress as committed and returns the store
@@ -648,32 +616,6 @@ func (rt *Runtime) WindowPage(size time.Duration, start int64, after string, lim
 		page = page[:limit]
 	}
 	return page, unavailable, nil
-}
-
-// WindowStarts returns up to limit starts of windows of size that the
-// running tasks here hold, from from on, sorted and each once.
-func (rt *Runtime) WindowStarts(size time.Duration, from int64, limit int) ([]int64, error) {
-	if err := rt.checkWindowSize(size); err != nil {
-		return nil, err
-	}
-	var all []int64
-	for _, t := range rt.reg.tasks() {
-		s := t.totals.store.Load()
-		if t.State() != taskRunning || s == nil {
-			continue
-		}
-		got, err := s.Windows(size).Starts(from, limit)
-		if err != nil {
-			return nil, err
-		}
-		all = append(all, got...)
-	}
-	slices.Sort(all)
-	all = slices.Compact(all)
-	if len(all) > limit {
-		all = all[:limit]
-	}
-	return all, nil
 }
 
 // WindowTop lists the limit largest totals (equal totals by product) of
