@@ -18,6 +18,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"go.uber.org/zap"
 
+	"github.com/salesagg/salesagg/internal/sales"
 	"github.com/salesagg/salesagg/internal/state"
 	"github.com/salesagg/salesagg/internal/status"
 )
@@ -269,7 +270,7 @@ func (h *handler) products(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if q.Has("standby") {
-		h.standbyPage(w, r, q.Get("standby"), after, limit, byTotal)
+		h.standbyPage(w, r, listOf{}, q.Get("standby"), after, limit, byTotal)
 		return
 	}
 	if byTotal {
@@ -285,7 +286,7 @@ func (h *handler) products(w http.ResponseWriter, r *http.Request) {
 	if !forwarded(r) {
 		page, unavailable = h.gather(r.Context(), page, unavailable, after, limit)
 		var more []state.Total
-		more, stale, unavailable = h.fromStandbys(r.Context(), forwardTimeout, unavailable, after, limit, false)
+		more, stale, unavailable = h.fromStandbys(r.Context(), forwardTimeout, listOf{}, unavailable, after, limit, false)
 		page = append(page, more...)
 		sort.Slice(page, func(i, j int) bool { return page[i].Product < page[j].Product })
 		if len(page) > limit {
@@ -308,11 +309,19 @@ func (h *handler) products(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, resp)
 }
 
-// standbyPage answers GET /v1/products?standby=<task>: the products of this
+// listOf names what a list reads: the totals (size 0), or the products of
+// the window of size starting at start.
+type listOf struct {
+	size  time.Duration
+	start int64
+}
+
+// standbyPage answers GET /v1/products?standby=<task> (and GET
+// /v1/windows?standby=<task>, of a window): the products of this
 // instance's standby copy of the task, when it runs within
 // acceptable.recovery.lag (else 503), with how far behind it may be. Other
 // instances ask it for a task whose owner could not answer.
-func (h *handler) standbyPage(w http.ResponseWriter, r *http.Request, task, after string, limit int, byTotal bool) {
+func (h *handler) standbyPage(w http.ResponseWriter, r *http.Request, of listOf, task, after string, limit int, byTotal bool) {
 	if !state.IsTaskName(task) {
 		writeJSON(w, http.StatusBadRequest, map[string]string{"error": fmt.Sprintf("standby must name a task (0_ and its partition, such as 0_2), not %q", task)})
 		return
@@ -323,7 +332,7 @@ func (h *handler) standbyPage(w http.ResponseWriter, r *http.Request, task, afte
 	}
 	ctx, cancel := context.WithTimeout(r.Context(), topGatherTimeout)
 	defer cancel()
-	page, lag, err := h.readStandby(ctx, task, after, limit, byTotal)
+	page, lag, err := h.readStandby(ctx, of, task, after, limit, byTotal)
 	if errors.Is(err, errScanBusy) {
 		writeJSON(w, http.StatusServiceUnavailable, map[string]string{"error": err.Error()})
 		return
@@ -336,6 +345,9 @@ func (h *handler) standbyPage(w http.ResponseWriter, r *http.Request, task, afte
 		page = []state.Total{}
 	}
 	resp := map[string]any{"products": page, "standby": task, "lag": lag}
+	if of.size > 0 {
+		resp["size"], resp["start"], resp["end"] = sales.FormatWindowSize(of.size), of.start, of.start+of.size.Milliseconds()
+	}
 	if byTotal {
 		resp["sort"] = "total"
 	} else if len(page) == limit {
@@ -344,11 +356,16 @@ func (h *handler) standbyPage(w http.ResponseWriter, r *http.Request, task, afte
 	writeJSON(w, http.StatusOK, resp)
 }
 
-// readStandby reads this instance's standby copy of task (StandbyPage); a
-// read of it whole (byTotal) waits its turn (scanWhole).
-func (h *handler) readStandby(ctx context.Context, task, after string, limit int, byTotal bool) (page []state.Total, lag int64, err error) {
+// readStandby reads this instance's standby copy of task (StandbyPage, or
+// StandbyWindowPage of a window); a read of it whole (byTotal) waits its
+// turn (scanWhole).
+func (h *handler) readStandby(ctx context.Context, of listOf, task, after string, limit int, byTotal bool) (page []state.Total, lag int64, err error) {
 	read := func() (err error) {
-		page, lag, err = h.list.StandbyPage(ctx, task, after, limit, byTotal)
+		if of.size > 0 {
+			page, lag, err = h.win.StandbyWindowPage(ctx, task, of.size, of.start, after, limit, byTotal)
+		} else {
+			page, lag, err = h.list.StandbyPage(ctx, task, after, limit, byTotal)
+		}
 		return err
 	}
 	if byTotal {
@@ -364,7 +381,7 @@ func (h *handler) readStandby(ctx context.Context, task, after string, limit int
 // another instance that keeps a copy, asked in parallel under timeout. It
 // returns what they answered, the tasks answered so (stale by up to the lag)
 // and the tasks still unavailable, each sorted.
-func (h *handler) fromStandbys(ctx context.Context, timeout time.Duration, unavailable []string, after string, limit int, byTotal bool) (page []state.Total, stale, still []string) {
+func (h *handler) fromStandbys(ctx context.Context, timeout time.Duration, of listOf, unavailable []string, after string, limit int, byTotal bool) (page []state.Total, stale, still []string) {
 	if len(unavailable) == 0 {
 		return nil, nil, unavailable
 	}
@@ -380,7 +397,7 @@ func (h *handler) fromStandbys(ctx context.Context, timeout time.Duration, unava
 	var wg sync.WaitGroup
 	for _, task := range unavailable {
 		wg.Go(func() {
-			if got, _, err := h.readStandby(ctx, task, after, limit, byTotal); err == nil {
+			if got, _, err := h.readStandby(ctx, of, task, after, limit, byTotal); err == nil {
 				answers <- answer{task, got, true}
 				return
 			}
@@ -388,7 +405,7 @@ func (h *handler) fromStandbys(ctx context.Context, timeout time.Duration, unava
 				if is.Self || !slices.Contains(is.Standbys, task) {
 					continue
 				}
-				if got, err := h.fw.standbyPage(ctx, h.list.InstanceID(), is, task, after, limit, byTotal); err == nil {
+				if got, err := h.fw.standbyPage(ctx, h.list.InstanceID(), is, of, task, after, limit, byTotal); err == nil {
 					answers <- answer{task, got, true}
 					return
 				}
@@ -463,7 +480,7 @@ func (h *handler) top(w http.ResponseWriter, r *http.Request, limit int) {
 	var stale []string
 	if peers != nil {
 		var more []state.Total
-		more, stale, unavailable = h.fromStandbys(r.Context(), topGatherTimeout, unavailable, "", limit, true)
+		more, stale, unavailable = h.fromStandbys(r.Context(), topGatherTimeout, listOf{}, unavailable, "", limit, true)
 		top = append(top, more...)
 		state.SortByTotal(top)
 		if len(top) > limit {

@@ -291,9 +291,13 @@ func (f *forwarder) top(ctx context.Context, self string, is status.Instance, li
 }
 
 // standbyPage reads the products of another instance's standby copy of
-// task (GET /v1/products?standby=<task>): a page after after, or with
-// byTotal the limit largest.
-func (f *forwarder) standbyPage(ctx context.Context, self string, is status.Instance, task, after string, limit int, byTotal bool) ([]state.Total, error) {
+// task (GET /v1/products?standby=<task>, or GET /v1/windows?standby=<task>
+// of a window): a page after after, or with byTotal the limit largest.
+func (f *forwarder) standbyPage(ctx context.Context, self string, is status.Instance, of listOf, task, after string, limit int, byTotal bool) ([]state.Total, error) {
+	if of.size > 0 {
+		page, _, err := f.windowPage(ctx, self, is, of.size, of.start, task, after, limit, byTotal)
+		return page, err
+	}
 	q := url.Values{"limit": {strconv.Itoa(limit)}, "standby": {task}}
 	if after != "" {
 		q.Set("after", after)

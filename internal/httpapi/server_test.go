@@ -47,6 +47,12 @@ func (idle) WindowSizes() []time.Duration        { return nil }
 func (idle) ProductWindows(string, time.Duration, int64, int64) ([]state.WindowTotal, error) {
 	return nil, Unavailable(errors.New("task not ready"))
 }
+func (idle) StandbyWindows(string, time.Duration, int64, int64) ([]state.WindowTotal, int64, error) {
+	return nil, 0, Unavailable(errors.New("partition not hosted by this instance"))
+}
+func (idle) StandbyWindowPage(context.Context, string, time.Duration, int64, string, int, bool) ([]state.Total, int64, error) {
+	return nil, 0, Unavailable(errors.New("task not hosted by this instance"))
+}
 func (idle) WindowPage(time.Duration, int64, string, int) ([]state.Total, []string, error) {
 	return nil, nil, nil
 }

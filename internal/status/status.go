@@ -44,6 +44,9 @@ type Window struct {
 	// whose time field could not be read.
 	Late    int64 `json:"late"`
 	BadTime int64 `json:"bad_time"`
+	// ChangelogLag, for a standby copy, is how many records of the size's
+	// changelog it lacks (absent while unknown).
+	ChangelogLag *int64 `json:"changelog_lag,omitempty"`
 }
 
 // Counters are a task's input position and what an active task has done

@@ -61,6 +61,9 @@ type standby struct {
 	// pos is where the copy is (see copyPosition).
 	pos copyPosition
 	cp  state.Checkpoint // owned by the goroutine
+	// windows follow the task's window changelogs into the same store, one
+	// per size (windowlog.go); their goroutines run while tail does.
+	windows []*windowFollower
 }
 
 // copyDeps are what a copy is given by the session that starts it.
@@ -106,6 +109,9 @@ func newStandby(deps copyDeps, p int32, kind copyKind, after []<-chan struct{}) 
 	s.kind.Store(uint32(kind))
 	s.pos.position.Store(-1)
 	s.pos.end.Store(-1)
+	for _, w := range windowAggs(deps.env, deps.topo) {
+		s.windows = append(s.windows, newWindowFollower(w))
+	}
 	return s
 }
 
@@ -244,12 +250,15 @@ func (s *standby) tail(ctx context.Context) error {
 	s.log.Info(fmt.Sprintf("task [%s] %s copy tailing changelog %s from offset %d (%d behind)", s.name, s.role(), tp, from, max(0, end-from)),
 		zap.Int64("from", from), zap.Int64("end_offset", end))
 	s.checkCaughtUp()
+	stopWindows := s.follow(ctx, s.store.Load())
+	defer stopWindows()
 	var updates []state.Update
 	for {
 		b, err := r.Next(ctx)
 		if errors.Is(err, changelog.ErrOutOfRange) {
 			// Compaction or retention moved the log start past us.
 			s.log.Warn("Changelog start moved past the standby copy; wiping it and starting over", zap.String("changelog", tp))
+			stopWindows()
 			return errors.Join(err, s.wipe())
 		}
 		if err != nil {

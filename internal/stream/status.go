@@ -340,6 +340,9 @@ func (rt *Runtime) Tasks() []status.Task {
 		if lag := sb.lag(); lag >= 0 {
 			ts.ChangelogLag = &lag
 		}
+		for _, f := range sb.windows {
+			ts.Windows = append(ts.Windows, f.status())
+		}
 		out = append(out, ts)
 	}
 	return out

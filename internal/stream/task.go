@@ -341,15 +341,9 @@ func newTask(deps taskDeps, partition int32) *task {
 		handover: handover{at: -1},
 	}
 	t.log = deps.env.log.With(zap.String("task", t.name), zap.Int32("partition", partition))
-	cfg := deps.env.cfg
-	for i, size := range cfg.WindowSizes() {
-		var id [16]byte
-		if i < len(deps.topo.windowIDs) {
-			id = deps.topo.windowIDs[i]
-		}
-		w := newWindowAgg(size, cfg.Windows.Grace, cfg.WindowRetention(size),
-			cfg.WindowChangelogTopic(size), sales.WindowStoreName(cfg.StoreName, size), id)
-		w.final = cfg.Windows.Notify == config.WindowNotifyFinal
+	final := deps.env.cfg.Windows.Notify == config.WindowNotifyFinal
+	for _, w := range windowAggs(deps.env, deps.topo) {
+		w.final = final
 		t.windows = append(t.windows, w)
 	}
 	t.in.windowLog = rateLimiter{every: 10 * time.Second, burst: 5}

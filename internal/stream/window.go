@@ -14,7 +14,6 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 	"go.uber.org/zap"
 
-	"github.com/salesagg/salesagg/internal/changelog"
 	"github.com/salesagg/salesagg/internal/sales"
 	"github.com/salesagg/salesagg/internal/state"
 	"github.com/salesagg/salesagg/internal/status"
@@ -435,112 +434,6 @@ func (t *task) windowSkip(_ context.Context, topic string, r *kgo.Record, err er
 	}
 }
 
-// restoreWindows brings the task's windows of w's size up to the end of
-// their changelog: from their checkpoint in the store, or from the start
-// (the size's windows cleared) when there is none or it is not of this
-// changelog or out of its range. The stream time is the stored one, or the
-// latest record timestamp restored (each record's is the stream time
-// within its window). It logs what it restored as the totals' restore
-// does, per store.
-func (t *task) restoreWindows(ctx context.Context, w *windowAgg) error {
-	e := t.deps.env
-	began := time.Now()
-	st := t.totals.store.Load()
-	v := w.view(st)
-	tp := fmt.Sprintf("%s-%d", w.changelog, t.partition)
-	onRetry, done := t.listRetry(tp)
-	logStart, end, err := changelog.Bounds(ctx, e.client, w.changelog, t.partition, onRetry)
-	done()
-	if err != nil {
-		return err
-	}
-	cp, found, err := v.Checkpoint()
-	if err != nil {
-		return err
-	}
-	streamTime, hasTime, err := v.StreamTime()
-	if err != nil {
-		return err
-	}
-	if !hasTime {
-		streamTime = -1
-	}
-	usable := found && cp.ChangelogTopicID == w.topicID && cp.ChangelogOffset >= logStart && cp.ChangelogOffset <= end
-	if !usable {
-		if !found {
-			t.log.Info(fmt.Sprintf("task [%s] State store %s did not find checkpoint offset, hence would default to the starting offset at changelog %s",
-				t.name, w.storeName, tp))
-		} else {
-			t.log.Warn(fmt.Sprintf("task [%s] The checkpoint of store %s (offset %d) does not fit changelog %s (offsets %d to %d, or another topic): clearing its windows and restoring from the start",
-				t.name, w.storeName, cp.ChangelogOffset, tp, logStart, end))
-		}
-		cp = state.Checkpoint{ChangelogOffset: logStart, InputOffset: -1, ChangelogTopicID: w.topicID}
-		if err := st.ApplyWindows([]state.WindowWrite{{Windows: v, ExpireBefore: allWindows, Checkpoint: cp, StreamTime: state.ClearStreamTime}}, false); err != nil {
-			return err
-		}
-		streamTime = -1
-	}
-	var n int64
-	if cp.ChangelogOffset < end {
-		r, err := changelog.Open(changelog.Options{Client: e.kafkaOpts(), Topic: w.changelog, TopicID: w.topicID,
-			Partition: t.partition, From: cp.ChangelogOffset, FetchBytes: restoreFetchBytes, Log: t.log})
-		if err != nil {
-			return err
-		}
-		defer r.Close()
-		var updates []state.WindowUpdate
-		for next := cp.ChangelogOffset; next < end; {
-			b, err := r.Next(ctx)
-			if err != nil {
-				return err
-			}
-			updates = updates[:0]
-			for _, rec := range b.Records {
-				if rec.Offset >= end {
-					break
-				}
-				product, start, err := sales.DecodeWindowKey(rec.Key)
-				if err == nil && (start < 0 || start%w.sizeMS != 0) {
-					err = fmt.Errorf("window start %d is not on the %s grid", start, sales.FormatWindowSize(w.size))
-				}
-				var total int64
-				if err == nil && rec.Value != nil {
-					total, err = sales.DecodeTotal(rec.Value)
-				}
-				if err != nil {
-					changelog.LogUnreadable(t.log, tp, rec.Offset, err)
-					continue
-				}
-				u := state.WindowUpdate{Product: string(product), Start: start, Delete: rec.Value == nil}
-				if !u.Delete {
-					u.Entry.Total = total
-					for _, h := range rec.Headers {
-						if h.Key == sales.OffsetsHeader {
-							if offs, err := sales.DecodeOffsets(h.Value); err == nil {
-								u.Entry.Offsets = offs
-							}
-						}
-					}
-				}
-				updates = append(updates, u)
-				streamTime = max(streamTime, rec.Timestamp.UnixMilli())
-				n++
-			}
-			next = min(b.Next, end)
-			cp.ChangelogOffset = next
-			ww := state.WindowWrite{Windows: v, Updates: updates, Checkpoint: cp, StreamTime: max(streamTime, state.NoStreamTime)}
-			if err := st.ApplyWindows([]state.WindowWrite{ww}, next < end); err != nil {
-				return err
-			}
-		}
-	}
-	w.restored(cp, streamTime)
-	d := time.Since(began)
-	t.log.Info(fmt.Sprintf("Finished restoring changelog %s to store %s with a total number of %d records", tp, w.storeName, n),
-		zap.Int64("records", n), zap.Duration("duration", d))
-	return nil
-}
-
 // ErrUnknownWindow is returned by the window queries for a size that is
 // not one of windows.sizes.
 var ErrUnknownWindow = errors.New("not a configured window size")
@@ -590,6 +483,37 @@ func (rt *Runtime) ProductWindows(product string, size time.Duration, from, to i
 	return s.Windows(size).Fetch(product, from, to)
 }
 
+// StandbyWindows returns product's windows of size from from to to (ms,
+// both included) from this instance's standby copy of its task, when the
+// copy's totals and its windows of the size are each within
+// acceptable.recovery.lag; lag is the larger of the two. It fails
+// (ErrNotHosted, ErrNotReady, ErrUnknownWindow) otherwise.
+func (rt *Runtime) StandbyWindows(product string, size time.Duration, from, to int64) (ws []state.WindowTotal, lag int64, err error) {
+	if err := rt.checkWindowSize(size); err != nil {
+		return nil, 0, err
+	}
+	n := rt.reg.topology().partitions
+	if n == 0 {
+		return nil, 0, ErrNotReady
+	}
+	sb := rt.reg.standby(sales.Partition([]byte(product), n))
+	acceptable := rt.env.cfg.AcceptableRecoveryLag
+	st, lag, err := usableStandby(sb, acceptable)
+	if err != nil {
+		return nil, lag, err
+	}
+	f := sb.follower(size)
+	if f == nil {
+		return nil, lag, fmt.Errorf("%w: the standby copy of task %s keeps no %s windows", ErrNotReady, sb.name, sales.FormatWindowSize(size))
+	}
+	wlag, err := f.usable(sb.name, acceptable)
+	if err != nil {
+		return nil, wlag, err
+	}
+	ws, err = st.Windows(size).Fetch(product, from, to)
+	return ws, max(lag, wlag), err
+}
+
 // WindowPage lists up to limit products of the window of size starting at
 // start, sorted by product, after the product after, from every running
 // task here; unavailable names the tasks assigned here but not running.
@@ -603,12 +527,8 @@ func (rt *Runtime) WindowPage(size time.Duration, start int64, after string, lim
 			unavailable = append(unavailable, t.name)
 			continue
 		}
-		got, err := s.Windows(size).Scan(start, after, limit)
-		if err != nil {
+		if page, err = windowPage(s.Windows(size), start, after, limit, page); err != nil {
 			return nil, nil, err
-		}
-		for _, wt := range got {
-			page = append(page, state.Total{Product: wt.Product, Total: wt.Total})
 		}
 	}
 	sort.Slice(page, func(i, j int) bool { return page[i].Product < page[j].Product })
@@ -616,6 +536,40 @@ func (rt *Runtime) WindowPage(size time.Duration, start int64, after string, lim
 		page = page[:limit]
 	}
 	return page, unavailable, nil
+}
+
+// windowPage appends up to limit products of v's window starting at start,
+// after the product after, to page.
+func windowPage(v *state.Windows, start int64, after string, limit int, page []state.Total) ([]state.Total, error) {
+	got, err := v.Scan(start, after, limit)
+	if err != nil {
+		return page, err
+	}
+	for _, wt := range got {
+		page = append(page, state.Total{Product: wt.Product, Total: wt.Total})
+	}
+	return page, nil
+}
+
+// windowTop offers every product of v's window starting at start to h,
+// read in chunks (it stops at ctx's end).
+func windowTop(ctx context.Context, v *state.Windows, start int64, limit int, h *state.TopTotals) error {
+	for after := ""; ; {
+		page, err := v.Scan(start, after, topChunk)
+		if err != nil {
+			return err
+		}
+		for _, wt := range page {
+			h.Offer(state.Total{Product: wt.Product, Total: wt.Total}, limit)
+		}
+		if len(page) < topChunk {
+			return nil
+		}
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		after = page[len(page)-1].Product
+	}
 }
 
 // WindowTop lists the limit largest totals (equal totals by product) of
@@ -633,25 +587,7 @@ func (rt *Runtime) WindowTop(ctx context.Context, size time.Duration, start int6
 			unavailable = append(unavailable, t.name)
 			continue
 		}
-		v := s.Windows(size)
-		err := func() error {
-			for after := ""; ; {
-				page, err := v.Scan(start, after, topChunk)
-				if err != nil {
-					return err
-				}
-				for _, wt := range page {
-					h.Offer(state.Total{Product: wt.Product, Total: wt.Total}, limit)
-				}
-				if len(page) < topChunk {
-					return nil
-				}
-				if err := ctx.Err(); err != nil {
-					return err
-				}
-				after = page[len(page)-1].Product
-			}
-		}()
+		err := windowTop(ctx, s.Windows(size), start, limit, &h)
 		if errors.Is(err, state.ErrClosed) {
 			unavailable = append(unavailable, t.name)
 		} else if err != nil {
@@ -660,4 +596,42 @@ func (rt *Runtime) WindowTop(ctx context.Context, size time.Duration, start int6
 	}
 	sort.Strings(unavailable)
 	return h.Sorted(), unavailable, nil
+}
+
+// StandbyWindowPage lists the products of the window of size starting at
+// start from this instance's standby copy of task, as StandbyPage lists
+// its totals: when the copy's totals and its windows of the size are each
+// within acceptable.recovery.lag, up to limit after the product after, or
+// with byTotal the limit largest; lag is the larger of the two.
+func (rt *Runtime) StandbyWindowPage(ctx context.Context, task string, size time.Duration, start int64, after string, limit int, byTotal bool) (page []state.Total, lag int64, err error) {
+	if err := rt.checkWindowSize(size); err != nil {
+		return nil, 0, err
+	}
+	p, ok := state.ParseTaskName(task)
+	if !ok {
+		return nil, 0, fmt.Errorf("%w: %q is not a task name", ErrNotHosted, task)
+	}
+	sb := rt.reg.standby(p)
+	st, lag, err := usableStandby(sb, rt.env.cfg.AcceptableRecoveryLag)
+	if err != nil {
+		return nil, lag, err
+	}
+	f := sb.follower(size)
+	if f == nil {
+		return nil, lag, fmt.Errorf("%w: the standby copy of task %s keeps no %s windows", ErrNotReady, sb.name, sales.FormatWindowSize(size))
+	}
+	wlag, err := f.usable(sb.name, rt.env.cfg.AcceptableRecoveryLag)
+	if err != nil {
+		return nil, wlag, err
+	}
+	lag = max(lag, wlag)
+	if !byTotal {
+		page, err = windowPage(st.Windows(size), start, after, limit, nil)
+		return page, lag, err
+	}
+	var h state.TopTotals
+	if err := windowTop(ctx, st.Windows(size), start, limit, &h); err != nil {
+		return nil, lag, err
+	}
+	return h.Sorted(), lag, nil
 }

@@ -1,15 +1,20 @@
 package stream_test
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"net/http"
 	"os"
 	"reflect"
+	"slices"
+	"sort"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/salesagg/salesagg/internal/sales"
@@ -356,4 +361,141 @@ func TestFinalWindowNotifications(t *testing.T) {
 			t.Fatal(err)
 		}
 	})
+}
+
+// waitWindowCopiesAtEnd waits until every standby copy on ins has applied
+// the window changelog topic up to its committed end.
+func (h *harness) waitWindowCopiesAtEnd(topic string, ins ...*instance) {
+	h.t.Helper()
+	adm := kadm.NewClient(h.client())
+	th.WaitFor(h.t, 30*time.Second, "the standby copies at the end of "+topic, func() error {
+		ends, err := adm.ListCommittedOffsets(context.Background(), topic)
+		if err == nil {
+			err = ends.Error()
+		}
+		if err != nil {
+			return err
+		}
+		for _, in := range ins {
+			for task, ts := range in.copies() {
+				end, ok := ends.Lookup(topic, ts.Partition)
+				if !ok || len(ts.Windows) != 1 || ts.Windows[0].Checkpoint != end.Offset {
+					return fmt.Errorf("%s's copy of %s shows windows %+v, the changelog ends at %d", in.rt.InstanceID(), task, ts.Windows, end.Offset)
+				}
+			}
+		}
+		return nil
+	})
+}
+
+func TestStandbyCopiesKeepWindows(t *testing.T) {
+	// Scenario: with 1h windows and num.standby.replicas=1, each standby copy tails its task's
+	// window changelog beside the totals' into the same store. While an owner's HTTP server is
+	// down, the other instance answers the owner's products' windows from its copies, marked
+	// stale; when the owner stops, the other takes its tasks over and restores no window record
+	// (its copies were at the changelog's end), with every window exact.
+	h := newHarness(t)
+	h.cfg.Windows.Sizes = []string{"1h"}
+	_, _, a, b := h.startPairWithStandbys()
+	waitSpread(t, a, b)
+	want := map[string][]state.WindowTotal{}
+	totals := map[string]int64{}
+	var first, then []*kgo.Record // a task's stream time passes 1h only after every event of window 0
+	for p := range int32(3) {
+		for i := range 4 {
+			name := productOn(fmt.Sprintf("sw%d-%d-", p, i), p, 3)
+			v := int64(i+1) * 10
+			first = append(first, at(name, v, 10*time.Minute), at(name, v, 20*time.Minute))
+			then = append(then, at(name, 1, 70*time.Minute))
+			want[name] = []state.WindowTotal{win(name, 0, 2*v), win(name, time.Hour, 1)}
+			totals[name] = 2*v + 1
+		}
+	}
+	h.produce(first...)
+	h.produce(then...)
+	a.waitTotals(totals)
+	topic := h.cfg.WindowChangelogTopic(time.Hour)
+	h.waitCopiesAtEnd(a, b)
+	h.waitWindowCopiesAtEnd(topic, a, b)
+
+	a.http.Close()
+	aTasks := strings.Join(a.runningTasks(), ",")
+	base := windowBase.UnixMilli()
+	checked := 0
+	for p, ws := range want {
+		task := a.rt.TaskOf(p)
+		if !strings.Contains(aTasks, task) {
+			continue
+		}
+		var got struct {
+			Product string `json:"product"`
+			Stale   bool   `json:"stale"`
+			Windows []struct {
+				Start, Total int64
+			} `json:"windows"`
+		}
+		url := fmt.Sprintf("%s/v1/products/%s/windows?size=1h&from=%d&to=%d", b.http.URL, p, base, base+2*3_600_000)
+		resp, err := http.Get(url)
+		if err != nil {
+			t.Fatal(err)
+		}
+		err = json.NewDecoder(resp.Body).Decode(&got)
+		resp.Body.Close()
+		served := resp.Header.Get("X-Served-By")
+		if err != nil || resp.StatusCode != http.StatusOK || !got.Stale || served != b.rt.InstanceID()+"; task="+task+"; standby" ||
+			len(got.Windows) != 2 || got.Windows[0].Total != ws[0].Total || got.Windows[1].Total != ws[1].Total || got.Windows[1].Start != ws[1].Start {
+			t.Fatalf("GET %s while A's server is down = %d %+v (%v), X-Served-By %q; want 200 %v from B's standby copy", url, resp.StatusCode, got, err, served, ws)
+		}
+		checked++
+	}
+	if checked == 0 {
+		t.Fatal("no product of A's tasks was checked")
+	}
+	// One window's list, by product and by total: A's tasks read from B's copies, listed stale.
+	staleWant := a.runningTasks()
+	sort.Strings(staleWant)
+	window0 := map[string]int64{}
+	for p, ws := range want {
+		window0[p] = ws[0].Total
+	}
+	for _, q := range []string{"limit=100", "sort=total&limit=3"} {
+		var page struct {
+			Products    []state.Total `json:"products"`
+			Stale       []string      `json:"stale_tasks"`
+			Unavailable []string      `json:"unavailable_tasks"`
+		}
+		url := fmt.Sprintf("%s/v1/windows?size=1h&start=%d&%s", b.http.URL, base, q)
+		if code := getJSON(t, url, &page); code != http.StatusOK || !slices.Equal(page.Stale, staleWant) || len(page.Unavailable) > 0 {
+			t.Fatalf("GET %s while A's server is down = %d, stale %v, unavailable %v; want 200, stale %v", url, code, page.Stale, page.Unavailable, staleWant)
+		}
+		listed := map[string]int64{}
+		for _, e := range page.Products {
+			listed[e.Product] = e.Total
+		}
+		if q == "limit=100" && !maps.Equal(listed, window0) {
+			t.Fatalf("GET %s while A's server is down listed %v, want %v", url, listed, window0)
+		}
+		if q != "limit=100" && !slices.Equal(page.Products, topOf(window0, 3)) {
+			t.Fatalf("GET %s while A's server is down = %v, want %v", url, page.Products, topOf(window0, 3))
+		}
+	}
+
+	if err := a.stop(); err != nil {
+		t.Fatal(err)
+	}
+	th.WaitFor(t, 30*time.Second, "B to run all three tasks", th.Holds(func() bool { return len(b.runningTasks()) == 3 }))
+	b.waitTotals(totals)
+	for p, ws := range want {
+		b.waitWindows(p, 2*time.Hour, ws)
+	}
+	for _, task := range strings.Split(aTasks, ",") {
+		p := strings.TrimPrefix(task, "0_")
+		lines := b.logs.FilterMessageSnippet(fmt.Sprintf("Finished restoring changelog %s-%s ", topic, p)).All()
+		if len(lines) == 0 {
+			t.Fatalf("B logged no restore of %s-%s taking %s over", topic, p, task)
+		}
+		if n := lines[len(lines)-1].ContextMap()["records"].(int64); n != 0 {
+			t.Fatalf("B restored %d window records taking %s over from its copy, want 0", n, task)
+		}
+	}
 }

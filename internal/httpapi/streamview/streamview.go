@@ -72,6 +72,12 @@ func (b Backend) ProductWindows(product string, size time.Duration, from, to int
 	return ws, queryError(err)
 }
 
+// StandbyWindows is rt's StandbyWindows, its error adapted.
+func (b Backend) StandbyWindows(product string, size time.Duration, from, to int64) ([]state.WindowTotal, int64, error) {
+	ws, lag, err := b.rt.StandbyWindows(product, size, from, to)
+	return ws, lag, queryError(err)
+}
+
 // WindowPage is rt's WindowPage, its error adapted.
 func (b Backend) WindowPage(size time.Duration, start int64, after string, limit int) ([]state.Total, []string, error) {
 	page, unavailable, err := b.rt.WindowPage(size, start, after, limit)
@@ -82,6 +88,12 @@ func (b Backend) WindowPage(size time.Duration, start int64, after string, limit
 func (b Backend) WindowTop(ctx context.Context, size time.Duration, start int64, limit int) ([]state.Total, []string, error) {
 	top, unavailable, err := b.rt.WindowTop(ctx, size, start, limit)
 	return top, unavailable, queryError(err)
+}
+
+// StandbyWindowPage is rt's StandbyWindowPage, its error adapted.
+func (b Backend) StandbyWindowPage(ctx context.Context, task string, size time.Duration, start int64, after string, limit int, byTotal bool) ([]state.Total, int64, error) {
+	page, lag, err := b.rt.StandbyWindowPage(ctx, task, size, start, after, limit, byTotal)
+	return page, lag, queryError(err)
 }
 
 // Ready is rt's Ready.
