@@ -38,9 +38,11 @@ read. --token-file gives the bearer token (its first line) when http.auth.tokens
 service asks for one (http.tls.client.ca.file). With --output the file appears only once the
 export is whole.
 
-With --window SIZE (one of windows.sizes, offline only) it writes the windows of that size
-instead, by start and then product: {"task":"0_1","product":"p1","window":"1h","start":…,
-"end":…,"total":300} (epoch ms), or CSV task,product,window,start,end,total.`
+With --window SIZE (one of windows.sizes) it writes the windows of that size instead, by start
+and then product: {"task":"0_1","product":"p1","window":"1h","start":…,"end":…,"total":300}
+(epoch ms), or CSV task,product,window,start,end,total; with --from it lists the window starts
+(GET /v1/windows/starts) and pages each window (GET /v1/windows). A task read from a standby
+copy (its owner did not answer) is named on standard error.`
 
 // exportRow is one exported total.
 type exportRow struct {
@@ -108,7 +110,7 @@ func runStateExport(args []string, stdout io.Writer) (err error) {
 	certFile := fs.String("cert-file", "", "with --from https://…: a client certificate (PEM), with --key-file")
 	keyFile := fs.String("key-file", "", "with --from https://…: the client certificate's key (PEM)")
 	timeout := fs.Duration("timeout", 2*time.Minute, "with --from: give up after this long")
-	window := fs.String("window", "", "export the windows of this size (one of windows.sizes, e.g. 1h) instead of the totals; offline only")
+	window := fs.String("window", "", "export the windows of this size (one of windows.sizes, e.g. 1h) instead of the totals")
 	commandUsage(fs, exportLine, exportAbout)
 	cfg, err := loadCommandConfig(fs, args)
 	if err != nil {
@@ -125,10 +127,12 @@ func runStateExport(args []string, stdout io.Writer) (err error) {
 	}
 	var size time.Duration
 	if *window != "" {
-		if *from != "" {
-			return usageError{errors.New("--window reads the stores offline; a running instance answers GET /v1/windows?size=…&start=… per window")}
-		}
-		if size, err = time.ParseDuration(*window); err != nil || !slices.Contains(cfg.WindowSizes(), size) {
+		size, err = time.ParseDuration(*window)
+		switch {
+		case err != nil || size <= 0:
+			return usageError{fmt.Errorf("--window %q: want a window size such as 1h", *window)}
+		case *from == "" && !slices.Contains(cfg.WindowSizes(), size):
+			// With --from the instance says which sizes it keeps.
 			return usageError{fmt.Errorf("--window %q: want one of windows.sizes (%s)", *window, strings.Join(cfg.Windows.Sizes, ", "))}
 		}
 	}
@@ -160,7 +164,7 @@ func runStateExport(args []string, stdout io.Writer) (err error) {
 	var rows int64
 	emit := func(r exportRow) error { rows++; return w.write(r) }
 	if *from != "" {
-		err = exportHTTP(*from, httpCreds{token: *tokenFile, ca: *caFile, cert: *certFile, key: *keyFile}, *timeout, emit)
+		err = exportHTTP(*from, httpCreds{token: *tokenFile, ca: *caFile, cert: *certFile, key: *keyFile}, *timeout, size, emit)
 	} else {
 		err = exportOffline(cfg.StateDir, cfg.ApplicationID, *tasks, size, emit)
 	}
@@ -219,104 +223,194 @@ func exportOffline(stateDir, appID string, names []string, size time.Duration, e
 // token, the CA of the service's certificate, a client certificate and key.
 type httpCreds struct{ token, ca, cert, key string }
 
-// exportHTTP pages through GET /v1/products of the instance at base. It
-// fails after the last page when a task was unavailable on any page.
-func exportHTTP(base string, creds httpCreds, timeout time.Duration, emit func(exportRow) error) error {
-	tokenFile, caFile := creds.token, creds.ca
+// exportHTTP pages through GET /v1/products of the instance at base (with
+// size, through GET /v1/windows/starts and each window's GET /v1/windows).
+// It fails after the last page when a task was unavailable on any page;
+// tasks read from standby copies are named on standard error.
+func exportHTTP(base string, creds httpCreds, timeout time.Duration, size time.Duration, emit func(exportRow) error) error {
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	c, err := newExportClient(base, creds)
+	if err != nil {
+		return err
+	}
+	defer c.close()
+	if size > 0 {
+		err = c.windows(ctx, size, emit)
+	} else {
+		err = c.pages(ctx, "/v1/products", nil, func(t state.Total) error {
+			return emit(exportRow{Product: t.Product, Total: t.Total})
+		})
+	}
+	if err != nil {
+		return err
+	}
+	if len(c.stale) > 0 {
+		fmt.Fprintf(os.Stderr, "salesagg state export: tasks %s were read from standby copies (within acceptable.recovery.lag of their owner)\n",
+			strings.Join(slices.Sorted(maps.Keys(c.stale)), ", "))
+	}
+	if len(c.missing) > 0 {
+		return fmt.Errorf("the export is incomplete: the products of tasks %s were unavailable (restoring, or their instance did not answer); try again",
+			strings.Join(slices.Sorted(maps.Keys(c.missing)), ", "))
+	}
+	return nil
+}
+
+// exportClient asks a running instance for export --from, and gathers the
+// tasks its answers said were unavailable or read from standby copies.
+type exportClient struct {
+	u              *neturl.URL
+	token          string
+	tr             *http.Transport
+	cl             *http.Client
+	missing, stale map[string]bool
+}
+
+func newExportClient(base string, creds httpCreds) (*exportClient, error) {
 	u, err := neturl.Parse(base)
 	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-		return usageError{fmt.Errorf("--from %q: want http://HOST:PORT or https://HOST:PORT", base)}
+		return nil, usageError{fmt.Errorf("--from %q: want http://HOST:PORT or https://HOST:PORT", base)}
 	}
-	var token string
-	if tokenFile != "" {
-		b, err := os.ReadFile(tokenFile)
+	c := &exportClient{u: u, missing: map[string]bool{}, stale: map[string]bool{}}
+	if creds.token != "" {
+		b, err := os.ReadFile(creds.token)
 		if err != nil {
-			return fmt.Errorf("--token-file: %w", err)
+			return nil, fmt.Errorf("--token-file: %w", err)
 		}
-		token, _, _ = strings.Cut(strings.TrimSpace(string(b)), "\n")
-		token = strings.TrimSpace(token)
-		if token == "" {
-			return fmt.Errorf("--token-file %s: no token on its first line", tokenFile)
+		token, _, _ := strings.Cut(strings.TrimSpace(string(b)), "\n")
+		c.token = strings.TrimSpace(token)
+		if c.token == "" {
+			return nil, fmt.Errorf("--token-file %s: no token on its first line", creds.token)
 		}
 	}
 	tr := http.DefaultTransport.(*http.Transport).Clone()
 	tlsCfg := &tls.Config{MinVersion: tls.VersionTLS12}
-	if caFile != "" {
-		pem, err := os.ReadFile(caFile)
+	if creds.ca != "" {
+		pem, err := os.ReadFile(creds.ca)
 		if err != nil {
-			return fmt.Errorf("--ca-file: %w", err)
+			return nil, fmt.Errorf("--ca-file: %w", err)
 		}
 		pool := x509.NewCertPool()
 		if !pool.AppendCertsFromPEM(pem) {
-			return fmt.Errorf("--ca-file %s: no PEM certificate in it", caFile)
+			return nil, fmt.Errorf("--ca-file %s: no PEM certificate in it", creds.ca)
 		}
 		tlsCfg.RootCAs = pool
 	}
 	if creds.cert != "" {
 		pair, err := tls.LoadX509KeyPair(creds.cert, creds.key)
 		if err != nil {
-			return fmt.Errorf("--cert-file %s, --key-file %s: %w", creds.cert, creds.key, err)
+			return nil, fmt.Errorf("--cert-file %s, --key-file %s: %w", creds.cert, creds.key, err)
 		}
 		tlsCfg.Certificates = []tls.Certificate{pair}
 	}
 	tr.TLSClientConfig = tlsCfg
-	cl := &http.Client{Transport: tr}
-	defer tr.CloseIdleConnections()
-	ctx, cancel := context.WithTimeout(context.Background(), timeout)
-	defer cancel()
-	missing := map[string]bool{}
+	c.tr, c.cl = tr, &http.Client{Transport: tr}
+	return c, nil
+}
+
+func (c *exportClient) close() { c.tr.CloseIdleConnections() }
+
+// get reads GET path?q into v (a 200's JSON), and notes the tasks the
+// answer says were unavailable or stale.
+func (c *exportClient) get(ctx context.Context, path string, q neturl.Values, v any) error {
+	pu := *c.u
+	pu.Path = strings.TrimSuffix(c.u.Path, "/") + path
+	pu.RawQuery = q.Encode()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, pu.String(), nil)
+	if err != nil {
+		return err
+	}
+	if c.token != "" {
+		req.Header.Set("Authorization", "Bearer "+c.token)
+	}
+	resp, err := c.cl.Do(req)
+	if err != nil {
+		return fmt.Errorf("GET %s: %w", pu.Redacted(), err)
+	}
+	body, err := io.ReadAll(io.LimitReader(resp.Body, 16<<20))
+	resp.Body.Close()
+	if err != nil {
+		return fmt.Errorf("GET %s: %w", pu.Redacted(), err)
+	}
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("GET %s: %s: %s", pu.Redacted(), resp.Status, strings.TrimSpace(string(body)))
+	}
+	var tasks struct {
+		Unavailable []string `json:"unavailable_tasks"`
+		Stale       []string `json:"stale_tasks"`
+	}
+	if err := json.Unmarshal(body, &tasks); err != nil {
+		return fmt.Errorf("GET %s: %w", pu.Redacted(), err)
+	}
+	for _, t := range tasks.Unavailable {
+		c.missing[t] = true
+	}
+	for _, t := range tasks.Stale {
+		c.stale[t] = true
+	}
+	if err := json.Unmarshal(body, v); err != nil {
+		return fmt.Errorf("GET %s: %w", pu.Redacted(), err)
+	}
+	return nil
+}
+
+// pages reads every page of a product list route (GET /v1/products, or
+// /v1/windows of one window) with q, 1,000 products a page.
+func (c *exportClient) pages(ctx context.Context, path string, q neturl.Values, fn func(state.Total) error) error {
 	after := ""
 	for {
-		q := neturl.Values{"limit": {"1000"}}
+		pq := neturl.Values{"limit": {"1000"}}
+		for k, v := range q {
+			pq[k] = v
+		}
 		if after != "" {
-			q.Set("after", after)
-		}
-		pu := *u
-		pu.Path = strings.TrimSuffix(u.Path, "/") + "/v1/products"
-		pu.RawQuery = q.Encode()
-		req, err := http.NewRequestWithContext(ctx, http.MethodGet, pu.String(), nil)
-		if err != nil {
-			return err
-		}
-		if token != "" {
-			req.Header.Set("Authorization", "Bearer "+token)
-		}
-		resp, err := cl.Do(req)
-		if err != nil {
-			return fmt.Errorf("GET %s: %w", pu.Redacted(), err)
-		}
-		body, err := io.ReadAll(io.LimitReader(resp.Body, 16<<20))
-		resp.Body.Close()
-		if err != nil {
-			return fmt.Errorf("GET %s: %w", pu.Redacted(), err)
-		}
-		if resp.StatusCode != http.StatusOK {
-			return fmt.Errorf("GET %s: %s: %s", pu.Redacted(), resp.Status, strings.TrimSpace(string(body)))
+			pq.Set("after", after)
 		}
 		var got struct {
-			Products    []state.Total `json:"products"`
-			Next        string        `json:"next"`
-			Unavailable []string      `json:"unavailable_tasks"`
+			Products []state.Total `json:"products"`
+			Next     string        `json:"next"`
 		}
-		if err := json.Unmarshal(body, &got); err != nil {
-			return fmt.Errorf("GET %s: %w", pu.Redacted(), err)
-		}
-		for _, t := range got.Unavailable {
-			missing[t] = true
+		if err := c.get(ctx, path, pq, &got); err != nil {
+			return err
 		}
 		for _, t := range got.Products {
-			if err := emit(exportRow{Product: t.Product, Total: t.Total}); err != nil {
+			if err := fn(t); err != nil {
 				return err
 			}
 		}
 		if got.Next == "" || got.Next <= after {
-			break
+			return nil
 		}
 		after = got.Next
 	}
-	if len(missing) > 0 {
-		return fmt.Errorf("the export is incomplete: the products of tasks %s were unavailable (restoring, or their instance did not answer); try again",
-			strings.Join(slices.Sorted(maps.Keys(missing)), ", "))
+}
+
+// windows reads every window of size: the starts the instances hold
+// (GET /v1/windows/starts), then each window's products, by start and
+// then product.
+func (c *exportClient) windows(ctx context.Context, size time.Duration, emit func(exportRow) error) error {
+	name := sales.FormatWindowSize(size)
+	from := int64(0)
+	for {
+		var got struct {
+			Starts []int64 `json:"starts"`
+			Next   *int64  `json:"next"`
+		}
+		if err := c.get(ctx, "/v1/windows/starts", neturl.Values{"size": {name}, "from": {strconv.FormatInt(from, 10)}, "limit": {"1000"}}, &got); err != nil {
+			return err
+		}
+		for _, start := range got.Starts {
+			end := start + size.Milliseconds()
+			q := neturl.Values{"size": {name}, "start": {strconv.FormatInt(start, 10)}}
+			if err := c.pages(ctx, "/v1/windows", q, func(t state.Total) error {
+				return emit(exportRow{Product: t.Product, Window: name, Start: &start, End: &end, Total: t.Total})
+			}); err != nil {
+				return err
+			}
+		}
+		if got.Next == nil || *got.Next <= from {
+			return nil
+		}
+		from = *got.Next
 	}
-	return nil
 }

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"crypto/tls"
 	"crypto/x509"
 	"encoding/csv"
@@ -10,6 +11,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -176,10 +178,11 @@ func TestStateExportOfflineAndOverHTTP(t *testing.T) {
 }
 
 func TestStateExportWindows(t *testing.T) {
-	// Scenario: a service with 1h windows folds the sample events; stopped, `state export
-	// --window 1h` writes every window of that size (JSONL, then CSV with its own header), whose
-	// totals add up to each product's total; a size that is not one of windows.sizes, or
-	// --window with --from, is a usage error.
+	// Scenario: a service with 1h windows folds the sample events; `state export --from URL
+	// --window 1h` writes every window the running instance holds (a size it does not keep
+	// fails, naming its sizes); stopped, `state export --window 1h` writes the same windows
+	// offline (JSONL, then CSV with its own header), whose totals add up to each product's total;
+	// offline, a size that is not one of windows.sizes is a usage error.
 	work := t.TempDir()
 	brokerAddr := harness.FreeAddr(t)
 	startBroker(t, filepath.Join(work, "broker"), brokerAddr)
@@ -188,15 +191,44 @@ func TestStateExportWindows(t *testing.T) {
 	svc.WaitReady(t, 60*time.Second)
 	produceSample(t, brokerAddr)
 	svc.WaitTotals(t, harness.SampleTotals, 30*time.Second)
-	code, _, stderr := runBinary(t, nil, "state", "export", "--from", "http://"+svc.Addr, "--window", "1h", "--windows.sizes", "1h")
-	if code != exitUsage || !strings.Contains(stderr, "--window reads the stores offline") {
-		t.Fatalf("export --from --window: exit %d\n%s", code, stderr)
+	code, online, stderr := runBinary(t, nil, "state", "export", "--from", "http://"+svc.Addr, "--window", "1h")
+	if code != 0 {
+		t.Fatalf("export --from --window 1h: exit %d\n%s", code, stderr)
+	}
+	code, _, stderr = runBinary(t, nil, "state", "export", "--from", "http://"+svc.Addr, "--window", "24h")
+	if code != 1 || !strings.Contains(stderr, "windows.sizes: 1h") {
+		t.Fatalf("export --from --window 24h: exit %d, want 1 naming the sizes kept\n%s", code, stderr)
 	}
 	svc.Terminate(t)
 
 	code, stdout, stderr := runBinary(t, nil, "state", "export", "--state.dir", stateDir, "--windows.sizes", "1h", "--window", "1h")
 	if code != 0 {
 		t.Fatalf("export --window 1h: exit %d\n%s", code, stderr)
+	}
+	// The same windows both ways (the online rows name no task), by start and then product.
+	type windowRow struct {
+		Product      string
+		Start, Total int64
+	}
+	byStart := func(a, b windowRow) int {
+		return cmp.Or(cmp.Compare(a.Start, b.Start), strings.Compare(a.Product, b.Product))
+	}
+	rows := func(out string) []windowRow {
+		var rs []windowRow
+		for _, line := range strings.Split(strings.TrimSpace(out), "\n") {
+			var r windowRow
+			if err := json.Unmarshal([]byte(line), &r); err != nil {
+				t.Fatalf("window row %q: %v", line, err)
+			}
+			rs = append(rs, r)
+		}
+		return rs
+	}
+	// Offline rows come task by task; the online ones in order already.
+	on, off := rows(online), rows(stdout)
+	slices.SortFunc(off, byStart)
+	if !slices.Equal(on, off) {
+		t.Fatalf("export --from --window 1h wrote %v, offline (sorted) %v", on, off)
 	}
 	sums := map[string]int64{}
 	for _, line := range strings.Split(strings.TrimSpace(stdout), "\n") {

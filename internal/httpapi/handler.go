@@ -120,6 +120,7 @@ func routes(b Backend, g *guard, log *zap.Logger, o options) http.Handler {
 	h.mux.HandleFunc("GET /v1/products", h.products)
 	h.mux.HandleFunc("GET /v1/products/{product}/windows", h.productWindows)
 	h.mux.HandleFunc("GET /v1/windows", h.windowPage)
+	h.mux.HandleFunc("GET /v1/windows/starts", h.windowStarts)
 	h.mux.HandleFunc("GET /v1/tasks", h.tasks)
 	h.mux.HandleFunc("GET /v1/instances", h.instances)
 	h.mux.Handle("GET /{$}", newStatusPage(b, o))
@@ -518,11 +519,14 @@ func (h *handler) scanWhole(ctx context.Context, scan func() error) error {
 }
 
 // pageResult is one other instance's answer to a gathered query: its
-// tasks (all unavailable when err is set), its page and its unavailable
-// tasks.
-type pageResult struct {
+// tasks (all unavailable when err is set), what it answered and the tasks
+// it said were unavailable.
+type pageResult = peerResult[[]state.Total]
+
+// peerResult is one other instance's answer to a gathered query of T.
+type peerResult[T any] struct {
 	tasks       []string
-	page        []state.Total
+	page        T
 	unavailable []string
 	err         error
 }
@@ -530,18 +534,24 @@ type pageResult struct {
 // askPeers asks every other instance running tasks with ask, in parallel,
 // and returns their answers on a channel closed after the last.
 func (h *handler) askPeers(ctx context.Context, ask func(context.Context, status.Instance) ([]state.Total, []string, error)) chan pageResult {
+	return askEach(h, ctx, ask)
+}
+
+// askEach asks every other instance running tasks with ask, in parallel,
+// and returns their answers on a channel closed after the last.
+func askEach[T any](h *handler, ctx context.Context, ask func(context.Context, status.Instance) (T, []string, error)) chan peerResult[T] {
 	var peers []status.Instance
 	for _, is := range h.list.Instances() {
 		if !is.Self && len(is.Tasks) > 0 {
 			peers = append(peers, is)
 		}
 	}
-	results := make(chan pageResult, len(peers))
+	results := make(chan peerResult[T], len(peers))
 	var wg sync.WaitGroup
 	for _, is := range peers {
 		wg.Go(func() {
 			got, unav, err := ask(ctx, is)
-			results <- pageResult{tasks: is.Tasks, page: got, unavailable: unav, err: err}
+			results <- peerResult[T]{tasks: is.Tasks, page: got, unavailable: unav, err: err}
 		})
 	}
 	go func() {

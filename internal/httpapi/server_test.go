@@ -53,6 +53,9 @@ func (idle) StandbyWindows(string, time.Duration, int64, int64) ([]state.WindowT
 func (idle) StandbyWindowPage(context.Context, string, time.Duration, int64, string, int, bool) ([]state.Total, int64, error) {
 	return nil, 0, Unavailable(errors.New("task not hosted by this instance"))
 }
+func (idle) WindowStarts(time.Duration, int64, int) ([]int64, []string, error) {
+	return nil, nil, nil
+}
 func (idle) WindowPage(time.Duration, int64, string, int) ([]state.Total, []string, error) {
 	return nil, nil, nil
 }

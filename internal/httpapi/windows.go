@@ -40,6 +40,10 @@ type Windower interface {
 	// instance's running tasks, each read whole; unavailable as
 	// WindowPage's.
 	WindowTop(ctx context.Context, size time.Duration, start int64, limit int) ([]state.Total, []string, error)
+	// WindowStarts lists up to limit starts of the windows of size this
+	// instance's running tasks hold, from from on; unavailable as
+	// WindowPage's.
+	WindowStarts(size time.Duration, from int64, limit int) ([]int64, []string, error)
 	// StandbyWindowPage lists that window's products from this instance's
 	// standby copy of task (as StandbyPage the totals').
 	StandbyWindowPage(ctx context.Context, task string, size time.Duration, start int64, after string, limit int, byTotal bool) ([]state.Total, int64, error)
@@ -459,4 +463,104 @@ func (f *forwarder) windowPage(ctx context.Context, self string, is status.Insta
 		return nil, nil, err
 	}
 	return got.Products, got.Unavailable, nil
+}
+
+// windowStarts answers GET /v1/windows/starts?size=&from=&limit=: the
+// starts of the windows of size the stores hold, from from (epoch ms or
+// RFC 3339; default 0) on, sorted and each once, up to limit, gathered
+// from every instance; next is the from of the next page.
+// unavailable_tasks names the tasks whose windows could not be listed.
+func (h *handler) windowStarts(w http.ResponseWriter, r *http.Request) {
+	if unknownParams(w, r, "size", "from", "limit") {
+		return
+	}
+	q := r.URL.Query()
+	size, err := windowSize(q)
+	if err != nil {
+		writeJSON(w, http.StatusBadRequest, map[string]string{"error": err.Error()})
+		return
+	}
+	from, err := timeParam(q, "from", 0)
+	if err != nil {
+		writeJSON(w, http.StatusBadRequest, map[string]string{"error": err.Error()})
+		return
+	}
+	limit, ok := pageLimit(w, q)
+	if !ok {
+		return
+	}
+	starts, unavailable, err := h.win.WindowStarts(size, from, limit)
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	if !forwarded(r) {
+		ctx, cancel := context.WithTimeout(r.Context(), forwardTimeout)
+		for res := range askEach(h, ctx, func(ctx context.Context, is status.Instance) ([]int64, []string, error) {
+			return h.fw.windowStarts(ctx, h.list.InstanceID(), is, size, from, limit)
+		}) {
+			if res.err != nil {
+				unavailable = append(unavailable, res.tasks...)
+				continue
+			}
+			starts = append(starts, res.page...)
+			unavailable = append(unavailable, res.unavailable...)
+		}
+		cancel()
+		slices.Sort(starts)
+		starts = slices.Compact(starts)
+		if len(starts) > limit {
+			starts = starts[:limit]
+		}
+		sort.Strings(unavailable)
+		unavailable = slices.Compact(unavailable)
+	}
+	if starts == nil {
+		starts = []int64{}
+	}
+	resp := map[string]any{"size": sales.FormatWindowSize(size), "starts": starts}
+	if len(starts) == limit {
+		resp["next"] = starts[len(starts)-1] + 1
+	}
+	if len(unavailable) > 0 {
+		resp["unavailable_tasks"] = unavailable
+	}
+	writeJSON(w, http.StatusOK, resp)
+}
+
+// windowStarts reads GET /v1/windows/starts from another instance.
+func (f *forwarder) windowStarts(ctx context.Context, self string, is status.Instance, size time.Duration, from int64, limit int) ([]int64, []string, error) {
+	q := url.Values{"size": {sales.FormatWindowSize(size)}, "from": {strconv.FormatInt(from, 10)}, "limit": {strconv.Itoa(limit)}}
+	req, err := f.request(ctx, self, is.Server, "/v1/windows/starts", "", q)
+	if err != nil {
+		f.failed(is.Name, is.Server, err)
+		return nil, nil, err
+	}
+	var got struct {
+		Starts      []int64  `json:"starts"`
+		Unavailable []string `json:"unavailable_tasks"`
+	}
+	code, body, err := f.do(req, 1<<20)
+	if err == nil && code != http.StatusOK {
+		err = fmt.Errorf("GET /v1/windows/starts?%s answered %d", q.Encode(), code)
+	}
+	if err == nil {
+		err = json.Unmarshal(body, &got)
+	}
+	if err == nil && len(got.Starts) > limit {
+		err = fmt.Errorf("GET /v1/windows/starts?%s answered %d starts, more than %d", q.Encode(), len(got.Starts), limit)
+	}
+	for _, s := range got.Starts {
+		if err == nil && s < from {
+			err = fmt.Errorf("GET /v1/windows/starts?%s answered start %d, before %d", q.Encode(), s, from)
+		}
+	}
+	if err == nil {
+		err = checkPage(nil, got.Unavailable, "", limit)
+	}
+	if err != nil {
+		f.failed(is.Name, is.Server, err)
+		return nil, nil, err
+	}
+	return got.Starts, got.Unavailable, nil
 }

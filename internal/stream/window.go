@@ -572,6 +572,38 @@ func windowTop(ctx context.Context, v *state.Windows, start int64, limit int, h 
 	}
 }
 
+// WindowStarts returns up to limit starts of windows of size that the
+// running tasks here hold, from from on, sorted and each once;
+// unavailable names the tasks assigned here but not running.
+func (rt *Runtime) WindowStarts(size time.Duration, from int64, limit int) (starts []int64, unavailable []string, err error) {
+	if err := rt.checkWindowSize(size); err != nil {
+		return nil, nil, err
+	}
+	for _, t := range rt.reg.tasks() {
+		s := t.totals.store.Load()
+		if t.State() != taskRunning || s == nil {
+			unavailable = append(unavailable, t.name)
+			continue
+		}
+		got, err := s.Windows(size).Starts(from, limit)
+		if errors.Is(err, state.ErrClosed) {
+			unavailable = append(unavailable, t.name)
+			continue
+		}
+		if err != nil {
+			return nil, nil, err
+		}
+		starts = append(starts, got...)
+	}
+	slices.Sort(starts)
+	starts = slices.Compact(starts)
+	if len(starts) > limit {
+		starts = starts[:limit]
+	}
+	sort.Strings(unavailable)
+	return starts, unavailable, nil
+}
+
 // WindowTop lists the limit largest totals (equal totals by product) of
 // the window of size starting at start, over this instance's running
 // tasks, each read whole in chunks (it stops at ctx's end); unavailable as

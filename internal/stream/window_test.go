@@ -253,6 +253,20 @@ func TestWindowQueriesFromAnyInstance(t *testing.T) {
 				t.Fatalf("GET %s: %s = %d, want %d", url, pt.Product, pt.Total, want[pt.Product]-1)
 			}
 		}
+		// The window starts, gathered from both instances, paged by from.
+		var starts struct {
+			Starts []int64 `json:"starts"`
+			Next   *int64  `json:"next"`
+		}
+		url = in.http.URL + "/v1/windows/starts?size=1h&limit=1"
+		if code := getJSON(t, url, &starts); code != http.StatusOK || !slices.Equal(starts.Starts, []int64{base}) || starts.Next == nil || *starts.Next != base+1 {
+			t.Fatalf("GET %s = %d %+v, want [%d] and next %d", url, code, starts, base, base+1)
+		}
+		starts.Starts, starts.Next = nil, nil
+		url = fmt.Sprintf("%s/v1/windows/starts?size=1h&from=%d", in.http.URL, base+1)
+		if code := getJSON(t, url, &starts); code != http.StatusOK || !slices.Equal(starts.Starts, []int64{base + 3_600_000}) || starts.Next != nil {
+			t.Fatalf("GET %s = %d %+v, want [%d] and no next", url, code, starts, base+3_600_000)
+		}
 		var top struct {
 			Products []state.Total `json:"products"`
 			Sort     string        `json:"sort"`
@@ -270,6 +284,7 @@ func TestWindowQueriesFromAnyInstance(t *testing.T) {
 			{"/v1/products/" + products[0] + "/windows?size=1h&from=10&to=5", "after to"},
 			{"/v1/windows?size=1h&limit=0", "limit must be"},
 			{"/v1/windows?size=2h", "windows.sizes: 1h"},
+			{"/v1/windows/starts?size=1h&start=1", "unknown query parameter(s) start"},
 		} {
 			var e struct {
 				Error string `json:"error"`

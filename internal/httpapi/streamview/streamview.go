@@ -96,6 +96,12 @@ func (b Backend) StandbyWindowPage(ctx context.Context, task string, size time.D
 	return page, lag, queryError(err)
 }
 
+// WindowStarts is rt's WindowStarts, its error adapted.
+func (b Backend) WindowStarts(size time.Duration, from int64, limit int) ([]int64, []string, error) {
+	starts, unavailable, err := b.rt.WindowStarts(size, from, limit)
+	return starts, unavailable, queryError(err)
+}
+
 // Ready is rt's Ready.
 func (b Backend) Ready() (bool, string) { return b.rt.Ready() }
 
