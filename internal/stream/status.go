@@ -26,41 +26,69 @@ var (
 // Total returns the committed total of product from the store of the task
 // that owns it. Totals reflect the last commit cycle (commit.interval.ms).
 func (rt *Runtime) Total(product string) (int64, bool, error) {
-	n := rt.reg.topology().partitions
-	if n == 0 {
-		return 0, false, ErrNotReady
-	}
-	p := sales.Partition([]byte(product), n)
-	t := rt.reg.task(p)
-	if t == nil {
-		return 0, false, rt.notHosted(p)
-	}
-	if t.State() != taskRunning {
-		return 0, false, fmt.Errorf("%w: task %s is %s", ErrNotReady, t.name, t.State())
-	}
-	s := t.totals.store.Load()
-	if s == nil {
-		return 0, false, ErrNotReady
+	s, err := rt.productStore(product)
+	if err != nil {
+		return 0, false, err
 	}
 	e, ok, err := s.Get(product)
 	return e.Total, ok, err
 }
 
-// Products lists up to limit totals sorted by product, after the product
-// after, from every running task. unavailable names the tasks that are
-// assigned but not running, whose products are missing from the page.
-func (rt *Runtime) Products(after string, limit int) (page []state.Total, unavailable []string, err error) {
+// productStore returns the store of the task running product here: a
+// NotHostedError when another member runs it, ErrNotReady while it is not
+// running (or no partitions are assigned yet).
+func (rt *Runtime) productStore(product string) (*state.Store, error) {
+	n := rt.reg.topology().partitions
+	if n == 0 {
+		return nil, ErrNotReady
+	}
+	p := sales.Partition([]byte(product), n)
+	t := rt.reg.task(p)
+	if t == nil {
+		return nil, rt.notHosted(p)
+	}
+	if t.State() != taskRunning {
+		return nil, fmt.Errorf("%w: task %s is %s", ErrNotReady, t.name, t.State())
+	}
+	s := t.totals.store.Load()
+	if s == nil {
+		return nil, ErrNotReady
+	}
+	return s, nil
+}
+
+// eachRunningStore calls fn with the store of each task running here.
+// unavailable names, sorted, the tasks assigned here but not running and
+// those whose store closed under fn (state.ErrClosed); another error of fn
+// ends the walk.
+func (rt *Runtime) eachRunningStore(fn func(*state.Store) error) (unavailable []string, err error) {
 	for _, t := range rt.reg.tasks() {
 		s := t.totals.store.Load()
 		if t.State() != taskRunning || s == nil {
 			unavailable = append(unavailable, t.name)
 			continue
 		}
-		got, err := s.Scan(after, limit)
-		if err != nil {
-			return nil, nil, err
+		if err := fn(s); errors.Is(err, state.ErrClosed) {
+			unavailable = append(unavailable, t.name)
+		} else if err != nil {
+			return nil, err
 		}
+	}
+	sort.Strings(unavailable)
+	return unavailable, nil
+}
+
+// Products lists up to limit totals sorted by product, after the product
+// after, from every running task. unavailable names the tasks that are
+// assigned but not running, whose products are missing from the page.
+func (rt *Runtime) Products(after string, limit int) (page []state.Total, unavailable []string, err error) {
+	unavailable, err = rt.eachRunningStore(func(s *state.Store) error {
+		got, err := s.Scan(after, limit)
 		page = append(page, got...)
+		return err
+	})
+	if err != nil {
+		return nil, nil, err
 	}
 	sort.Slice(page, func(i, j int) bool { return page[i].Product < page[j].Product })
 	if len(page) > limit {
@@ -83,19 +111,10 @@ const topChunk = 4096
 // It returns ctx's error when ctx ends first.
 func (rt *Runtime) TopProducts(ctx context.Context, limit int) (top []state.Total, unavailable []string, err error) {
 	var h state.TopTotals
-	for _, t := range rt.reg.tasks() {
-		s := t.totals.store.Load()
-		if t.State() != taskRunning || s == nil {
-			unavailable = append(unavailable, t.name)
-			continue
-		}
-		if err := scanTop(ctx, s, limit, &h); errors.Is(err, state.ErrClosed) {
-			unavailable = append(unavailable, t.name)
-		} else if err != nil {
-			return nil, nil, err
-		}
+	unavailable, err = rt.eachRunningStore(func(s *state.Store) error { return scanTop(ctx, s, limit, &h) })
+	if err != nil {
+		return nil, nil, err
 	}
-	sort.Strings(unavailable)
 	return h.Sorted(), unavailable, nil
 }
 

@@ -464,21 +464,9 @@ func (rt *Runtime) ProductWindows(product string, size time.Duration, from, to i
 	if err := rt.checkWindowSize(size); err != nil {
 		return nil, err
 	}
-	n := rt.reg.topology().partitions
-	if n == 0 {
-		return nil, ErrNotReady
-	}
-	p := sales.Partition([]byte(product), n)
-	t := rt.reg.task(p)
-	if t == nil {
-		return nil, rt.notHosted(p)
-	}
-	if t.State() != taskRunning {
-		return nil, fmt.Errorf("%w: task %s is %s", ErrNotReady, t.name, t.State())
-	}
-	s := t.totals.store.Load()
-	if s == nil {
-		return nil, ErrNotReady
+	s, err := rt.productStore(product)
+	if err != nil {
+		return nil, err
 	}
 	return s.Windows(size).Fetch(product, from, to)
 }
@@ -521,15 +509,12 @@ func (rt *Runtime) WindowPage(size time.Duration, start int64, after string, lim
 	if err := rt.checkWindowSize(size); err != nil {
 		return nil, nil, err
 	}
-	for _, t := range rt.reg.tasks() {
-		s := t.totals.store.Load()
-		if t.State() != taskRunning || s == nil {
-			unavailable = append(unavailable, t.name)
-			continue
-		}
-		if page, err = windowPage(s.Windows(size), start, after, limit, page); err != nil {
-			return nil, nil, err
-		}
+	unavailable, err = rt.eachRunningStore(func(s *state.Store) (err error) {
+		page, err = windowPage(s.Windows(size), start, after, limit, page)
+		return err
+	})
+	if err != nil {
+		return nil, nil, err
 	}
 	sort.Slice(page, func(i, j int) bool { return page[i].Product < page[j].Product })
 	if len(page) > limit {
@@ -579,28 +564,19 @@ func (rt *Runtime) WindowStarts(size time.Duration, from int64, limit int) (star
 	if err := rt.checkWindowSize(size); err != nil {
 		return nil, nil, err
 	}
-	for _, t := range rt.reg.tasks() {
-		s := t.totals.store.Load()
-		if t.State() != taskRunning || s == nil {
-			unavailable = append(unavailable, t.name)
-			continue
-		}
+	unavailable, err = rt.eachRunningStore(func(s *state.Store) error {
 		got, err := s.Windows(size).Starts(from, limit)
-		if errors.Is(err, state.ErrClosed) {
-			unavailable = append(unavailable, t.name)
-			continue
-		}
-		if err != nil {
-			return nil, nil, err
-		}
 		starts = append(starts, got...)
+		return err
+	})
+	if err != nil {
+		return nil, nil, err
 	}
 	slices.Sort(starts)
 	starts = slices.Compact(starts)
 	if len(starts) > limit {
 		starts = starts[:limit]
 	}
-	sort.Strings(unavailable)
 	return starts, unavailable, nil
 }
 
@@ -613,20 +589,10 @@ func (rt *Runtime) WindowTop(ctx context.Context, size time.Duration, start int6
 		return nil, nil, err
 	}
 	var h state.TopTotals
-	for _, t := range rt.reg.tasks() {
-		s := t.totals.store.Load()
-		if t.State() != taskRunning || s == nil {
-			unavailable = append(unavailable, t.name)
-			continue
-		}
-		err := windowTop(ctx, s.Windows(size), start, limit, &h)
-		if errors.Is(err, state.ErrClosed) {
-			unavailable = append(unavailable, t.name)
-		} else if err != nil {
-			return nil, nil, err
-		}
+	unavailable, err = rt.eachRunningStore(func(s *state.Store) error { return windowTop(ctx, s.Windows(size), start, limit, &h) })
+	if err != nil {
+		return nil, nil, err
 	}
-	sort.Strings(unavailable)
 	return h.Sorted(), unavailable, nil
 }
 
