@@ -63,30 +63,7 @@ func TestWindowsOnApacheKafka(t *testing.T) {
 	// Over HTTP from the owner or forwarded: every hourly window of a few products.
 	checkHTTP := func(svc *harness.Service) {
 		t.Helper()
-		for i := range 3 {
-			p := fmt.Sprintf("wn%03d", i)
-			var got struct {
-				Windows []struct{ Start, Total int64 } `json:"windows"`
-			}
-			path := fmt.Sprintf("/v1/products/%s/windows?size=1h&from=%d&to=%d", p, base.UnixMilli(), base.Add(6*time.Hour).UnixMilli())
-			if code, err := svc.GetJSON(path, &got); err != nil || code != 200 {
-				t.Fatalf("GET %s = %d, %v", path, code, err)
-			}
-			want := 0
-			for k := range truth[time.Hour] {
-				if strings.HasPrefix(k, p+"@") {
-					want++
-				}
-			}
-			if len(got.Windows) != want {
-				t.Fatalf("GET %s: %d windows, want %d", path, len(got.Windows), want)
-			}
-			for _, w := range got.Windows {
-				if tw := truth[time.Hour][fmt.Sprintf("%s@%d", p, w.Start)]; tw != w.Total {
-					t.Fatalf("GET %s: window %d = %d, want %d", path, w.Start, w.Total, tw)
-				}
-			}
-		}
+		checkWindowsHTTP(t, svc, "wn", base, truth[time.Hour])
 	}
 	checkHTTP(svc)
 	svc.Terminate(t)
@@ -115,4 +92,35 @@ func TestWindowsOnApacheKafka(t *testing.T) {
 	checkHTTP(svc)
 	svc.WaitTotals(t, harness.TotalsOf(events), 30*time.Second)
 	svc.Terminate(t)
+}
+
+// checkWindowsHTTP checks the 1h windows of products <prefix>000 to <prefix>002 over six hours
+// from base, read from svc's HTTP, against truth ("product@start" -> total): the same windows,
+// each exact.
+func checkWindowsHTTP(t *testing.T, svc *harness.Service, prefix string, base time.Time, truth map[string]int64) {
+	t.Helper()
+	for i := range 3 {
+		p := fmt.Sprintf("%s%03d", prefix, i)
+		var got struct {
+			Windows []struct{ Start, Total int64 } `json:"windows"`
+		}
+		path := fmt.Sprintf("/v1/products/%s/windows?size=1h&from=%d&to=%d", p, base.UnixMilli(), base.Add(6*time.Hour).UnixMilli())
+		if code, err := svc.GetJSON(path, &got); err != nil || code != 200 {
+			t.Fatalf("GET %s = %d, %v", path, code, err)
+		}
+		want := 0
+		for k := range truth {
+			if strings.HasPrefix(k, p+"@") {
+				want++
+			}
+		}
+		if len(got.Windows) != want {
+			t.Fatalf("GET %s: %d windows, want %d", path, len(got.Windows), want)
+		}
+		for _, w := range got.Windows {
+			if tw := truth[fmt.Sprintf("%s@%d", p, w.Start)]; tw != w.Total {
+				t.Fatalf("GET %s: window %d = %d, want %d", path, w.Start, w.Total, tw)
+			}
+		}
+	}
 }
