@@ -84,7 +84,7 @@ func benchmark(ctx context.Context, o options) (err error) {
 		topic := e.prefix + "-" + datasetSlug(products) + "-sales-events"
 		logf("producing %d events over %d products (seed %d) into %s (%d partitions) at %s", events, products, o.seed, topic, o.partitions, e.addr)
 		e.data = nil // the previous data set's totals can go before the next ones are made
-		e.data, err = generate(ctx, e.addr, topic, events, products, o.seed, o.partitions, e.adm)
+		e.data, err = generate(ctx, e.addr, topic, events, products, o.seed, o.partitions, o.eventSpan, e.adm)
 		if err != nil {
 			return err
 		}
@@ -110,6 +110,7 @@ func benchmark(ctx context.Context, o options) (err error) {
 				DistinctProducts: e.data.distinct(), Partitions: o.partitions, Seed: o.seed, InputTopic: topic, Bootstrap: e.addr,
 				ExternalBroker: o.bootstrap != "", CommitIntervalMs: o.commitInterval.Milliseconds(), ProduceMs: e.data.produceMs,
 				InputBytes: e.data.bytes, Machine: machine, Systems: map[string]*systemResult{}, Profile: o.profile,
+				Windows: o.windows, EventSpanMs: o.eventSpan.Milliseconds(),
 			}
 			if o.profile {
 				rep.ProfileSeconds = o.profileSeconds

@@ -186,9 +186,10 @@ func TestPlanTuningsAndReferenceProducts(t *testing.T) {
 	}
 	bad := options{events: 1, partitions: 3, commitInterval: 1, profileSeconds: 1, products: []int{100}, guarantees: []string{atLeastOnce},
 		systems: []string{sysReference}, refThreads: []int{1}, refCaches: []int64{cacheDefault}, refRocksDB: []string{"fast"},
-		refTxn: []bool{false}, refProducts: []int{200}, refTimeLimit: -1}
+		refTxn: []bool{false}, refProducts: []int{200}, refTimeLimit: -1, windows: "1h,1h30m,1h", eventSpan: -1}
 	err := bad.validate(nil)
-	for _, want := range []string{"--reference-rocksdb: unknown setting", "--reference-products: 200 is not one of --products", "--reference-time-limit"} {
+	for _, want := range []string{"--reference-rocksdb: unknown setting", "--reference-products: 200 is not one of --products", "--reference-time-limit",
+		`--windows: "1h30m" is not a size`, "--windows: 1h listed twice", "--event-span must not be negative"} {
 		if err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("validate: %v, want a problem %q", err, want)
 		}

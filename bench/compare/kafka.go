@@ -89,7 +89,7 @@ func (s *eventSource) next() (product int, value int64) {
 // into topic (created with the given partitions) with franz-go's default
 // partitioner (murmur2 on the key, as the Java client) and returns the
 // expected totals.
-func generate(ctx context.Context, addr, topic string, events, products int, seed uint64, partitions int, adm *kadm.Client) (*dataset, error) {
+func generate(ctx context.Context, addr, topic string, events, products int, seed uint64, partitions int, span time.Duration, adm *kadm.Client) (*dataset, error) {
 	if events < products {
 		return nil, fmt.Errorf("%d events cannot cover %d products", events, products)
 	}
@@ -105,7 +105,8 @@ func generate(ctx context.Context, addr, topic string, events, products int, see
 	ds := &dataset{topic: topic, products: products, events: events, expected: make([]int64, products)}
 	src := newEventSource(seed, products)
 	t0 := time.Now()
-	err = kit.ProduceAll(ctx, cl, events, func(int) *kgo.Record {
+	first, step := t0.Add(-span), span/time.Duration(events)
+	err = kit.ProduceAll(ctx, cl, events, func(i int) *kgo.Record {
 		n, value := src.next()
 		ds.expected[n] += value
 		// key and value in one allocation: `p<n>` then `{"product":"p<n>","value":V}`
@@ -118,7 +119,11 @@ func generate(ctx context.Context, addr, topic string, events, products int, see
 		buf = strconv.AppendInt(buf, value, 10)
 		buf = append(buf, '}')
 		ds.bytes += int64(len(buf))
-		return &kgo.Record{Key: buf[:k:k], Value: buf[k:]}
+		r := &kgo.Record{Key: buf[:k:k], Value: buf[k:]}
+		if span > 0 {
+			r.Timestamp = first.Add(time.Duration(i) * step)
+		}
+		return r
 	}, logf, "the events to "+topic, 0)
 	if err != nil {
 		return nil, err

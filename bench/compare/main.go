@@ -15,6 +15,7 @@ import (
 	"fmt"
 	"math"
 	"os"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -54,6 +55,11 @@ type options struct {
 	keepTmp                   bool
 	profile                   bool
 	profileSeconds            int
+	// windows are the window sizes given to both systems ("" : none);
+	// eventSpan spreads the events' timestamps over that span up to the
+	// start of the produce (0: the produce time).
+	windows   string
+	eventSpan time.Duration
 }
 
 // cacheDefault in options.refCaches leaves statestore.cache.max.bytes at
@@ -91,6 +97,8 @@ func run() int {
 	fs.StringVar(&o.repo, "repo", "", "repository root (default: found from the working directory)")
 	fs.BoolVar(&o.keepTmp, "keep-tmp", false, "keep the temporary directory (process logs, state dirs, broker) after the run")
 	fs.BoolVar(&o.profile, "profile", false, "run salesagg with --http.pprof true and save CPU and heap profiles of its processing and full restore runs next to the JSON")
+	fs.StringVar(&o.windows, "windows", "", "comma-separated tumbling window sizes (1h,24h; units ms, s, m, h) that both systems keep beside the totals: salesagg --windows.sizes, the reference --windows")
+	fs.DurationVar(&o.eventSpan, "event-span", 0, "spread the events' record timestamps evenly over this span, oldest first, ending when the produce starts (0: the produce time); with --windows, how many windows the events open")
 	fs.IntVar(&o.profileSeconds, "profile-seconds", maxProfileSeconds, "length of each CPU profile with --profile, 1..29 s (the harness waits for it before stopping salesagg)")
 	if code, ok := kit.Parse(fs, "compare", "--events 20000 --products 2000"); !ok {
 		return code
@@ -162,6 +170,17 @@ func (o *options) validate(problems []string) error {
 	if o.partitions < 1 {
 		problems = append(problems, "--partitions must be at least 1")
 	}
+	for i, w := range kit.SplitList(o.windows) {
+		if !windowSizeRe.MatchString(w) {
+			problems = append(problems, fmt.Sprintf("--windows: %q is not a size such as 90s, 15m or 1h (a number and one of ms, s, m, h)", w))
+		}
+		if slices.Contains(kit.SplitList(o.windows)[:i], w) {
+			problems = append(problems, fmt.Sprintf("--windows: %s listed twice", w))
+		}
+	}
+	if o.eventSpan < 0 {
+		problems = append(problems, "--event-span must not be negative")
+	}
 	if o.commitInterval <= 0 {
 		problems = append(problems, "--commit-interval-ms must be positive")
 	}
@@ -181,6 +200,9 @@ func (o *options) validate(problems []string) error {
 	}
 	return nil
 }
+
+// windowSizeRe is a window size both systems read the same way.
+var windowSizeRe = regexp.MustCompile(`^[1-9][0-9]*(ms|s|m|h)$`)
 
 // checkList reports values outside [lo, hi] and duplicates.
 func checkList(flagName string, vs []int, lo, hi int) []string {

@@ -33,7 +33,11 @@ type report struct {
 	Systems          map[string]*systemResult `json:"systems"`
 	// The reference variant with the highest processing events/s; the
 	// salesagg/reference ratios are against it.
-	BestReference  string `json:"best_reference,omitempty"`
+	BestReference string `json:"best_reference,omitempty"`
+	// Windows are the window sizes both systems kept (--windows), and
+	// EventSpanMs the span of the events' timestamps (--event-span).
+	Windows        string `json:"windows,omitempty"`
+	EventSpanMs    int64  `json:"event_span_ms,omitempty"`
 	Profile        bool   `json:"profile"`
 	ProfileSeconds int    `json:"profile_seconds,omitempty"`
 	Table          string `json:"table_markdown"`
@@ -70,6 +74,10 @@ func (rep *report) header() string {
 	fmt.Fprintf(&b, "- versions: %s, Java %s, Kafka broker %s, Kafka Streams %s, git %s%s\n",
 		v.Go, v.Java, v.Kafka, v.KafkaStreams, kit.Short(v.GitCommit), dirty)
 	fmt.Fprintf(&b, "- commit interval %d ms for both; systems run one after another on one broker (%s)\n", rep.CommitIntervalMs, rep.Bootstrap)
+	if rep.Windows != "" {
+		fmt.Fprintf(&b, "- **windows** %s for both (tumbling, by record timestamp), events' timestamps over %s\n",
+			rep.Windows, time.Duration(rep.EventSpanMs)*time.Millisecond)
+	}
 	if rep.Profile {
 		fmt.Fprintf(&b, "- **profiled** (--profile): salesagg served net/http/pprof and was CPU-profiled for %d s in its processing and full restore runs; its figures include the profiler's cost\n",
 			rep.ProfileSeconds)
