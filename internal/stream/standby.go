@@ -308,7 +308,7 @@ func (s *standby) checkCaughtUp() {
 	if !s.isWarmup() {
 		return
 	}
-	pos, end := s.pos.position.Load(), s.pos.end.Load()
+	pos, end := s.position()
 	cfg := s.deps.env.cfg
 	if !assign.CaughtUp(pos, end, cfg.AcceptableRecoveryLag) {
 		return
@@ -341,7 +341,27 @@ func (s *standby) reported() (offset, end int64) {
 	if !s.probe.at.IsZero() && time.Since(s.probe.at) < s.deps.env.cfg.ProbingRebalanceInterval && s.probe.offset >= 0 {
 		return s.probe.offset, s.probe.end
 	}
-	return s.pos.position.Load(), s.pos.end.Load()
+	return s.position()
+}
+
+// position is the copy's position in its totals' changelog and the end it
+// measured it against, plus what its windows lack (each size's lag; one
+// not known yet counts as acceptable.recovery.lag + 1): the balancer,
+// which takes end - offset for the lag, weighs a task's whole restore,
+// not its totals' alone.
+func (s *standby) position() (offset, end int64) {
+	pos, end := s.pos.position.Load(), s.pos.end.Load()
+	if pos < 0 || end < 0 {
+		return pos, end
+	}
+	for _, f := range s.windows {
+		if lag := f.lag(); lag >= 0 {
+			end += lag
+		} else {
+			end += s.deps.env.cfg.AcceptableRecoveryLag + 1
+		}
+	}
+	return pos, end
 }
 
 // wipe deletes the standby's store and opens an empty one. From its start
