@@ -3,13 +3,18 @@
 package e2e
 
 import (
+	"context"
+	"encoding/json"
 	"fmt"
 	"math/rand/v2"
 	"path/filepath"
+	"sort"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/salesagg/salesagg/internal/sales"
@@ -102,31 +107,8 @@ func TestWindowsMatchKafkaStreams(t *testing.T) {
 	if sum.Total != int64(n) {
 		t.Errorf("salesagg restored %d records %v, want the %d records of the reference's three changelogs", sum.Total, sum.ByStore, n)
 	}
-	truth := harness.WindowTruth(sent, time.Hour)
-	for i := range 3 {
-		p := fmt.Sprintf("kw%03d", i)
-		var got struct {
-			Windows []struct{ Start, Total int64 } `json:"windows"`
-		}
-		path := fmt.Sprintf("/v1/products/%s/windows?size=1h&from=%d&to=%d", p, base.UnixMilli(), base.Add(6*time.Hour).UnixMilli())
-		if code, err := svc.GetJSON(path, &got); err != nil || code != 200 {
-			t.Fatalf("GET %s = %d, %v", path, code, err)
-		}
-		want := 0
-		for k := range truth {
-			if strings.HasPrefix(k, p+"@") {
-				want++
-			}
-		}
-		if len(got.Windows) != want {
-			t.Fatalf("GET %s: %d windows, want %d", path, len(got.Windows), want)
-		}
-		for _, w := range got.Windows {
-			if tw := truth[fmt.Sprintf("%s@%d", p, w.Start)]; tw != w.Total {
-				t.Fatalf("GET %s: window %d = %d, want %d (restored from the reference's changelog)", path, w.Start, w.Total, tw)
-			}
-		}
-	}
+	// Restored from the reference's changelog, answered over HTTP.
+	checkWindowsHTTP(t, svc, "kw", base, harness.WindowTruth(sent, time.Hour))
 	send(batch(6 * time.Hour))
 	exact("salesagg")
 	svc.Terminate(t)
@@ -139,4 +121,195 @@ func TestWindowsMatchKafkaStreams(t *testing.T) {
 	send(batch(12 * time.Hour))
 	exact("the reference, again")
 	ref.terminate(t)
+}
+
+// TestFinalWindowsMatchKafkaStreams: with windows.notify final, salesagg writes each 1h window's
+// final total once its task's stream time closes it, as the Kafka Streams reference does with
+// suppress(untilWindowCloses) (--windows-notify final). Both read the same input, exactly
+// once, in their own application: six hours of keyed events, some later than their window's
+// end plus the 10-minute grace (left out of the window) and some late within it (folded). The
+// two notification topics hold the same finals, record by record, and those are the truth
+// computed from the input.
+func TestFinalWindowsMatchKafkaStreams(t *testing.T) {
+	buildReference(t)
+	seed := uint64(time.Now().UnixNano())
+	rng := rand.New(rand.NewPCG(seed, 29))
+	t.Logf("seed %d", seed)
+	appKS, input, notifKS := testNames("ksf")
+	appSA, _, notifSA := testNames("saf")
+	createTopic(t, input, 3, nil)
+	createTopic(t, notifKS, 3, nil)
+	createTopic(t, notifSA, 3, nil)
+	const (
+		size      = time.Hour
+		grace     = 10 * time.Minute
+		threshold = 4000
+	)
+	base := time.Now().Add(-20 * time.Hour).Truncate(24 * time.Hour)
+	if time.Since(base) > 40*time.Hour {
+		base = base.Add(24 * time.Hour)
+	}
+	// Keyed events only, each in its product's partition, so that both fold a partition's
+	// events in the order they were sent and agree on what is late.
+	var recs []*kgo.Record
+	late := 0
+	evs := harness.GenEvents(rng, "kf", 10, 600)
+	for i, e := range evs {
+		r := e.Record(input)
+		ts := base.Add(time.Duration(i) * 36 * time.Second)
+		if rng.IntN(10) == 0 {
+			ts = ts.Add(-time.Duration(5+rng.IntN(100)) * time.Minute) // late: some within grace, some past it
+			late++
+		}
+		r.Timestamp = ts
+		recs = append(recs, r)
+	}
+	want := finalsTruth(recs, size, grace, threshold)
+	if len(want) < 10 {
+		t.Fatalf("the input closes only %d windows at or above %d; the test needs more", len(want), threshold)
+	}
+	t.Logf("%d events (%d sent late), %d finals expected", len(recs), late, len(want))
+
+	dir := t.TempDir()
+	ref := startReference(t, appKS, filepath.Join(dir, "reference"), input, notifKS, "--processing-guarantee", "exactly_once_v2",
+		"--windows", "1h", "--windows-grace-ms", strconv.FormatInt(grace.Milliseconds(), 10), "--windows-notify", "final",
+		"--threshold", strconv.Itoa(threshold))
+	svc := startService(t, harness.ServiceConfig{AppID: appSA, StateDir: filepath.Join(dir, "salesagg"), Input: input, Notif: notifSA,
+		Flags: []string{"--processing.guarantee", "exactly_once_v2", "--windows.sizes", "1h", "--windows.grace.ms", strconv.FormatInt(grace.Milliseconds(), 10),
+			"--windows.notify", "final", "--notification.threshold", strconv.Itoa(threshold)}})
+	ref.waitRunning(t, 3*time.Minute)
+	svc.WaitReady(t, 2*time.Minute)
+	harness.Produce(t, newClient(t), recs...)
+
+	for _, s := range []struct{ who, topic, group string }{{"salesagg", notifSA, appSA}, {"the reference", notifKS, appKS}} {
+		harness.WaitFor(t, 3*time.Minute, s.who+"'s finals in "+s.topic, func() error {
+			got, err := readFinals(s.topic)
+			if err != nil {
+				return err
+			}
+			return diffFinals(got, want)
+		})
+		// Every event committed, and still no other final.
+		harness.WaitFor(t, time.Minute, s.who+" to commit the whole input", func() error {
+			return committedAll(t, s.group, input, int64(len(recs)))
+		})
+		got, err := readFinals(s.topic)
+		if err == nil {
+			err = diffFinals(got, want)
+		}
+		if err != nil {
+			t.Fatalf("%s's finals once the input is committed: %v", s.who, err)
+		}
+	}
+	ref.terminate(t)
+	svc.Terminate(t)
+}
+
+// finalsTruth returns the final notifications a system must write for recs, keyed records in
+// their product's partition folded in order: per partition, stream time is the latest record
+// timestamp; a record of a window whose end plus grace is at or before the stream time is left
+// out; a window is final once its end plus grace is at or before its partition's last stream
+// time, notified when its total is at least threshold. Key "product@start" -> total.
+func finalsTruth(recs []*kgo.Record, size, grace time.Duration, threshold int64) map[string]int64 {
+	sizeMS, graceMS := size.Milliseconds(), grace.Milliseconds()
+	streamTime := map[int32]int64{}
+	totals := map[string]int64{}
+	partitionOf := map[string]int32{}
+	for _, r := range recs {
+		p := sales.Partition(r.Key, 3)
+		ts := r.Timestamp.UnixMilli()
+		st, ok := streamTime[p]
+		if !ok || ts > st {
+			st = ts
+		}
+		streamTime[p] = st
+		start := sales.WindowStart(ts, sizeMS)
+		if start+sizeMS+graceMS <= st {
+			continue
+		}
+		var e struct{ Value int64 }
+		_ = json.Unmarshal(r.Value, &e)
+		k := fmt.Sprintf("%s@%d", r.Key, start)
+		totals[k] += e.Value
+		partitionOf[k] = p
+	}
+	want := map[string]int64{}
+	for k, total := range totals {
+		_, s, _ := strings.Cut(k, "@")
+		start, _ := strconv.ParseInt(s, 10, 64)
+		if start+sizeMS+graceMS <= streamTime[partitionOf[k]] && total >= threshold {
+			want[k] = total
+		}
+	}
+	return want
+}
+
+// readFinals reads the windowed notifications (header salesagg.window) of topic: each must be
+// a final one; "product@start" -> the totals notified, in order.
+func readFinals(topic string) (map[string][]int64, error) {
+	c, err := readTopic(topic, 30*time.Second)
+	if err != nil {
+		return nil, err
+	}
+	out := map[string][]int64{}
+	for _, r := range c.Records {
+		windowed := false
+		for _, h := range r.Headers {
+			windowed = windowed || (h.Key == sales.WindowHeader && string(h.Value) == "1h")
+		}
+		if !windowed {
+			continue
+		}
+		var n sales.WindowNotification
+		if err := json.Unmarshal(r.Value, &n); err != nil || !n.Final || n.Window != "1h" || n.End != n.Start+3_600_000 || n.SKU != string(r.Key) {
+			return nil, fmt.Errorf("%s at %d-%d: %q is not a final 1h notification of its key %q (%v)", topic, r.Partition, r.Offset, r.Value, r.Key, err)
+		}
+		k := fmt.Sprintf("%s@%d", n.SKU, n.Start)
+		out[k] = append(out[k], n.Value)
+	}
+	return out, nil
+}
+
+// diffFinals says how got differs from one final per window of want.
+func diffFinals(got map[string][]int64, want map[string]int64) error {
+	var diffs []string
+	for k, w := range want {
+		if g := got[k]; len(g) != 1 || g[0] != w {
+			diffs = append(diffs, fmt.Sprintf("%s: %v, want [%d]", k, g, w))
+		}
+	}
+	for k, g := range got {
+		if _, ok := want[k]; !ok {
+			diffs = append(diffs, fmt.Sprintf("%s: %v, want none", k, g))
+		}
+	}
+	if len(diffs) > 0 {
+		sort.Strings(diffs)
+		return fmt.Errorf("%d of %d finals differ: %s", len(diffs), len(want), strings.Join(diffs[:min(len(diffs), 8)], "; "))
+	}
+	return nil
+}
+
+// committedAll returns nil once group's committed offsets of topic add up to n.
+func committedAll(t *testing.T, group, topic string, n int64) error {
+	adm := kadm.NewClient(newClient(t))
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	offs, err := adm.FetchOffsets(ctx, group)
+	if err == nil {
+		err = offs.Error()
+	}
+	if err != nil {
+		return err
+	}
+	var sum int64
+	offs.Each(func(o kadm.OffsetResponse) {
+		if o.Topic == topic {
+			sum += o.At
+		}
+	})
+	if sum != n {
+		return fmt.Errorf("group %s committed %d of %d offsets of %s", group, sum, n, topic)
+	}
+	return nil
 }

@@ -38,6 +38,7 @@ final class Config {
         DEFAULTS.put("TRANSACTIONAL_STATE_STORES", null);
         DEFAULTS.put("WINDOWS", null);
         DEFAULTS.put("WINDOWS_GRACE_MS", "0");
+        DEFAULTS.put("WINDOWS_NOTIFY", null);
     }
 
     /** Short argument spellings. */
@@ -70,6 +71,8 @@ final class Config {
             "  --windows                WINDOWS                 tumbling window sizes, comma separated (1h,24h; units ms, s, m, h): each a",
             "                                                   windowed aggregation into the store PRODUCT_AGGREGATED_SALES-<size>; unset: none",
             "  --windows-grace-ms       WINDOWS_GRACE_MS        the windows' grace period, default 0 (TimeWindows.ofSizeAndGrace)",
+            "  --windows-notify         WINDOWS_NOTIFY          final: each window's final total at or above the threshold, once, when it",
+            "                                                   closes (suppress(untilWindowCloses)), as salesagg's windows.notify final; unset: none",
             "  --prop key=value         any other Kafka Streams or client property (repeatable)",
             "  --describe               print the topology and exit (no broker needed)");
 
@@ -82,6 +85,8 @@ final class Config {
     /** The window sizes as given (they name the stores), in milliseconds. */
     final Map<String, Long> windows = new LinkedHashMap<>();
     final long windowGraceMs;
+    /** Whether each window's final total is notified once it closes (WINDOWS_NOTIFY final). */
+    final boolean windowFinals;
     final boolean leaveGroupOnClose;
     final int numStreamThreads;
 
@@ -183,6 +188,11 @@ final class Config {
                     windows.put(size, ms);
                 }
             }
+        }
+        String notify = values.get("WINDOWS_NOTIFY");
+        windowFinals = "final".equals(notify);
+        if (notify != null && !windowFinals) {
+            errors.add("WINDOWS_NOTIFY must be final or unset, got " + notify);
         }
         for (String k : new String[] {"BOOTSTRAP_SERVERS", "APPLICATION_ID", "STATE_DIR", "INPUT_TOPIC", "NOTIFICATION_TOPIC"}) {
             if (values.get(k).isBlank()) {

@@ -2,6 +2,7 @@ package salesagg.reference;
 
 import java.io.IOException;
 import java.io.InputStream;
+import java.nio.charset.StandardCharsets;
 import java.time.Duration;
 import java.util.HashMap;
 import java.util.HashSet;
@@ -27,11 +28,17 @@ import org.apache.kafka.streams.kstream.Branched;
 import org.apache.kafka.streams.kstream.Consumed;
 import org.apache.kafka.streams.kstream.Grouped;
 import org.apache.kafka.streams.kstream.KStream;
+import org.apache.kafka.streams.kstream.KTable;
 import org.apache.kafka.streams.kstream.Materialized;
 import org.apache.kafka.streams.kstream.Named;
 import org.apache.kafka.streams.kstream.Produced;
 import org.apache.kafka.streams.kstream.Repartitioned;
+import org.apache.kafka.streams.kstream.Suppressed;
 import org.apache.kafka.streams.kstream.TimeWindows;
+import org.apache.kafka.streams.kstream.Windowed;
+import org.apache.kafka.streams.processor.api.FixedKeyProcessor;
+import org.apache.kafka.streams.processor.api.FixedKeyProcessorContext;
+import org.apache.kafka.streams.processor.api.FixedKeyRecord;
 import org.apache.kafka.streams.processor.StandbyUpdateListener;
 import org.apache.kafka.streams.processor.StateRestoreListener;
 import org.apache.kafka.streams.processor.TaskId;
@@ -113,17 +120,20 @@ public final class SalesAggregator {
      * PRODUCT_AGGREGATED_SALES → updates with total ≥ threshold → {"sku":..,"value":..}.
      */
     static Topology buildTopology(String inputTopic, String notificationTopic, long threshold, Properties props) {
-        return buildTopology(inputTopic, notificationTopic, threshold, props, Map.of(), 0);
+        return buildTopology(inputTopic, notificationTopic, threshold, props, Map.of(), 0, false);
     }
 
     /**
      * The topology with, for each window size (name → ms), the same sums per tumbling window by
      * record timestamp, {@code windowedBy(TimeWindows.ofSizeAndGrace(size, grace)).aggregate(...)}
      * into the window store {@code PRODUCT_AGGREGATED_SALES-<name>}: the store salesagg keeps
-     * beside the totals with windows.sizes, with the same changelog.
+     * beside the totals with windows.sizes, with the same changelog. With finals, each window's
+     * total at or above the threshold is notified once it closes ({@code
+     * suppress(untilWindowCloses)}), as salesagg's windows.notify final writes it (header
+     * salesagg.window: the size).
      */
     static Topology buildTopology(String inputTopic, String notificationTopic, long threshold, Properties props,
-            Map<String, Long> windows, long graceMs) {
+            Map<String, Long> windows, long graceMs, boolean finals) {
         // Built with the application's own config, as KafkaStreams will run it.
         StreamsBuilder builder = new StreamsBuilder(new TopologyConfig(new StreamsConfig(props)));
 
@@ -160,15 +170,42 @@ public final class SalesAggregator {
 
         KStream<String, Long> merged = keyed.merge(rekeyed, Named.as("merge"));
         for (Map.Entry<String, Long> w : windows.entrySet()) {
-            merged.groupByKey(Grouped.<String, Long>as("by-product-" + w.getKey()).withKeySerde(Serdes.String()).withValueSerde(Serdes.Long()))
+            String size = w.getKey();
+            KTable<Windowed<String>, Long> sums = merged
+                    .groupByKey(Grouped.<String, Long>as("by-product-" + size).withKeySerde(Serdes.String()).withValueSerde(Serdes.Long()))
                     .windowedBy(TimeWindows.ofSizeAndGrace(Duration.ofMillis(w.getValue()), Duration.ofMillis(graceMs)))
                     .aggregate(
                             () -> 0L,
                             (product, value, total) -> total + value,
-                            Named.as("sum-" + w.getKey()),
-                            Materialized.<String, Long, WindowStore<Bytes, byte[]>>as(STORE_NAME + "-" + w.getKey())
+                            Named.as("sum-" + size),
+                            Materialized.<String, Long, WindowStore<Bytes, byte[]>>as(STORE_NAME + "-" + size)
                                     .withKeySerde(Serdes.String())
                                     .withValueSerde(Serdes.Long()));
+            if (!finals) {
+                continue;
+            }
+            byte[] header = size.getBytes(StandardCharsets.UTF_8);
+            sums.suppress(Suppressed.untilWindowCloses(Suppressed.BufferConfig.unbounded()).withName("final-" + size))
+                    .toStream(Named.as("finals-" + size))
+                    .filter((window, total) -> total != null && total >= threshold, Named.as("final-at-threshold-" + size))
+                    .map((window, total) -> KeyValue.pair(window.key(),
+                            SalesEvent.windowFinal(window.key(), total, size, window.window().start(), window.window().end())),
+                            Named.as("final-notification-" + size))
+                    .processValues(() -> new FixedKeyProcessor<String, String, String>() {
+                        private FixedKeyProcessorContext<String, String> context;
+
+                        @Override
+                        public void init(FixedKeyProcessorContext<String, String> context) {
+                            this.context = context;
+                        }
+
+                        @Override
+                        public void process(FixedKeyRecord<String, String> record) {
+                            record.headers().add("salesagg.window", header);
+                            context.forward(record);
+                        }
+                    }, Named.as("final-header-" + size))
+                    .to(notificationTopic, Produced.with(Serdes.String(), Serdes.String()).withName("final-notifications-" + size));
         }
         merged
                 .groupByKey(Grouped.with(Serdes.String(), Serdes.Long()))
@@ -249,7 +286,7 @@ public final class SalesAggregator {
 
         Properties props = streamsProperties(cfg);
         Topology topology = buildTopology(cfg.get("INPUT_TOPIC"), cfg.get("NOTIFICATION_TOPIC"), cfg.threshold, props,
-                cfg.windows, cfg.windowGraceMs);
+                cfg.windows, cfg.windowGraceMs, cfg.windowFinals);
         if (cfg.describeOnly) {
             System.out.println(topology.describe());
             return;

@@ -69,6 +69,18 @@ final class SalesEvent {
         return sb.toString();
     }
 
+    /** A window's final notification, as salesagg writes it with windows.notify final. */
+    static String windowFinal(String product, long total, String size, long start, long end) {
+        StringBuilder sb = new StringBuilder(product.length() + 96);
+        sb.append("{\"sku\":");
+        quote(sb, product);
+        sb.append(",\"value\":").append(total);
+        sb.append(",\"window\":");
+        quote(sb, size);
+        sb.append(",\"start\":").append(start).append(",\"end\":").append(end).append(",\"final\":true}");
+        return sb.toString();
+    }
+
     private static void quote(StringBuilder sb, String s) {
         sb.append('"');
         for (int i = 0; i < s.length(); i++) {
