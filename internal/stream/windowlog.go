@@ -212,9 +212,10 @@ func (s *standby) follower(size time.Duration) *windowFollower {
 	return nil
 }
 
-// usable returns the copy's windows of this size when they may answer
-// queries: tailing within acceptable records; lag is how far behind they
-// may be.
+// usable returns nil when the copy's windows of this size may answer
+// queries (tailing within acceptable records of their changelog's end),
+// an ErrNotReady error naming the task otherwise; lag is how far behind
+// they may be.
 func (f *windowFollower) usable(name string, acceptable int64) (lag int64, err error) {
 	lag = f.lag()
 	if lag < 0 {
