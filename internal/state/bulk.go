@@ -18,6 +18,7 @@ import (
 	"strconv"
 	"sync"
 
+	"github.com/cockroachdb/pebble/v2"
 	"github.com/cockroachdb/pebble/v2/objstorage/objstorageprovider"
 	"github.com/cockroachdb/pebble/v2/sstable"
 	"github.com/cockroachdb/pebble/v2/vfs"
@@ -117,6 +118,9 @@ type BulkLoad struct {
 	n        int64
 	value    []byte
 	closed   bool
+	// prefix is the key space's (before each key added); key is scratch.
+	prefix []byte
+	key    []byte
 }
 
 // spilled is the end of a spill: the run written, or the error, and the
@@ -130,6 +134,21 @@ type spilled struct {
 // BulkLoad begins a bulk load into the store, which must be empty (no
 // product, no checkpoint). Close it when done with it, after Finish too.
 func (s *Store) BulkLoad(o BulkOptions) (*BulkLoad, error) {
+	return s.bulkLoad(o, []byte{dataPrefix}, nil, nil)
+}
+
+// BulkLoad begins a bulk load of windows into the size's key space, which
+// must be empty (the rest of the store need not be): AddWindows, then
+// FinishWindows, which writes no checkpoint (the caller writes the size's
+// checkpoint and stream time once the windows are in). Close it when done
+// with it.
+func (w *Windows) BulkLoad(o BulkOptions) (*BulkLoad, error) {
+	return w.s.bulkLoad(o, w.prefix[:], w.startKey(0), w.end())
+}
+
+// bulkLoad begins a load of keys under prefix; the range [lo, hi) (nil:
+// the whole store) must be empty.
+func (s *Store) bulkLoad(o BulkOptions, prefix, lo, hi []byte) (*BulkLoad, error) {
 	if o.Budget == nil {
 		o.Budget = NewBulkBudget(64 << 20)
 	}
@@ -138,7 +157,7 @@ func (s *Store) BulkLoad(o BulkOptions) (*BulkLoad, error) {
 	if s.mu.db == nil {
 		return nil, s.closedErr("bulk loading")
 	}
-	it, err := s.mu.db.NewIter(nil)
+	it, err := s.mu.db.NewIter(&pebble.IterOptions{LowerBound: lo, UpperBound: hi})
 	if err != nil {
 		return nil, fmt.Errorf("bulk loading %s: %w", s.path, err)
 	}
@@ -147,7 +166,11 @@ func (s *Store) BulkLoad(o BulkOptions) (*BulkLoad, error) {
 		return nil, fmt.Errorf("bulk loading %s: %w", s.path, err)
 	}
 	if nonEmpty {
-		return nil, fmt.Errorf("bulk loading %s: the store is not empty", s.path)
+		what := "the store"
+		if lo != nil {
+			what = "the key space"
+		}
+		return nil, fmt.Errorf("bulk loading %s: %s is not empty", s.path, what)
 	}
 	dir := filepath.Join(s.path, bulkDirName)
 	if err := os.RemoveAll(dir); err != nil {
@@ -158,7 +181,7 @@ func (s *Store) BulkLoad(o BulkOptions) (*BulkLoad, error) {
 	}
 	o.Budget.join()
 	chunk := int(min(max(o.Budget.bytes/64, 16<<10), 1<<20))
-	return &BulkLoad{s: s, o: o, dir: dir, buf: &sortBuffer{chunkSize: chunk}, spare: &sortBuffer{chunkSize: chunk}}, nil
+	return &BulkLoad{s: s, o: o, dir: dir, prefix: slices.Clone(prefix), buf: &sortBuffer{chunkSize: chunk}, spare: &sortBuffer{chunkSize: chunk}}, nil
 }
 
 // Add adds updates, later ones replacing earlier ones of the same product.
@@ -168,27 +191,50 @@ func (s *Store) BulkLoad(o BulkOptions) (*BulkLoad, error) {
 // load holds and the runs it spills depend on the data and the budget alone,
 // never on how many updates a fetch happened to bring.
 func (l *BulkLoad) Add(updates []Update) error {
-	if l.closed {
-		return l.s.closedErr("bulk loading")
-	}
 	limit := l.o.Budget.share() / 2
 	for _, u := range updates {
-		if u.Delete {
-			l.buf.add(u.Product, nil, true)
-		} else {
-			l.value = binary.BigEndian.AppendUint64(l.value[:0], uint64(u.Entry.Total))
-			l.value = u.Entry.Offsets.AppendEncode(l.value)
-			l.buf.add(u.Product, l.value, false)
-		}
-		l.n++
-		if l.buf.bytes() < limit {
-			continue
-		}
-		if err := l.spillBuf(); err != nil {
+		l.key = append(l.key[:0], u.Product...)
+		if err := l.add(l.key, u.Entry, u.Delete, limit); err != nil {
 			return err
 		}
 	}
 	return nil
+}
+
+// AddWindows adds window updates (see Add) to a load of windows
+// (Windows.BulkLoad).
+func (l *BulkLoad) AddWindows(updates []WindowUpdate) error {
+	limit := l.o.Budget.share() / 2
+	for _, u := range updates {
+		if u.Start < 0 {
+			return fmt.Errorf("state: window start %d of %q is negative", u.Start, u.Product)
+		}
+		l.key = append(binary.BigEndian.AppendUint64(l.key[:0], uint64(u.Start)), u.Product...)
+		if err := l.add(l.key, u.Entry, u.Delete, limit); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// add adds one update of key (within the load's key space), and spills the
+// buffer once it holds limit bytes.
+func (l *BulkLoad) add(key []byte, e Entry, del bool, limit int64) error {
+	if l.closed {
+		return l.s.closedErr("bulk loading")
+	}
+	if del {
+		l.buf.add(key, nil, true)
+	} else {
+		l.value = binary.BigEndian.AppendUint64(l.value[:0], uint64(e.Total))
+		l.value = e.Offsets.AppendEncode(l.value)
+		l.buf.add(key, l.value, false)
+	}
+	l.n++
+	if l.buf.bytes() < limit {
+		return nil
+	}
+	return l.spillBuf()
 }
 
 // spillBuf hands the full buffer to a goroutine that sorts and writes it
@@ -250,6 +296,19 @@ const bulkPartMin = 100_000
 // written in parallel (up to GOMAXPROCS, at most 4), each range into its
 // own tables. The load is closed after it.
 func (l *BulkLoad) Finish(ctx context.Context, cp Checkpoint) (BulkStats, error) {
+	return l.finish(ctx, encodeCheckpoint(cp))
+}
+
+// FinishWindows ends a load of windows as Finish does, without a
+// checkpoint: the caller writes the size's checkpoint once the windows are
+// in (until then the size keeps the checkpoint it had).
+func (l *BulkLoad) FinishWindows(ctx context.Context) (BulkStats, error) {
+	return l.finish(ctx, nil)
+}
+
+// finish writes the tables and ingests them, last (a value of
+// checkpointKey, which sorts after every product) when not nil.
+func (l *BulkLoad) finish(ctx context.Context, last []byte) (BulkStats, error) {
 	if l.closed {
 		return BulkStats{}, l.s.closedErr("bulk loading")
 	}
@@ -289,7 +348,7 @@ func (l *BulkLoad) Finish(ctx context.Context, cp Checkpoint) (BulkStats, error)
 		} else {
 			// The checkpoint sorts after every product: it goes in the
 			// last table, and comes with the data in the same ingestion.
-			p.last = encodeCheckpoint(cp)
+			p.last = last
 		}
 		wg.Go(func() { p.err = l.writePart(ctx, p) })
 	}
@@ -385,7 +444,7 @@ func (l *BulkLoad) writePart(ctx context.Context, p *bulkPart) (err error) {
 		}
 		next = m.next
 	}
-	key := []byte{dataPrefix}
+	key := slices.Clone(l.prefix)
 	for n := 0; ; n++ {
 		k, v, del, ok, err := next()
 		if err != nil {
@@ -403,7 +462,7 @@ func (l *BulkLoad) writePart(ctx context.Context, p *bulkPart) (err error) {
 				return err
 			}
 		}
-		key = append(key[:1], k...)
+		key = append(key[:len(l.prefix)], k...)
 		if err := p.tw.set(key, v); err != nil {
 			return err
 		}
@@ -507,16 +566,16 @@ type sortRef struct {
 // sortRefBytes is the size of a sortRef.
 const sortRefBytes = 24
 
-func keyPrefix(k string) uint64 {
+func keyPrefix(k []byte) uint64 {
 	if len(k) >= 8 {
-		return binary.BigEndian.Uint64([]byte(k[:8]))
+		return binary.BigEndian.Uint64(k[:8])
 	}
 	var b [8]byte
 	copy(b[:], k)
 	return binary.BigEndian.Uint64(b[:])
 }
 
-func (b *sortBuffer) add(key string, value []byte, del bool) {
+func (b *sortBuffer) add(key []byte, value []byte, del bool) {
 	n := len(key) + len(value)
 	if len(b.chunks) == 0 || len(b.chunks[b.cur])+n > cap(b.chunks[b.cur]) {
 		if len(b.chunks) > 0 && len(b.chunks[b.cur]) > 0 {

@@ -7,10 +7,12 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"reflect"
 	"runtime"
 	"slices"
 	"strconv"
 	"testing"
+	"time"
 
 	"go.uber.org/zap"
 
@@ -311,4 +313,98 @@ func TestBulkLoadsShareTheBudget(t *testing.T) {
 	}
 	ls[2].Close()
 	ls[3].Close()
+}
+
+func TestBulkLoadOfWindowsBesideTheTotals(t *testing.T) {
+	// Scenario: a store holding totals (and 24h windows) is bulk loaded with 100,000 1h window
+	// updates over 2,000 products and 48 windows (one in ten a deletion), in fetches of 1,000,
+	// under a budget that spills many runs: the 1h key space then holds the last update of each
+	// window, read back by Fetch and Scan, the totals and the 24h windows are untouched, and the
+	// load writes no checkpoint of the size (the caller does). A second load of the now non-empty
+	// 1h key space is refused; one of the empty key space of another size is not.
+	s, err := Open(t.TempDir(), zap.NewNop(), OpenOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	cp := Checkpoint{ChangelogOffset: 3, InputOffset: -1}
+	if err := s.Apply([]Update{{Product: "p1", Entry: Entry{Total: 9}}}, cp); err != nil {
+		t.Fatal(err)
+	}
+	day := s.Windows(24 * time.Hour)
+	if err := s.ApplyWindows([]WindowWrite{{Windows: day, Updates: []WindowUpdate{{Product: "p1", Start: 0, Entry: Entry{Total: 9}}},
+		Checkpoint: Checkpoint{ChangelogOffset: 1, InputOffset: -1}, StreamTime: 5}}, false); err != nil {
+		t.Fatal(err)
+	}
+	hour := s.Windows(time.Hour)
+	l, err := hour.BulkLoad(BulkOptions{Budget: NewBulkBudget(256 << 10)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	rng := rand.New(rand.NewPCG(5, 6))
+	type key struct {
+		product string
+		start   int64
+	}
+	model := map[key]int64{}
+	for range 100 {
+		ups := make([]WindowUpdate, 1000)
+		for i := range ups {
+			u := WindowUpdate{Product: "p" + strconv.Itoa(rng.IntN(2000)), Start: int64(rng.IntN(48)) * 3_600_000}
+			if rng.IntN(10) == 0 {
+				u.Delete = true
+				delete(model, key{u.Product, u.Start})
+			} else {
+				u.Entry.Total = int64(rng.IntN(1000))
+				model[key{u.Product, u.Start}] = u.Entry.Total
+			}
+			ups[i] = u
+		}
+		if err := l.AddWindows(ups); err != nil {
+			t.Fatal(err)
+		}
+	}
+	st, err := l.FinishWindows(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Runs < 5 || st.Products != int64(len(model)) {
+		t.Fatalf("stats %+v, want several runs and %d windows", st, len(model))
+	}
+	got := map[key]int64{}
+	if err := hour.Each(func(wt WindowTotal) error { got[key{wt.Product, wt.Start}] = wt.Total; return nil }); err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(got, model) {
+		t.Fatalf("the 1h key space holds %d windows, want %d (equal: %v)", len(got), len(model), reflect.DeepEqual(got, model))
+	}
+	checked := 0
+	for k, want := range model {
+		if checked++; checked > 200 {
+			break
+		}
+		ws, err := hour.Fetch(k.product, k.start, k.start)
+		if err != nil || len(ws) != 1 || ws[0].Total != want {
+			t.Fatalf("Fetch(%s, %d) = %v, %v; want %d", k.product, k.start, ws, err, want)
+		}
+	}
+	if _, found, err := hour.Checkpoint(); err != nil || found {
+		t.Fatalf("the load wrote a checkpoint of the size (%v, %v)", found, err)
+	}
+	if e, ok, err := s.Get("p1"); err != nil || !ok || e.Total != 9 {
+		t.Fatalf("the totals after the load: p1 = %+v %v %v", e, ok, err)
+	}
+	if ws, err := day.Fetch("p1", 0, 0); err != nil || len(ws) != 1 || ws[0].Total != 9 {
+		t.Fatalf("the 24h windows after the load: %v, %v", ws, err)
+	}
+	if again, err := hour.BulkLoad(BulkOptions{}); err == nil {
+		again.Close()
+		t.Fatal("a bulk load of the non-empty 1h key space began")
+	}
+	other, err := s.Windows(15 * time.Minute).BulkLoad(BulkOptions{})
+	if err != nil {
+		t.Fatalf("a bulk load of the empty 15m key space: %v", err)
+	}
+	other.Close()
 }

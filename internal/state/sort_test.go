@@ -12,7 +12,7 @@ import (
 func fillSortBuffer(n int, rng *rand.Rand, key func(*rand.Rand) string) *sortBuffer {
 	b := &sortBuffer{chunkSize: 64 << 10}
 	for i := 0; i < n; i++ {
-		b.add(key(rng), []byte(strconv.Itoa(i)), rng.IntN(10) == 0)
+		b.add([]byte(key(rng)), []byte(strconv.Itoa(i)), rng.IntN(10) == 0)
 	}
 	return b
 }
@@ -62,9 +62,9 @@ func TestRadixSortOrdersAsTheComparison(t *testing.T) {
 func TestSortKeepsTheLastRecordOfEachKey(t *testing.T) {
 	b := &sortBuffer{chunkSize: 1 << 10}
 	for i, k := range []string{"b", "product-2", "a", "b", "product-1", "product-2", "a"} {
-		b.add(k, []byte{byte('0' + i)}, false)
+		b.add([]byte(k), []byte{byte('0' + i)}, false)
 	}
-	b.add("gone", nil, true)
+	b.add([]byte("gone"), nil, true)
 	b.sort()
 	var got []string
 	for i := range b.idx {

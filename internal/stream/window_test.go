@@ -514,3 +514,87 @@ func TestStandbyCopiesKeepWindows(t *testing.T) {
 		}
 	}
 }
+
+func TestLostVolumeBulkLoadsTheWindows(t *testing.T) {
+	// Scenario: with 1h windows, 72,000 windows (6,000 products × 12 hours, about 24,000 per
+	// task, past the bulk restore's 20,000) fold into the window changelog; on a lost volume the restart bulk-loads the size's empty key space (it logs
+	// "Bulk-loaded the restored store PRODUCT_AGGREGATED_SALES-1h") instead of replaying it in
+	// batches, and every window is exact; a restart on that volume restores 0 window records.
+	h := newHarness(t)
+	h.createInput(3)
+	h.cfg.Windows.Sizes = []string{"1h"}
+	cfg := h.instanceCfg("a")
+	in := h.start(cfg)
+	in.waitReady()
+	const products, hours = 6000, 12
+	var recs []*kgo.Record
+	for hr := range hours {
+		for p := range products {
+			recs = append(recs, at(fmt.Sprintf("bw%04d", p), int64(hr+1), time.Duration(hr)*time.Hour+time.Minute))
+		}
+	}
+	h.produce(recs...)
+	totals := map[string]int64{}
+	for p := range products {
+		totals[fmt.Sprintf("bw%04d", p)] = hours * (hours + 1) / 2
+	}
+	in.waitTotals(totals)
+	if err := in.stop(); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.RemoveAll(cfg.StateDir); err != nil {
+		t.Fatal(err)
+	}
+	in = h.start(cfg)
+	in.waitReady()
+	topic := cfg.WindowChangelogTopic(time.Hour)
+	if n, _ := windowRestored(in, topic); n < products*hours {
+		t.Fatalf("the lost volume restored %d window records, want at least %d", n, products*hours)
+	}
+	if lines := in.logs.FilterMessageSnippet("Bulk-loaded the restored store PRODUCT_AGGREGATED_SALES-1h").Len(); lines != 3 {
+		t.Fatalf("%d tasks bulk-loaded their 1h windows, want 3", lines)
+	}
+	for _, p := range []string{"bw0000", "bw3049", "bw5999"} {
+		want := make([]state.WindowTotal, hours)
+		for hr := range hours {
+			want[hr] = win(p, time.Duration(hr)*time.Hour, int64(hr+1))
+		}
+		in.waitWindows(p, hours*time.Hour, want)
+	}
+	var sum, n int64
+	for s := range int64(hours) {
+		page, unavailable, err := in.rt.WindowPage(time.Hour, windowBase.Add(time.Duration(s)*time.Hour).UnixMilli(), "", 1000)
+		for len(page) > 0 && err == nil {
+			for _, e := range page {
+				if e.Total != s+1 {
+					t.Fatalf("window %dh of %s = %d, want %d", s, e.Product, e.Total, s+1)
+				}
+				n++
+				sum += e.Total
+			}
+			page, unavailable, err = in.rt.WindowPage(time.Hour, windowBase.Add(time.Duration(s)*time.Hour).UnixMilli(), page[len(page)-1].Product, 1000)
+		}
+		if err != nil || len(unavailable) > 0 {
+			t.Fatalf("window %dh: %v (unavailable %v)", s, err, unavailable)
+		}
+	}
+	if n != products*hours || sum != products*hours*(hours+1)/2 {
+		t.Fatalf("the store holds %d windows summing to %d, want %d summing to %d", n, sum, products*hours, products*hours*(hours+1)/2)
+	}
+	if err := in.stop(); err != nil {
+		t.Fatal(err)
+	}
+	in = h.start(cfg)
+	in.waitReady()
+	lines := in.logs.FilterMessageSnippet("Finished restoring changelog " + topic + "-").All()
+	var restored int64
+	for _, e := range lines {
+		restored += e.ContextMap()["records"].(int64)
+	}
+	if restored != 0 || len(lines) != 3 {
+		t.Fatalf("a restart on the rebuilt volume restored %d window records in %d lines, want 0 in 3", restored, len(lines))
+	}
+	if err := in.stop(); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -46,22 +46,22 @@ func newWindowReplay(w *windowAgg, st *state.Store, partition int32, name string
 // start reads the size's checkpoint and stream time. When there is no
 // checkpoint, or it is of another topic or outside the changelog's offsets
 // logStart to end, the size's windows are cleared and the replay starts at
-// logStart.
-func (r *windowReplay) start(logStart, end int64) error {
+// logStart: fresh reports that.
+func (r *windowReplay) start(logStart, end int64) (fresh bool, err error) {
 	cp, found, err := r.v.Checkpoint()
 	if err != nil {
-		return err
+		return false, err
 	}
 	streamTime, hasTime, err := r.v.StreamTime()
 	if err != nil {
-		return err
+		return false, err
 	}
 	if !hasTime {
 		streamTime = -1
 	}
 	if found && cp.ChangelogTopicID == r.w.topicID && cp.ChangelogOffset >= logStart && cp.ChangelogOffset <= end {
 		r.cp, r.streamTime = cp, streamTime
-		return nil
+		return false, nil
 	}
 	if !found {
 		r.log.Info(fmt.Sprintf("task [%s] State store %s did not find checkpoint offset, hence would default to the starting offset at changelog %s",
@@ -72,13 +72,13 @@ func (r *windowReplay) start(logStart, end int64) error {
 	}
 	r.cp = state.Checkpoint{ChangelogOffset: logStart, InputOffset: -1, ChangelogTopicID: r.w.topicID}
 	r.streamTime = -1
-	return r.st.ApplyWindows([]state.WindowWrite{{Windows: r.v, ExpireBefore: allWindows, Checkpoint: r.cp, StreamTime: state.ClearStreamTime}}, false)
+	return true, r.st.ApplyWindows([]state.WindowWrite{{Windows: r.v, ExpireBefore: allWindows, Checkpoint: r.cp, StreamTime: state.ClearStreamTime}}, false)
 }
 
-// apply writes the records of b below end in one batch, with the
-// checkpoint past them (synced unless unsynced), and returns how many it
-// read. An unreadable record is logged and passed.
-func (r *windowReplay) apply(b changelog.Batch, end int64, unsynced bool) (int64, error) {
+// decode turns the records of b below end into r.updates, moving the
+// stream time, and returns how many it read. An unreadable record is
+// logged and passed.
+func (r *windowReplay) decode(b changelog.Batch, end int64) int64 {
 	r.updates = r.updates[:0]
 	var n int64
 	for _, rec := range b.Records {
@@ -112,18 +112,74 @@ func (r *windowReplay) apply(b changelog.Batch, end int64, unsynced bool) (int64
 		r.streamTime = max(r.streamTime, rec.Timestamp.UnixMilli())
 		n++
 	}
+	return n
+}
+
+// apply writes the records of b below end in one batch, with the
+// checkpoint past them (synced unless unsynced), and returns how many it
+// read.
+func (r *windowReplay) apply(b changelog.Batch, end int64, unsynced bool) (int64, error) {
+	n := r.decode(b, end)
 	next := min(b.Next, end)
 	if next <= r.cp.ChangelogOffset {
 		return n, nil
 	}
 	cp := r.cp
 	cp.ChangelogOffset = next
-	ww := state.WindowWrite{Windows: r.v, Updates: r.updates, Checkpoint: cp, StreamTime: max(r.streamTime, state.NoStreamTime)}
-	if err := r.st.ApplyWindows([]state.WindowWrite{ww}, unsynced); err != nil {
+	if err := r.write(cp, unsynced); err != nil {
 		return n, err
 	}
-	r.cp = cp
 	return n, nil
+}
+
+// write writes r.updates with checkpoint cp and the stream time.
+func (r *windowReplay) write(cp state.Checkpoint, unsynced bool) error {
+	ww := state.WindowWrite{Windows: r.v, Updates: r.updates, Checkpoint: cp, StreamTime: max(r.streamTime, state.NoStreamTime)}
+	if err := r.st.ApplyWindows([]state.WindowWrite{ww}, unsynced); err != nil {
+		return err
+	}
+	r.cp = cp
+	return nil
+}
+
+// bulk reads the changelog from the checkpoint to end into a bulk load of
+// the size's empty key space (sorted in the memory the process's loads
+// share and written once, see state.BulkLoad), then writes the checkpoint
+// and stream time. It returns how many records it read. A crash before
+// that write leaves the checkpoint from before the load, from which a
+// restore replays the same records again over the loaded windows.
+func (r *windowReplay) bulk(ctx context.Context, cr *changelog.Reader, end int64, o state.BulkOptions) (int64, error) {
+	load, err := r.v.BulkLoad(o)
+	if err != nil {
+		return 0, err
+	}
+	defer load.Close()
+	var n int64
+	next := r.cp.ChangelogOffset
+	for next < end {
+		b, err := cr.Next(ctx)
+		if err != nil {
+			return n, err
+		}
+		n += r.decode(b, end)
+		if err := load.AddWindows(r.updates); err != nil {
+			return n, err
+		}
+		next = min(b.Next, end)
+	}
+	began := time.Now()
+	st, err := load.FinishWindows(ctx)
+	if err != nil {
+		return n, err
+	}
+	d := time.Since(began)
+	r.log.Info(fmt.Sprintf("task [%s] Bulk-loaded the restored store %s: %d windows from %d records in %d sorted runs, %d tables ingested in %d ms",
+		r.name, r.w.storeName, st.Products, st.Updates, st.Runs, st.Tables, d.Milliseconds()),
+		zap.String("store", r.w.storeName), zap.Int64("windows", st.Products), zap.Int("runs", st.Runs), zap.Int("tables", st.Tables), zap.Duration("duration", d))
+	cp := r.cp
+	cp.ChangelogOffset = next
+	r.updates = r.updates[:0]
+	return n, r.write(cp, false)
 }
 
 // restoreWindows brings the task's windows of w's size up to the end of
@@ -143,7 +199,8 @@ func (t *task) restoreWindows(ctx context.Context, w *windowAgg) error {
 	if err != nil {
 		return err
 	}
-	if err := r.start(logStart, end); err != nil {
+	fresh, err := r.start(logStart, end)
+	if err != nil {
 		return err
 	}
 	var n int64
@@ -154,6 +211,12 @@ func (t *task) restoreWindows(ctx context.Context, w *windowAgg) error {
 			return err
 		}
 		defer cr.Close()
+		if fresh && end-r.cp.ChangelogOffset >= bulkRestoreMin {
+			n, err = r.bulk(ctx, cr, end, state.BulkOptions{Budget: e.bulkBudget})
+			if err != nil {
+				return err
+			}
+		}
 		for r.cp.ChangelogOffset < end {
 			b, err := cr.Next(ctx)
 			if err != nil {
@@ -263,7 +326,7 @@ func (f *windowFollower) tail(ctx context.Context, s *standby, st *state.Store) 
 	if err != nil {
 		return err
 	}
-	if err := r.start(logStart, end); err != nil {
+	if _, err := r.start(logStart, end); err != nil {
 		return err
 	}
 	f.pos.end.Store(end)
