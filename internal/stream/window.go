@@ -68,6 +68,16 @@ type windowAgg struct {
 	vOf *state.Store
 }
 
+// maybeStored reports whether the store may hold a window starting at
+// start, so that a fold must read it. Every window the store holds was
+// folded at a stream time at or past its start, so none starts after the
+// stream time the store holds (committed), when that is known and no cycle
+// waits to be written to the store: then a window starting later is new,
+// as the windows of events replayed in time order mostly are.
+func (w *windowAgg) maybeStored(start int64) bool {
+	return w.committed < 0 || w.current != nil || len(w.pending) > 0 || start <= w.committed
+}
+
 // windowKey names one window of one product.
 type windowKey struct {
 	product string
@@ -155,7 +165,7 @@ func (w *windowAgg) fold(st *state.Store, key []byte, value, ts int64, src sourc
 	e, owned := w.dirty[k]
 	if !owned {
 		var committed state.Entry
-		if start >= w.expired {
+		if start >= w.expired && w.maybeStored(start) {
 			if committed, _, err = w.view(st).Get(k.product, start); err != nil {
 				return 0, nil, err
 			}

@@ -81,7 +81,8 @@ func TestWindowedTotals(t *testing.T) {
 	// timestamp beside the product's total; an event of a window closed by the stream time of its
 	// task counts in the total only (late); a restart on the same state dir restores 0 window
 	// records, a lost volume rebuilds the windows from their changelog; a stream time 24h past a
-	// window's start deletes it, from the store and with a tombstone from the changelog.
+	// window's start deletes it, from the store and with a tombstone from the changelog, and a
+	// lost volume restored after that holds only the windows kept.
 	eachGuarantee(t, func(t *testing.T, h *harness) {
 		h.cfg.Windows.Sizes = []string{"1h"}
 		h.cfg.Windows.Grace = 10 * time.Minute
@@ -166,6 +167,19 @@ func TestWindowedTotals(t *testing.T) {
 		got := h.windowChangelog(topic)
 		if want := map[string]int64{p1 + "@0s": -1, p1 + "@1h0m0s": -1, p1 + "@25h0m0s": 1, p2 + "@0s": 7}; !reflect.DeepEqual(got, want) {
 			t.Fatalf("window changelog after expiry = %v, want %v", got, want)
+		}
+
+		// A lost volume restores the changelog with the expired windows' records and their
+		// tombstones: the expired windows are not in the rebuilt store, the others are.
+		if err := os.RemoveAll(cfg.StateDir); err != nil {
+			t.Fatal(err)
+		}
+		in = h.start(cfg)
+		in.waitReady()
+		in.waitWindows(p1, 26*time.Hour, []state.WindowTotal{win(p1, 25*time.Hour, 1)})
+		in.waitWindows(p2, 2*time.Hour, []state.WindowTotal{win(p2, 0, 7)})
+		if err := in.stop(); err != nil {
+			t.Fatal(err)
 		}
 	})
 }
