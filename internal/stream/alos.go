@@ -468,7 +468,7 @@ func setPositions(set map[string]map[int32]kgo.EpochOffset, topics []string, p i
 // flush runs the at-least-once commit cycle described in the package
 // documentation.
 func (t *task) flush(ctx context.Context) error {
-	if len(t.totals.dirty) > 0 || len(t.out.outbox) > 0 {
+	if t.changed() > 0 {
 		// A member that lost the task (paused past its session timeout, a
 		// zombie) must not write what its new owner writes: check with the
 		// group coordinator first, at most once a second while it does not
@@ -493,7 +493,7 @@ func (t *task) flush(ctx context.Context) error {
 			if ok, suppressed := t.retry.memberLog.allow(time.Now()); ok {
 				t.log.Warn(msg, zap.Int("products", len(t.totals.dirty)), zap.Int("records", len(t.out.outbox)), zap.Int64("suppressed", suppressed), zap.Error(err))
 			}
-			if !t.retry.memberPaused && len(t.totals.dirty)+len(t.out.outbox) >= t.dirtyBound() {
+			if !t.retry.memberPaused && t.changed() >= t.dirtyBound() {
 				t.retry.memberPaused = true
 				t.deps.client.PauseFetchPartitions(t.deps.env.topicsOf([]int32{t.partition}))
 			}

@@ -20,14 +20,26 @@ import (
 	"github.com/salesagg/salesagg/internal/state"
 )
 
-// maxDirty bounds the products a task keeps changed in memory between
-// commits; past it the task flushes early (at-least-once) or asks the poll
-// loop for the transaction cycle now (exactly-once; the products folded
-// until that cycle prepares add at most the task's inbox).
+// maxDirty bounds what a task keeps changed in memory between commits
+// (products, windows and records to produce, see changed); past it the
+// task flushes early (at-least-once) or asks the poll loop for the
+// transaction cycle now (exactly-once; what is folded until that cycle
+// prepares adds at most the task's inbox).
 const maxDirty = 100_000
 
 // dirtyBound is the task's maxDirty (Knobs.maxDirty lowers it in tests).
 func (t *task) dirtyBound() int { return cmp.Or(t.deps.env.knobs.maxDirty, maxDirty) }
+
+// changed is what the task keeps changed in memory between commits: the
+// totals' products, each size's windows and the records waiting to be
+// produced.
+func (t *task) changed() int {
+	n := len(t.totals.dirty) + len(t.out.outbox)
+	for _, w := range t.windows {
+		n += len(w.dirty)
+	}
+	return n
+}
 
 // inboxDepth is how many polled batches (up to 10,000 records each) wait for
 // a task: enough to keep it busy while the poll loop fetches, few enough
@@ -584,7 +596,7 @@ func (t *task) processBatch(ctx context.Context, b batch) error {
 	if b.topic == t.deps.env.cfg.InputTopic {
 		t.stats.inputPos.Store(t.in.inputNext)
 	}
-	if len(t.totals.dirty)+len(t.out.outbox) >= t.dirtyBound() {
+	if t.changed() >= t.dirtyBound() {
 		if t.deps.env.eos {
 			// The poll loop runs the transaction cycle at its next turn.
 			t.deps.commitNow()

@@ -1,13 +1,17 @@
 package stream
 
 import (
+	"context"
+	"fmt"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"go.uber.org/zap"
 
+	"github.com/salesagg/salesagg/internal/sales"
 	"github.com/salesagg/salesagg/internal/state"
 )
 
@@ -128,5 +132,59 @@ func TestWindowCyclesCloseExpireAndRollBack(t *testing.T) {
 	}
 	if st, ok, err := st.Windows(time.Minute).StreamTime(); err != nil || !ok || st != 270_000 {
 		t.Fatalf("stored stream time = %d, %v, %v", st, ok, err)
+	}
+}
+
+func TestWindowsCountTowardTheChangedBound(t *testing.T) {
+	// Scenario (at-least-once, maxDirty lowered to 50, commit interval of the default): one
+	// product's 200 events, each in a 1m window of its own, come in one batch. The task then
+	// keeps 1 product and 200 windows changed, past the bound: it flushes at the batch's end, so
+	// the windows are in the store and none is left changed in memory. (Counting the totals'
+	// products alone, it kept all 200 until the commit interval.)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	l := newLone(t, ctx)
+	l.task.deps.env.knobs.maxDirty = 50
+	cl, err := kgo.NewClient(l.seed...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	adm := kadm.NewClient(cl)
+	topic := l.cfg.WindowChangelogTopic(time.Minute)
+	if _, err := adm.CreateTopic(ctx, 3, 1, nil, topic); err != nil {
+		t.Fatal(err)
+	}
+	ids, err := adm.ListTopics(ctx, topic)
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := [16]byte(ids[topic].ID)
+	w := newWindowAgg(time.Minute, 0, 24*time.Hour, topic, "S-1m", id)
+	w.restored(state.Checkpoint{InputOffset: -1, ChangelogTopicID: id}, -1)
+	l.task.windows = append(l.task.windows, w)
+	l.running()
+	product := "product0"
+	for i := 1; sales.Partition([]byte(product), 3) != 0; i++ {
+		product = fmt.Sprintf("product%d", i)
+	}
+	base := time.Date(2026, 12, 1, 0, 0, 0, 0, time.UTC)
+	var recs []*kgo.Record
+	for i := range 200 {
+		recs = append(recs, &kgo.Record{Topic: l.cfg.InputTopic, Partition: 0, Offset: int64(i), Key: []byte(product),
+			Value: fmt.Appendf(nil, `{"product":%q,"value":1}`, product), Timestamp: base.Add(time.Duration(i) * time.Minute)})
+	}
+	if err := l.task.processBatch(ctx, batch{topic: l.cfg.InputTopic, recs: recs, hwm: 200}); err != nil {
+		t.Fatal(err)
+	}
+	if n := len(w.dirty); n != 0 {
+		t.Fatalf("the task keeps %d windows changed after a batch past maxDirty, want 0 (flushed)", n)
+	}
+	stored := 0
+	if err := l.store.Windows(time.Minute).Each(func(state.WindowTotal) error { stored++; return nil }); err != nil {
+		t.Fatal(err)
+	}
+	if stored != 200 {
+		t.Fatalf("the store holds %d 1m windows after the early flush, want 200", stored)
 	}
 }
