@@ -676,16 +676,22 @@ func (h *handler) product(w http.ResponseWriter, r *http.Request, product string
 	case ownerFailed:
 		// What went wrong stays in this instance's log: the answer names
 		// the owner, not the dial error.
-		w.Header().Set(ServedByHeader, servedBy)
-		w.Header().Set("Retry-After", "1")
-		writeJSON(w, http.StatusServiceUnavailable, map[string]any{
-			"error": fmt.Sprintf("the owner of task %s, %s, did not answer", nh.Task, nh.Owner),
-			"task":  nh.Task, "partition": nh.Partition, "owner": nh.Owner,
-		})
+		writeOwnerFailed(w, servedBy, nh)
 	default:
 		w.Header().Set(ServedByHeader, servedBy)
 		writeError(w, err)
 	}
+}
+
+// writeOwnerFailed answers 503 naming the owner of nh's task, which did
+// not answer a forwarded query.
+func writeOwnerFailed(w http.ResponseWriter, servedBy string, nh *NotHostedError) {
+	w.Header().Set(ServedByHeader, servedBy)
+	w.Header().Set("Retry-After", "1")
+	writeJSON(w, http.StatusServiceUnavailable, map[string]any{
+		"error": fmt.Sprintf("the owner of task %s, %s, did not answer", nh.Task, nh.Owner),
+		"task":  nh.Task, "partition": nh.Partition, "owner": nh.Owner,
+	})
 }
 
 // askStandbys forwards a product's query to the instances with a standby

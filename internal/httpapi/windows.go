@@ -171,12 +171,7 @@ func (h *handler) answerWindows(w http.ResponseWriter, r *http.Request, product 
 	case ownerAnswer != nil:
 		ownerAnswer.write(w)
 	case ownerFailed:
-		w.Header().Set(ServedByHeader, servedBy)
-		w.Header().Set("Retry-After", "1")
-		writeJSON(w, http.StatusServiceUnavailable, map[string]any{
-			"error": fmt.Sprintf("the owner of task %s, %s, did not answer", nh.Task, nh.Owner),
-			"task":  nh.Task, "partition": nh.Partition, "owner": nh.Owner,
-		})
+		writeOwnerFailed(w, servedBy, nh)
 	default:
 		w.Header().Set(ServedByHeader, servedBy)
 		writeError(w, err)

@@ -600,13 +600,8 @@ func TestLostVolumeBulkLoadsTheWindows(t *testing.T) {
 	}
 	in = h.start(cfg)
 	in.waitReady()
-	lines := in.logs.FilterMessageSnippet("Finished restoring changelog " + topic + "-").All()
-	var restored int64
-	for _, e := range lines {
-		restored += e.ContextMap()["records"].(int64)
-	}
-	if restored != 0 || len(lines) != 3 {
-		t.Fatalf("a restart on the rebuilt volume restored %d window records in %d lines, want 0 in 3", restored, len(lines))
+	if restored, lines := windowRestored(in, topic); restored != 0 || lines != 3 {
+		t.Fatalf("a restart on the rebuilt volume restored %d window records in %d lines, want 0 in 3", restored, lines)
 	}
 	if err := in.stop(); err != nil {
 		t.Fatal(err)
