@@ -34,13 +34,7 @@ func TestWindowsMatchKafkaStreams(t *testing.T) {
 	appID, input, notif := testNames("ksw")
 	createTopic(t, input, 3, nil)
 	createTopic(t, notif, 3, nil)
-	// Event times of the last day: Kafka Streams creates its window changelogs
-	// compact,delete with a retention of the store's plus a day, and the
-	// broker would delete records of older event times.
-	base := time.Now().Add(-20 * time.Hour).Truncate(24 * time.Hour)
-	if time.Since(base) > 40*time.Hour {
-		base = base.Add(24 * time.Hour)
-	}
+	base := pastEventTimes(18 * time.Hour)
 	var sent []*kgo.Record
 	batch := func(from time.Duration) []*kgo.Record {
 		evs := harness.GenEvents(rng, "kw", 20, 600)
@@ -145,10 +139,7 @@ func TestFinalWindowsMatchKafkaStreams(t *testing.T) {
 		grace     = 10 * time.Minute
 		threshold = 4000
 	)
-	base := time.Now().Add(-20 * time.Hour).Truncate(24 * time.Hour)
-	if time.Since(base) > 40*time.Hour {
-		base = base.Add(24 * time.Hour)
-	}
+	base := pastEventTimes(6 * time.Hour)
 	// Keyed events only, each in its product's partition, so that both fold a partition's
 	// events in the order they were sent and agree on what is late.
 	var recs []*kgo.Record
@@ -312,4 +303,14 @@ func committedAll(t *testing.T, group, topic string, n int64) error {
 		return fmt.Errorf("group %s committed %d of %d offsets of %s", group, sum, n, topic)
 	}
 	return nil
+}
+
+// pastEventTimes returns the start of span hours of event times, on an hour, that end
+// at least an hour before now. Both bounds are the broker's and Kafka Streams': a
+// record more than log.message.timestamp.after.max.ms (an hour by default) ahead
+// of the broker's clock is refused with INVALID_TIMESTAMP, and Kafka Streams creates
+// its window changelogs compact,delete with a retention of the store's plus a day, so
+// the broker would delete records of event times older than that.
+func pastEventTimes(span time.Duration) time.Time {
+	return time.Now().Add(-span - time.Hour).Truncate(time.Hour)
 }
