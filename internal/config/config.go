@@ -23,6 +23,12 @@ const (
 	ExactlyOnceV2 = "exactly_once_v2"
 )
 
+// Group protocols accepted by group.protocol.
+const (
+	GroupProtocolClassic = "classic"
+	GroupProtocolStreams = "streams"
+)
+
 // Config is salesagg's configuration. The zero value is not valid; use Load
 // or Default.
 type Config struct {
@@ -34,6 +40,7 @@ type Config struct {
 	StoreName             string
 	NotificationThreshold int64
 	ProcessingGuarantee   string
+	GroupProtocol         string
 	AutoOffsetReset       string
 	CommitInterval        time.Duration
 	TopicsCreate          bool

@@ -11,7 +11,6 @@ import (
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
-	"github.com/twmb/franz-go/pkg/kmsg"
 	"go.uber.org/zap"
 )
 
@@ -54,6 +53,9 @@ func newAtLeastOnce(s *session) *atLeastOnce {
 	a.committer.kick = make(chan struct{}, 1)
 	a.committer.onDone = func() { s.env.crashPoint("offsets-committed") }
 	a.committer.held = func(topic string, p int32) bool { return s.reg.holds(p, s.heldBit(topic)) }
+	a.committer.send = func(ctx context.Context, offsets map[string]map[int32]kgo.EpochOffset) error {
+		return s.proto.commit(ctx, offsets)
+	}
 	return a
 }
 
@@ -96,12 +98,14 @@ func (a *atLeastOnce) poll(ctx, _ context.Context) error {
 			s.kc().AllowRebalance()
 			return nil
 		}
+		s.between.Lock()
 		if _, unread := s.dispatch(ctx, fetches, a.applyRewinds()); len(unread) > 0 {
 			// Polled past the lease's deadline: read again, whether the
 			// tasks go on here (the lease held again) or are dropped and
 			// rewound to the committed offsets (it lapsed).
 			s.kc().SetOffsets(unread)
 		}
+		s.between.Unlock()
 		s.kc().AllowRebalance()
 	}
 }
@@ -112,7 +116,7 @@ func (a *atLeastOnce) revoked(ctx context.Context, cl *kgo.Client, ps []int32) {
 	}
 	// The partitions are let go only once their last offsets are committed
 	// (the committer commits only what this member holds).
-	if err := a.committer.commit(ctx, cl); err != nil {
+	if err := a.committer.commit(ctx); err != nil {
 		a.s.env.log.Error("Committing offsets of revoked partitions", zap.Error(err))
 	}
 }
@@ -149,7 +153,7 @@ func (a *atLeastOnce) stop(work context.Context, _ error) error {
 		a.stopCommits()
 		<-a.commitsDone
 	}
-	return errors.Join(stopErr, a.committer.commit(work, a.s.kc()))
+	return errors.Join(stopErr, a.committer.commit(work))
 }
 
 func (a *atLeastOnce) close() {
@@ -167,11 +171,12 @@ func (a *atLeastOnce) close() {
 func (a *atLeastOnce) checkMembership(ctx context.Context) error {
 	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	gen, err := a.s.heartbeat(cctx, a.s.kc())
+	gen, err := a.s.proto.heartbeat(cctx)
 	switch {
 	case err == nil, errors.Is(err, kerr.RebalanceInProgress):
 		return nil
-	case errors.Is(err, kerr.UnknownMemberID), errors.Is(err, kerr.IllegalGeneration), errors.Is(err, kerr.FencedInstanceID):
+	case errors.Is(err, kerr.UnknownMemberID), errors.Is(err, kerr.IllegalGeneration), errors.Is(err, kerr.FencedInstanceID),
+		errors.Is(err, kerr.FencedMemberEpoch):
 		return fmt.Errorf("%w (generation %d): %w", errNotMember, gen, err)
 	}
 	return fmt.Errorf("checking group membership (generation %d): %w", gen, err)
@@ -251,7 +256,7 @@ func (a *atLeastOnce) commitLoop(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case <-a.committer.kick:
-			if err := a.committer.commit(ctx, a.s.kc()); err != nil && ctx.Err() == nil {
+			if err := a.committer.commit(ctx); err != nil && ctx.Err() == nil {
 				a.s.env.log.Warn("Committing offsets", zap.Error(err))
 			}
 		}
@@ -273,6 +278,8 @@ type committer struct {
 	// held, if set, tells whether this member holds a partition now: only
 	// those are committed.
 	held func(topic string, partition int32) bool
+	// send commits offsets in the member's name (the group protocol's).
+	send func(ctx context.Context, offsets map[string]map[int32]kgo.EpochOffset) error
 }
 
 func (c *committer) report(topic string, partition int32, next int64) {
@@ -335,7 +342,7 @@ func (c *committer) forgottenSince(topic string, p int32, gen uint64) bool {
 // commit commits the pending offsets synchronously, those of partitions
 // this member holds. Offsets that fail to commit are kept for the next try,
 // unless newer ones arrived or the partition was forgotten meanwhile.
-func (c *committer) commit(ctx context.Context, cl *kgo.Client) error {
+func (c *committer) commit(ctx context.Context) error {
 	c.mu.Lock()
 	todo := c.pending
 	c.pending = nil
@@ -353,20 +360,7 @@ func (c *committer) commit(ctx context.Context, cl *kgo.Client) error {
 	if len(todo) == 0 {
 		return nil
 	}
-	var commitErr error
-	cl.CommitOffsetsSync(ctx, todo, func(_ *kgo.Client, _ *kmsg.OffsetCommitRequest, resp *kmsg.OffsetCommitResponse, err error) {
-		if err != nil {
-			commitErr = err
-			return
-		}
-		for _, t := range resp.Topics {
-			for _, p := range t.Partitions {
-				if e := kerr.ErrorForCode(p.ErrorCode); e != nil && commitErr == nil {
-					commitErr = fmt.Errorf("committing %s-%d: %w", t.Topic, p.Partition, e)
-				}
-			}
-		}
-	})
+	commitErr := c.send(ctx, todo)
 	if commitErr != nil {
 		c.mu.Lock()
 		for topic, ps := range todo {

@@ -4,17 +4,17 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"sort"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
 	"go.uber.org/zap"
 )
 
-// The group's callbacks: what franz-go calls on a SyncGroup, a revoke and a
-// loss, and the group-error hook.
+// The classic protocol's callbacks: what franz-go calls on a SyncGroup, a
+// revoke and a loss, and the group-error hook.
 //
 // Nothing is inferred from the revoke and lost callbacks having fired:
 // exactly-once, franz-go's transact session calls them only for the first
@@ -23,130 +23,115 @@ import (
 // reconciled with the assignment just given, and a lost session is also
 // taken from the group-error hook, which is not wrapped.
 
-// assigned reconciles the tasks with the assignment of the latest
-// SyncGroup, which franz-go calls it after, every time (also with nothing
-// added), and starts a task for each task whose input and repartition
-// partitions are now both held. Fetching for a new task stays paused until
-// its restore is done. A partial task (one of its two partitions) or an
-// assignment made for another partition count is refused: logged, paused,
-// never processed, and the process is not ready.
-//
-// The reconciliation: a task whose partitions the latest assignment does
-// not give this member is stopped (its part of the open transaction
-// aborted); a task whose partition franz-go reports as newly added was lost
-// meanwhile (another member may have run it): the old task object is
-// stopped and a new one restores from its checkpoint.
-func (s *session) assigned(_ context.Context, cl *kgo.Client, added map[string][]int32) {
-	s.client.CompareAndSwap(nil, cl)
-	defer s.reconcileStandbys()
-	lapsed := s.lease.assigned(time.Now())
-	s.env.waits.answered(groupWait)
-	current := s.bal.synced()
-	held := make(map[int32]uint8)
-	for topic, ps := range current {
-		for _, p := range ps {
-			if bit := s.heldBit(topic); bit != 0 {
-				held[p] |= bit
+// classicGroup is a session's membership in a classic consumer group:
+// franz-go's group client runs it (JoinGroup, SyncGroup, heartbeats), with
+// salesagg's balancer (taskBalancer) on the leader.
+type classicGroup struct {
+	s *session
+	*taskBalancer
+}
+
+var _ groupProtocol = classicGroup{}
+
+func (g classicGroup) begin(appServer string) {
+	s := g.s
+	g.start(memberInfo{partitions: s.topo.partitions, processID: s.env.dir.ProcessID(), appServer: appServer})
+}
+
+func (g classicGroup) clientOpts() []kgo.Opt {
+	s, cfg := g.s, g.s.env.cfg
+	return []kgo.Opt{
+		kgo.ConsumerGroup(cfg.ApplicationID),
+		kgo.InstanceID(s.env.instanceID),
+		kgo.SessionTimeout(cfg.SessionTimeout),
+		kgo.RebalanceTimeout(rebalanceTimeout),
+		kgo.HeartbeatInterval(heartbeatInterval(cfg.SessionTimeout)),
+		kgo.ConsumeTopics(cfg.InputTopic, cfg.RepartitionTopic()),
+		kgo.Balancers(g.taskBalancer),
+		kgo.DisableAutoCommit(),
+		kgo.OnPartitionsAssigned(g.assigned),
+		kgo.OnPartitionsRevoked(s.revoked),
+		kgo.OnPartitionsLost(s.lost),
+		// The lost callback can be swallowed (see assigned); the hook
+		// cannot: it runs after every group error that lost the partitions.
+		kgo.WithHooks(lostHook{s}, leaseHook{s.lease}),
+	}
+}
+
+// run: franz-go's group client runs the membership itself.
+func (g classicGroup) run(context.Context) {}
+
+func (g classicGroup) heartbeat(ctx context.Context) (int32, error) {
+	return g.s.heartbeat(ctx, g.s.kc())
+}
+
+// rejoin makes franz-go rejoin the group; not on the caller's goroutine:
+// ForceRebalance takes the group's lock, which franz-go can hold while a
+// rebalance waits for the poll in flight (BlockRebalanceOnPoll), itself
+// waiting on a fetch from a broker out of reach.
+func (g classicGroup) rejoin(string) {
+	if cl := g.s.kc(); cl != nil {
+		g.s.goroutine(cl.ForceRebalance)
+	}
+}
+
+func (g classicGroup) commit(ctx context.Context, offsets map[string]map[int32]kgo.EpochOffset) error {
+	return commitSync(ctx, g.s.kc(), offsets)
+}
+
+// commitSync commits offsets with franz-go's group client cl.
+func commitSync(ctx context.Context, cl *kgo.Client, offsets map[string]map[int32]kgo.EpochOffset) error {
+	var commitErr error
+	cl.CommitOffsetsSync(ctx, offsets, func(_ *kgo.Client, _ *kmsg.OffsetCommitRequest, resp *kmsg.OffsetCommitResponse, err error) {
+		if err != nil {
+			commitErr = err
+			return
+		}
+		commitErr = offsetCommitError(resp.Topics)
+	})
+	return commitErr
+}
+
+// offsetCommitError returns the first partition's error of an
+// OffsetCommit response, nil when none failed.
+func offsetCommitError(topics []kmsg.OffsetCommitResponseTopic) error {
+	for _, t := range topics {
+		for _, p := range t.Partitions {
+			if e := kerr.ErrorForCode(p.ErrorCode); e != nil {
+				return fmt.Errorf("committing %s-%d: %w", t.Topic, p.Partition, e)
 			}
 		}
 	}
-	gone, reused, stopping := s.staleTasks(held, added)
-	if stopping {
-		return
-	}
-	if len(gone)+len(reused) > 0 {
-		s.env.log.Warn("Stopping tasks the latest assignment does not leave running here (their revoke or loss was not signalled); their uncommitted work is dropped",
-			zap.Strings("not_assigned", taskNames(gone)), zap.Strings("reassigned", taskNames(reused)), zap.Int32("generation", generation(cl)))
-		stale := append(gone, reused...)
-		s.g.dropped(stale)
-		if err := s.stopTasks(stale, false, "dropped: the latest assignment moved it, nothing more committed"); err != nil {
-			s.env.log.Warn("Stopping unassigned tasks", zap.Error(err))
-		}
-	}
-	s.applyAssignment(cl, current, held)
-	if len(reused) > 0 {
-		s.g.replaced(reused)
-	}
-	s.rereadLapsed(lapsed)
+	return nil
 }
 
-// staleTasks returns the tasks to stop before an assignment is applied:
-// those whose partitions held does not give both, and those franz-go reports
-// as newly added while they run (or that ended on their own).
-func (s *session) staleTasks(held map[int32]uint8, added map[string][]int32) (gone, reused []int32, stopping bool) {
-	readded := map[int32]bool{}
+func (g classicGroup) leave(ctx context.Context) error { return g.s.leaveGroup(ctx) }
+
+// assigned builds the classic protocol's assignment from the latest
+// SyncGroup, which franz-go calls it after, every time (also with nothing
+// added), and applies it (session.apply). The balancer hands out
+// partitions: a task is this member's when its input and repartition
+// partitions are both held (held bits); a partial task, which only a
+// leader that is not salesagg's can give, is refused. A partition franz-go
+// reports as newly added was lost meanwhile (another member may have run
+// its task).
+func (g classicGroup) assigned(_ context.Context, cl *kgo.Client, added map[string][]int32) {
+	s := g.s
+	s.client.CompareAndSwap(nil, cl)
+	a := assignment{generation: generation(cl), held: make(map[int32]uint8), readded: map[int32]bool{}, info: s.asg.assignment()}
+	for topic, ps := range g.synced() {
+		for _, p := range ps {
+			if bit := s.heldBit(topic); bit != 0 {
+				a.held[p] |= bit
+			}
+		}
+	}
 	for _, ps := range added {
 		for _, p := range ps {
-			readded[p] = true
+			a.readded[p] = true
 		}
 	}
-	r := s.reg
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if r.mu.stopping {
-		return nil, nil, true
-	}
-	for p, t := range r.mu.tasks {
-		select {
-		case <-t.life.done:
-			reused = append(reused, p) // ended on its own: replaced below
-			continue
-		default:
-		}
-		switch {
-		case held[p] != heldBoth:
-			gone = append(gone, p)
-		case readded[p]:
-			reused = append(reused, p)
-		}
-	}
-	sort.Slice(gone, func(i, j int) bool { return gone[i] < gone[j] })
-	sort.Slice(reused, func(i, j int) bool { return reused[i] < reused[j] })
-	return gone, reused, false
-}
-
-// applyAssignment records what the assignment gives and starts the tasks
-// that are new here; it refuses a partial task or another partition count.
-func (s *session) applyAssignment(cl *kgo.Client, current map[string][]int32, held map[int32]uint8) {
-	r := s.reg
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if r.mu.stopping {
-		return
-	}
-	r.mu.held = held
-	r.mu.assigned = true
-	info := s.bal.assignment()
-	if info.partitions != 0 && info.partitions != s.topo.partitions {
-		r.mu.refused = fmt.Sprintf("the group leader assigned tasks for %d partitions, this process works with %d", info.partitions, s.topo.partitions)
-		s.env.log.Error("Refusing the assignment: "+r.mu.refused+"; not processing it (restart this process if the input topic changed)",
-			zap.Int32("leader_partitions", info.partitions), zap.Int32("partitions", s.topo.partitions))
-		cl.PauseFetchPartitions(current)
-		return
-	}
-	var started, partial []int32
-	for p, bits := range r.mu.held {
-		if bits != heldBoth {
-			partial = append(partial, p)
-			continue
-		}
-		if _, ok := r.mu.tasks[p]; !ok {
-			started = append(started, p)
-		}
-	}
-	r.mu.refused = ""
-	if len(partial) > 0 {
-		sort.Slice(partial, func(i, j int) bool { return partial[i] < partial[j] })
-		r.mu.refused = fmt.Sprintf("partial tasks %v: the input and repartition partitions of a task must be assigned together", taskNames(partial))
-		s.env.log.Error("Refusing partial tasks: each holds only one of its input and repartition partitions; not processing them",
-			zap.Strings("tasks", taskNames(partial)), zap.Any("assigned", current))
-		cl.PauseFetchPartitions(s.env.topicsOf(partial))
-	}
-	if len(started) == 0 {
-		return
-	}
-	sort.Slice(started, func(i, j int) bool { return started[i] < started[j] })
-	s.startTasksLocked(started, generation(cl))
+	s.apply(a)
 }
 
 // revoked stops the tasks of revoked partitions, as the guarantee says:

@@ -46,7 +46,8 @@ func TestCommitterDoesNotPutBackForgottenOffsets(t *testing.T) {
 	defer cl.Close()
 
 	held := map[int32]bool{0: true, 1: true}
-	cm := committer{kick: make(chan struct{}, 1), held: func(_ string, p int32) bool { return held[p] }}
+	cm := committer{kick: make(chan struct{}, 1), held: func(_ string, p int32) bool { return held[p] },
+		send: func(ctx context.Context, o map[string]map[int32]kgo.EpochOffset) error { return commitSync(ctx, cl, o) }}
 	cm.report("in", 0, 10)
 	cm.report("in", 1, 20)
 	cm.report("in", 2, 30) // not held: never committed
@@ -54,7 +55,7 @@ func TestCommitterDoesNotPutBackForgottenOffsets(t *testing.T) {
 	go func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
-		done <- cm.commit(ctx, cl)
+		done <- cm.commit(ctx)
 	}()
 	<-inFlight
 	cm.forget("in", []int32{1}) // lost while its commit is in flight

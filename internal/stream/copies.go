@@ -29,7 +29,7 @@ func (s *session) copyDeps() copyDeps {
 // it stops are taken out under the registry's lock (kept as closing until
 // they are done) and stopped after.
 func (s *session) reconcileStandbys() {
-	info := s.bal.assignment()
+	info := s.asg.assignment()
 	want := info.standbys[s.env.instanceID]
 	r := s.reg
 	r.mu.Lock()
@@ -239,7 +239,7 @@ func (s *session) probe(reason string) bool {
 	s.probes.last = time.Now()
 	s.probes.mu.Unlock()
 	s.env.log.Info("Rejoining the group so that the balancer can move tasks to caught-up copies", zap.String("reason", reason))
-	s.kc().ForceRebalance()
+	s.proto.rejoin(reason)
 	return true
 }
 
@@ -270,7 +270,7 @@ func (s *session) probeLoop(ctx context.Context) {
 		for _, sb := range warm {
 			sb.checkCaughtUp()
 		}
-		if time.Now().After(next) && s.bal.assignment().probe {
+		if time.Now().After(next) && s.asg.assignment().probe {
 			// The leader said tasks wait for warm-ups (the assignment's
 			// probe flag): rejoin so that it can move those caught up.
 			next = time.Now().Add(s.probes.interval)

@@ -135,7 +135,7 @@ func TestReplacedTaskWaitsForTheCopyItsPredecessorTookOver(t *testing.T) {
 	}))
 
 	// Task 0 starts here and takes the copy over; the copy is slow to close.
-	s.assigned(ctx, s.kc(), map[string][]int32{})
+	s.proto.(classicGroup).assigned(ctx, s.kc(), map[string][]int32{})
 	first := s.reg.task(0)
 	if first == nil || first.handover.from != sb {
 		t.Fatalf("task 0 = %v did not take the copy over", first)
@@ -144,7 +144,7 @@ func TestReplacedTaskWaitsForTheCopyItsPredecessorTookOver(t *testing.T) {
 
 	// Before the copy closed, the task is replaced: its partitions come
 	// back as newly added.
-	s.assigned(ctx, s.kc(), map[string][]int32{cfg.InputTopic: {0}, cfg.RepartitionTopic(): {0}})
+	s.proto.(classicGroup).assigned(ctx, s.kc(), map[string][]int32{cfg.InputTopic: {0}, cfg.RepartitionTopic(): {0}})
 	second := s.reg.task(0)
 	if second == nil || second == first {
 		t.Fatalf("task 0 was not replaced: %v", second)

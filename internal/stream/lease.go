@@ -433,7 +433,7 @@ func (s *session) leaseLoop(ctx context.Context) {
 						hctx, cancel := context.WithTimeout(ctx, interval)
 						defer cancel()
 						sent := time.Now()
-						_, err := s.heartbeat(hctx, cl)
+						_, err := s.proto.heartbeat(hctx)
 						s.lease.answered(sent, err)
 						s.heartbeatAnswered(ctx, err)
 					})
@@ -507,11 +507,8 @@ func (s *session) lapse(silent time.Duration) {
 		if err := s.stopTasks(ps, false, "dropped: no heartbeat answered within the session timeout, nothing committed"); err != nil {
 			s.env.log.Warn("Dropping tasks", zap.Error(err))
 		}
-		// Not on the lease loop: ForceRebalance takes the group's lock,
-		// which franz-go can hold while a rebalance waits for the poll in
-		// flight (BlockRebalanceOnPoll), itself waiting on a fetch from a
-		// broker out of reach; the loop must keep checking meanwhile.
-		s.goroutine(cl.ForceRebalance)
+		// Not on the lease loop, which must keep checking meanwhile.
+		s.proto.rejoin("the lease lapsed")
 	}
 	s.reconcileStandbys()
 }

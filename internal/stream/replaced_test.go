@@ -76,7 +76,7 @@ func TestReplacedTaskFoldsAgainFromTheCommittedOffsets(t *testing.T) {
 	}
 
 	s := rt.current.Load()
-	s.assigned(ctx, s.kc(), map[string][]int32{cfg.InputTopic: {0, 1, 2}, cfg.RepartitionTopic(): {0, 1, 2}})
+	s.proto.(classicGroup).assigned(ctx, s.kc(), map[string][]int32{cfg.InputTopic: {0, 1, 2}, cfg.RepartitionTopic(): {0, 1, 2}})
 	th.WaitFor(t, 60*time.Second, "exact totals from the new tasks", func() error {
 		for p, w := range want {
 			if got, _, err := rt.Total(p); err != nil || got != w {

@@ -23,7 +23,7 @@ func TestRewindMovesToTheOffsetsOfItsRequest(t *testing.T) {
 	l.task.log = zap.New(core)
 	reg := newRegistry()
 	reg.mu.tasks[0] = l.task
-	s := newSession(l.task.deps.env, reg, nil, newLocalStores(), l.task.deps.topo, nil)
+	s := newSession(l.task.deps.env, reg, nil, nil, newLocalStores(), l.task.deps.topo, nil)
 	s.client.Store(l.task.deps.client)
 	a := s.g.(*atLeastOnce)
 	l.task.deps.rewind = a.requestRewind

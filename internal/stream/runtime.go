@@ -86,10 +86,15 @@ type Knobs struct {
 // the producer was fenced. What outlives a session is here: the env, the
 // registry the status reads, the balancer, the local stores' checkpoints.
 type Runtime struct {
-	env   *env
-	reg   *registry
-	bal   *taskBalancer
-	local *localStores
+	env *env
+	reg *registry
+	// bal is the classic protocol's balancer, member the streams group
+	// member (group.protocol streams); asg is what the status and the
+	// queries read of the latest assignment: one of the two.
+	bal    *taskBalancer
+	member *streamsMember
+	asg    assignor
+	local  *localStores
 	// appServer is the host:port this instance's HTTP server is reached
 	// at, advertised in the group (set by Advertise before Run).
 	appServer string
@@ -107,6 +112,11 @@ func New(cfg config.Config, log *zap.Logger, dir *state.Dir, knobs Knobs) *Runti
 	rt := &Runtime{env: e, reg: newRegistry(), local: newLocalStores(), appServer: cfg.AdvertisedServer("")}
 	rt.bal = &taskBalancer{input: cfg.InputTopic, repartition: cfg.RepartitionTopic(), changelog: cfg.ChangelogTopic(), log: log.Named("balancer"), name: e.instanceID,
 		opts: assign.Options{AcceptableLag: cfg.AcceptableRecoveryLag, Standbys: cfg.NumStandbyReplicas, MaxWarmups: cfg.MaxWarmupReplicas}}
+	rt.asg = rt.bal
+	if cfg.GroupProtocol == config.GroupProtocolStreams {
+		rt.member = newStreamsMember(cfg.ApplicationID, dir.ProcessID(), e.instanceID)
+		rt.asg = rt.member
+	}
 	rt.bal.offsets = func() (map[int32]int64, map[int32]int64) {
 		if s := rt.current.Load(); s != nil {
 			return s.storeOffsets()
@@ -195,7 +205,7 @@ func (rt *Runtime) Run(ctx context.Context) error {
 			return err
 		}
 		rt.reg.setTopology(topo)
-		s := newSession(e, rt.reg, rt.bal, rt.local, topo, work.Done())
+		s := newSession(e, rt.reg, rt.bal, rt.member, rt.local, topo, work.Done())
 		rt.current.Store(s)
 		err = s.run(ctx, work, cancelWork, rt.appServer)
 		switch {

@@ -25,9 +25,12 @@ import (
 // (callbacks run on franz-go's goroutines and use it only as franz-go
 // allows: pausing, resuming, committing in a revoke).
 type session struct {
-	env   *env
-	reg   *registry
-	bal   *taskBalancer
+	env *env
+	reg *registry
+	// proto is the session's group protocol; asg is what the rest reads
+	// of the latest assignment (proto's).
+	proto groupProtocol
+	asg   assignor
 	local *localStores
 	topo  topology
 	// client is the group client (exactly-once, the transact session's),
@@ -51,12 +54,22 @@ type session struct {
 	// conns are the group client's open broker connections, reset when
 	// tasks are cut off (cutoff.go).
 	conns *brokerConns
+	// between is held by the poll loop while it hands out what it polled,
+	// and by the streams group while it applies an assignment, so that an
+	// assignment is applied between two polls, as franz-go runs the
+	// classic callbacks (BlockRebalanceOnPoll).
+	between sync.Mutex
 }
 
-func newSession(e *env, reg *registry, bal *taskBalancer, local *localStores, topo topology, workDone <-chan struct{}) *session {
-	s := &session{env: e, reg: reg, bal: bal, local: local, topo: topo, workDone: workDone,
+func newSession(e *env, reg *registry, bal *taskBalancer, member *streamsMember, local *localStores, topo topology, workDone <-chan struct{}) *session {
+	s := &session{env: e, reg: reg, local: local, topo: topo, workDone: workDone,
 		fail: newFailure(), dropLog: rateLimiter{every: 10 * time.Second, burst: 3},
 		lease: newLease(e.cfg.SessionTimeout, rebalanceTimeout), conns: &brokerConns{}}
+	s.proto = classicGroup{s: s, taskBalancer: bal}
+	if member != nil {
+		s.proto = newStreamsGroup(s, member)
+	}
+	s.asg = s.proto
 	s.probes.interval = e.cfg.ProbingRebalanceInterval
 	s.lease.lapseDelay = e.knobs.LeaseLapseDelay
 	if e.eos {
@@ -143,22 +156,10 @@ func (s *session) clientOpts() []kgo.Opt {
 	if cfg.AutoOffsetReset == "latest" {
 		reset = kgo.NewOffset().AtEnd()
 	}
-	return append(s.env.kafkaOpts(),
-		kgo.ConsumerGroup(cfg.ApplicationID),
-		kgo.InstanceID(s.env.instanceID),
-		kgo.SessionTimeout(cfg.SessionTimeout),
-		kgo.RebalanceTimeout(rebalanceTimeout),
-		kgo.HeartbeatInterval(heartbeatInterval(cfg.SessionTimeout)),
-		kgo.ConsumeTopics(cfg.InputTopic, cfg.RepartitionTopic()),
-		kgo.Balancers(s.bal),
+	opts := append(s.env.kafkaOpts(), s.proto.clientOpts()...)
+	return append(opts,
 		kgo.ConsumeResetOffset(reset),
-		kgo.DisableAutoCommit(),
-		kgo.OnPartitionsAssigned(s.assigned),
-		kgo.OnPartitionsRevoked(s.revoked),
-		kgo.OnPartitionsLost(s.lost),
-		// The lost callback can be swallowed (see assigned); the hook
-		// cannot: it runs after every group error that lost the partitions.
-		kgo.WithHooks(lostHook{s}, leaseHook{s.lease}, s.conns),
+		kgo.WithHooks(s.conns),
 		kgo.RecordPartitioner(kgo.ManualPartitioner()),
 		// Forwarded events on the repartition topic become visible to their
 		// owner only once the transaction that forwarded them commits.
@@ -184,7 +185,7 @@ func (s *session) clientOpts() []kgo.Opt {
 // followed by another) the group left. work is canceled when the grace
 // period runs out.
 func (s *session) run(ctx context.Context, work context.Context, cancelWork context.CancelFunc, appServer string) error {
-	s.bal.start(memberInfo{partitions: s.topo.partitions, processID: s.env.dir.ProcessID(), appServer: appServer})
+	s.proto.begin(appServer)
 	cl, err := s.g.client(s.clientOpts())
 	if err != nil {
 		return fmt.Errorf("creating group consumer: %w", err)
@@ -199,6 +200,11 @@ func (s *session) run(ctx context.Context, work context.Context, cancelWork cont
 	s.goroutine(func() { watchTopology(pollCtx, s.env, s.topo, cancelPoll) })
 	s.goroutine(func() { s.probeLoop(pollCtx) })
 	s.goroutine(func() { s.leaseLoop(pollCtx) })
+	// The membership's goroutines outlive polling: the tasks' last flush
+	// and commit are in its name, and a leave is its last word.
+	memberCtx, cancelMember := context.WithCancel(work)
+	defer cancelMember()
+	s.goroutine(func() { s.proto.run(memberCtx) })
 	pollErr := s.poll(pollCtx, work)
 	changed := topologyChanged(pollCtx, ctx)
 	cancelPoll(nil)
@@ -214,10 +220,12 @@ func (s *session) run(ctx context.Context, work context.Context, cancelWork cont
 	if changed != nil || ((errors.Is(pollErr, errSessionFenced) || errors.Is(pollErr, errProducerIDLost)) && ctx.Err() == nil) {
 		// Start over without leaving the group: the next session rejoins
 		// under the same instance id at once.
+		cancelMember()
 		s.wg.Wait()
 		return errors.Join(changed, pollErr, stopErr)
 	}
-	leaveErr := s.leaveGroup(work)
+	leaveErr := s.proto.leave(work)
+	cancelMember()
 	s.wg.Wait()
 	if work.Err() != nil {
 		s.env.log.Warn("Shutdown grace period ran out; the next start restores the changelog tail", zap.Duration("grace", GracePeriod))
@@ -354,7 +362,7 @@ func (s *session) heldBit(topic string) uint8 {
 
 // taskDeps are what the session gives a task.
 func (s *session) taskDeps() taskDeps {
-	d := taskDeps{env: s.env, topo: s.topo, client: s.kc(), restored: s.restored, cameFrom: s.bal.cameFrom}
+	d := taskDeps{env: s.env, topo: s.topo, client: s.kc(), restored: s.restored, cameFrom: s.asg.cameFrom}
 	s.g.taskDeps(&d)
 	return d
 }

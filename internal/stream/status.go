@@ -192,7 +192,7 @@ func (rt *Runtime) StandbyServers(product string) []status.Peer {
 		return nil
 	}
 	p := sales.Partition([]byte(product), n)
-	info := rt.bal.assignment()
+	info := rt.asg.assignment()
 	var out []status.Peer
 	for name, tasks := range info.standbys {
 		if _, ok := tasks[p]; ok && name != rt.env.instanceID && info.servers[name] != "" {
@@ -217,7 +217,7 @@ func (e *NotHostedError) Unwrap() error { return ErrNotHosted }
 
 func (rt *Runtime) notHosted(p int32) error {
 	e := &NotHostedError{Task: state.TaskName(p), Partition: p}
-	info := rt.bal.assignment()
+	info := rt.asg.assignment()
 	if owner := info.owners[p]; owner != rt.env.instanceID {
 		e.Owner = owner
 		e.Server = info.servers[owner]
@@ -239,7 +239,7 @@ func (rt *Runtime) TaskOf(product string) string {
 // Instances returns the group's members and their tasks from the latest
 // assignment, sorted by name; this instance is always listed.
 func (rt *Runtime) Instances() []status.Instance {
-	info := rt.bal.assignment()
+	info := rt.asg.assignment()
 	byName := map[string]*status.Instance{}
 	get := func(name string) *status.Instance {
 		if is, ok := byName[name]; ok {
@@ -376,6 +376,11 @@ func (rt *Runtime) Ready() (bool, string) {
 		return false, "shutting down"
 	case refused != "":
 		return false, "assignment refused: " + refused
+	}
+	if rt.member != nil {
+		if problem, _ := rt.member.readiness(); problem != "" {
+			return false, "the group coordinator refuses this streams group member: " + problem
+		}
 	}
 	if s := rt.current.Load(); s != nil {
 		if reason := s.lease.lapseReason(); reason != "" {

@@ -368,6 +368,7 @@ num.partitions=1
 auto.create.topics.enable=false
 # No 3 s wait before the first rebalance of a new group.
 group.initial.rebalance.delay.ms=0
+group.streams.initial.rebalance.delay.ms=0
 
 # Compaction observable quickly (the cleaner only cleans closed segments: give topics a
 # small segment.ms; segment.bytes must be >= 1 MiB in Kafka 4.x). Small cleaner buffer.
@@ -427,6 +428,7 @@ unclean.leader.election.enable=false
 auto.create.topics.enable=false
 # No 3 s wait before the first rebalance of a new group.
 group.initial.rebalance.delay.ms=0
+group.streams.initial.rebalance.delay.ms=0
 
 # Compaction observable quickly (the cleaner only cleans closed segments: give topics a
 # small segment.ms; segment.bytes must be >= 1 MiB in Kafka 4.x). Small cleaner buffer.

@@ -1,0 +1,569 @@
+package stream
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"slices"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
+	"go.uber.org/zap"
+
+	"github.com/salesagg/salesagg/internal/changelog"
+)
+
+// A session's membership in a streams group (group.protocol=streams; see
+// streamsgroup.go). franz-go runs no streams-group member: the session's
+// heartbeat loop sends StreamsGroupHeartbeat to the group coordinator
+// itself, and the group client consumes the assigned tasks' partitions
+// directly (AddConsumePartitions, from the group's committed offsets).
+//
+// The loop applies each assignment as franz-go runs the classic
+// callbacks: between two polls (the poll loop holds between while it
+// dispatches). The tasks no longer given to this member are revoked first
+// (at-least-once: flushed, their offsets committed), and reported gone in
+// the next heartbeat; only then does the coordinator give them to another
+// member. The tasks given are started through session.apply, the classic
+// protocol's path. A fenced member drops every task without committing and
+// joins again.
+
+// streamsGroup is a session's membership in a streams group. The
+// heartbeat loop (run) is the only sender of heartbeats and the only
+// writer of the member's state; others ask it for a heartbeat (heartbeat).
+type streamsGroup struct {
+	s *session
+	*streamsMember
+	// kick asks the loop for a heartbeat now (buffered 1).
+	kick chan struct{}
+	// mu guards waiters (callers of heartbeat waiting for the next
+	// answer) and confirmed (when the latest heartbeat the coordinator
+	// answered without an error was sent, and the epoch it confirmed).
+	mu        sync.Mutex
+	waiters   []chan heartbeatResult
+	confirmed heartbeatResult
+	confirmAt time.Time
+	// ids are the topic ids commits name the topics by (guarded by mu).
+	ids map[string][16]byte
+	// noOffsets: the coordinator refused the task offsets (a broker
+	// before warm-ups); the loop's.
+	noOffsets bool
+	// coord is the group coordinator's node id, -1 when unknown; the
+	// loop's.
+	coord int32
+	// problemLog rate-limits the warnings of heartbeats that fail; the
+	// loop's.
+	problemLog rateLimiter
+	// done is closed when the loop returned: the leave is sent after.
+	done chan struct{}
+	// reconciling is set while the loop applies an answer: the answer
+	// just confirmed the member (see heartbeat).
+	reconciling atomic.Bool
+}
+
+// heartbeatResult is an answered heartbeat's outcome for a waiter.
+type heartbeatResult struct {
+	epoch int32
+	err   error
+}
+
+var _ groupProtocol = (*streamsGroup)(nil)
+
+func newStreamsGroup(s *session, m *streamsMember) *streamsGroup {
+	return &streamsGroup{s: s, streamsMember: m, kick: make(chan struct{}, 1), coord: -1, done: make(chan struct{}),
+		problemLog: rateLimiter{every: 30 * time.Second, burst: 3}}
+}
+
+func (g *streamsGroup) begin(appServer string) {
+	cfg := g.s.env.cfg
+	changelogs := []string{cfg.ChangelogTopic()}
+	for _, size := range cfg.WindowSizes() {
+		changelogs = append(changelogs, cfg.WindowChangelogTopic(size))
+	}
+	g.streamsMember.begin(streamsTopology(cfg.InputTopic, cfg.RepartitionTopic(), changelogs), g.s.env.dir.ProcessID(), appServer)
+}
+
+// clientOpts: the group client consumes the partitions the loop adds.
+func (g *streamsGroup) clientOpts() []kgo.Opt { return nil }
+
+// run is the heartbeat loop: a heartbeat every interval the coordinator
+// asks for (sooner when kicked), with the stores' offsets every task
+// offset interval; each answer applied before the next.
+func (g *streamsGroup) run(ctx context.Context) {
+	defer close(g.done)
+	timer := time.NewTimer(0)
+	defer timer.Stop()
+	var offsetsSent time.Time
+	for {
+		select {
+		case <-ctx.Done():
+			g.answerWaiters(heartbeatResult{err: ctx.Err()})
+			return
+		case <-timer.C:
+		case <-g.kick:
+		}
+		interval, offsetEvery := g.heartbeatEvery()
+		withOffsets := time.Since(offsetsSent) >= offsetEvery
+		err := g.beat(ctx, withOffsets)
+		if err == nil && withOffsets {
+			offsetsSent = time.Now()
+		}
+		if st, _ := g.state(); st == memberLeft {
+			return
+		}
+		next := interval
+		if err != nil {
+			next = min(interval, time.Second)
+		}
+		if st, _ := g.state(); st == memberFenced {
+			next = 0
+		}
+		timer.Reset(next)
+	}
+}
+
+// beat sends one heartbeat and applies its answer.
+func (g *streamsGroup) beat(ctx context.Context, withOffsets bool) error {
+	s := g.s
+	req, ok := g.request(g.report(withOffsets))
+	if !ok {
+		return nil
+	}
+	sent := time.Now()
+	resp, err := g.send(ctx, req)
+	if err != nil {
+		s.heartbeatAnswered(ctx, err)
+		g.answerWaiters(heartbeatResult{err: err})
+		if ctx.Err() == nil {
+			if ok, suppressed := g.problemLog.allow(time.Now()); ok {
+				s.env.log.Warn("Streams group heartbeat not answered; retrying", zap.String("group", g.group), zap.Int64("suppressed", suppressed), zap.Error(err))
+			}
+		}
+		return err
+	}
+	wasJoining := req.MemberEpoch == 0
+	var names map[string]string
+	if resp.PartitionsByUserEndpoint != nil {
+		names = g.memberNames(ctx)
+	}
+	out := g.answer(resp, names)
+	_, epoch := g.state()
+	if out.statusChanged {
+		_, statuses := g.readiness()
+		if len(statuses) > 0 {
+			s.env.log.Info("The group coordinator reports on the topology", zap.String("group", g.group), zap.Strings("status", statuses))
+		}
+	}
+	switch {
+	case out.fenced:
+		s.heartbeatAnswered(ctx, nil)
+		g.answerWaiters(heartbeatResult{err: out.err})
+		s.env.log.Warn("The group coordinator fenced this member (its epoch is not the group's); dropping its tasks without committing and joining again",
+			zap.String("member", g.memberID), zap.Error(out.err))
+		g.dropAll("dropped: fenced by the group coordinator, nothing committed")
+		return out.err
+	case out.err != nil && errors.Is(out.err, kerr.InvalidRequest) && req.TaskOffsets != nil && !g.noOffsets:
+		// A coordinator before warm-ups refuses task offsets: send none.
+		g.noOffsets = true
+		s.env.log.Info("The group coordinator takes no task offsets (no warm-ups on this broker); heartbeats go on without them", zap.Error(out.err))
+		g.rejoin("")
+		return nil
+	case out.err != nil:
+		if errors.Is(out.err, kerr.NotCoordinator) || errors.Is(out.err, kerr.CoordinatorNotAvailable) || errors.Is(out.err, kerr.CoordinatorLoadInProgress) {
+			g.coord = -1
+		}
+		s.heartbeatAnswered(ctx, out.err)
+		g.answerWaiters(heartbeatResult{epoch: epoch, err: out.err})
+		if ok, suppressed := g.problemLog.allow(time.Now()); ok {
+			s.env.log.Warn("The group coordinator refused the streams group heartbeat; retrying", zap.String("group", g.group),
+				zap.Int32("member_epoch", req.MemberEpoch), zap.Int64("suppressed", suppressed), zap.Error(out.err))
+		}
+		return out.err
+	}
+	if wasJoining {
+		s.env.log.Info("Joined the streams group", zap.String("group", g.group), zap.String("member", g.memberID), zap.Int32("member_epoch", epoch))
+	}
+	if st, _ := g.state(); st == memberLeft {
+		g.answerWaiters(heartbeatResult{epoch: epoch})
+		return nil
+	}
+	s.lease.joinAnswered(sent)
+	g.mu.Lock()
+	g.confirmed, g.confirmAt = heartbeatResult{epoch: epoch}, sent
+	g.mu.Unlock()
+	g.answerWaiters(heartbeatResult{epoch: epoch})
+	g.reconciling.Store(true)
+	g.reconcile(ctx)
+	g.reconciling.Store(false)
+	if !slices.Equal(s.reg.partitions(), subtopologyTasks(req.ActiveTasks)) {
+		// Tell the coordinator at once what runs here now: a revoked
+		// task goes to its next owner only once this member says so.
+		g.rejoin("")
+	}
+	return nil
+}
+
+// report is what the next heartbeat tells: the tasks this member runs
+// (restoring or processing) and its copies, and, when due, its stores'
+// offsets and the changelog ends.
+func (g *streamsGroup) report(withOffsets bool) heartbeatReport {
+	s := g.s
+	r := heartbeatReport{active: s.reg.partitions()}
+	for _, sb := range s.reg.standbys() {
+		if copyKind(sb.kind.Load()) == kindWarmup {
+			r.warmup = append(r.warmup, sb.partition)
+		} else {
+			r.standby = append(r.standby, sb.partition)
+		}
+	}
+	if withOffsets && !g.noOffsets {
+		// The coordinator weighs a copy's lag (end minus offset) against
+		// acceptable.recovery.lag for warm-ups: the ends of every task.
+		r.offsets, _ = s.storeOffsets()
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		ends, err := changelog.Ends(ctx, s.env.admin, s.env.cfg.ChangelogTopic())
+		if err != nil {
+			r.offsets = nil // sent with the next heartbeat
+		}
+		r.ends = ends
+	}
+	return r
+}
+
+// send sends req to the group coordinator, finding it first when unknown.
+func (g *streamsGroup) send(ctx context.Context, req *kmsg.StreamsGroupHeartbeatRequest) (*kmsg.StreamsGroupHeartbeatResponse, error) {
+	// The admin's client: a leave is sent after the group client closed.
+	cl := g.s.env.client
+	if g.coord < 0 {
+		coord, err := findGroupCoordinator(ctx, cl, g.group)
+		if err != nil {
+			return nil, fmt.Errorf("finding the group coordinator: %w", err)
+		}
+		g.coord = coord
+	}
+	hctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	resp, err := cl.Broker(int(g.coord)).Request(hctx, req)
+	if err != nil {
+		g.coord = -1
+		return nil, err
+	}
+	return resp.(*kmsg.StreamsGroupHeartbeatResponse), nil
+}
+
+// memberNames returns the members' names by endpoint, from their client
+// tags in StreamsGroupDescribe; nil when the coordinator does not answer
+// (the members are named by their endpoints until the next change).
+func (g *streamsGroup) memberNames(ctx context.Context) map[string]string {
+	req := kmsg.NewPtrStreamsGroupDescribeRequest()
+	req.Groups = []string{g.group}
+	dctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	kresp, err := g.s.env.client.Broker(int(g.coord)).Request(dctx, req)
+	if err != nil {
+		return nil
+	}
+	resp := kresp.(*kmsg.StreamsGroupDescribeResponse)
+	names := map[string]string{}
+	for _, gr := range resp.Groups {
+		for _, mb := range gr.Members {
+			if mb.UserEndpoint == nil {
+				continue
+			}
+			for _, tag := range mb.ClientTags {
+				if tag.Key == instanceTag {
+					names[net.JoinHostPort(mb.UserEndpoint.Host, strconv.Itoa(int(mb.UserEndpoint.Port)))] = tag.Value
+				}
+			}
+		}
+	}
+	return names
+}
+
+// findGroupCoordinator returns the node id of group's coordinator.
+func findGroupCoordinator(ctx context.Context, cl *kgo.Client, group string) (int32, error) {
+	req := kmsg.NewPtrFindCoordinatorRequest()
+	req.CoordinatorKey = group
+	req.CoordinatorKeys = []string{group}
+	resp, err := req.RequestWith(ctx, cl)
+	if err != nil {
+		return -1, err
+	}
+	for _, c := range resp.Coordinators {
+		if err := kerr.ErrorForCode(c.ErrorCode); err != nil {
+			return -1, err
+		}
+		return c.NodeID, nil
+	}
+	if err := kerr.ErrorForCode(resp.ErrorCode); err != nil {
+		return -1, err
+	}
+	return resp.NodeID, nil
+}
+
+// reconcile makes the tasks running here those of the latest assignment,
+// between two polls: the tasks no longer given are revoked (flushed and
+// committed at-least-once) and their partitions no longer consumed; the
+// tasks given anew start from the group's committed offsets (those whose
+// offsets cannot be read now wait for the next heartbeat); the standby and
+// warm-up copies follow.
+func (g *streamsGroup) reconcile(ctx context.Context) {
+	s := g.s
+	cl := s.kc()
+	if _, stopping, _ := s.reg.readiness(); stopping {
+		return // shutting down: the tasks stop on their own
+	}
+	target, epoch, info := g.target()
+	running := s.reg.partitions()
+	var revoke, add []int32
+	for _, p := range running {
+		if !slices.Contains(target, p) {
+			revoke = append(revoke, p)
+		}
+	}
+	for _, p := range target {
+		if !slices.Contains(running, p) {
+			add = append(add, p)
+		}
+	}
+	s.between.Lock()
+	defer s.between.Unlock()
+	if len(revoke) > 0 {
+		s.env.log.Info("Revoking tasks", zap.Strings("tasks", taskNames(revoke)), zap.Int32("member_epoch", epoch))
+		s.g.revoked(ctx, cl, revoke)
+		s.reg.release(s.env.topicsOf(revoke), s.heldBit)
+		cl.RemoveConsumePartitions(s.env.topicsOf(revoke))
+	}
+	var from map[string]map[int32]kgo.Offset
+	if len(add) > 0 {
+		var err error
+		if from, err = s.committedOffsets(ctx, add); err != nil {
+			s.env.log.Warn("Reading the group's committed offsets of the tasks assigned; starting them at the next heartbeat", zap.Strings("tasks", taskNames(add)), zap.Error(err))
+			target = slices.DeleteFunc(target, func(p int32) bool { return slices.Contains(add, p) })
+			add = nil
+		}
+	}
+	held := make(map[int32]uint8, len(target))
+	for _, p := range target {
+		held[p] = heldBoth
+	}
+	s.apply(assignment{generation: epoch, held: held, readded: map[int32]bool{}, info: info})
+	if len(add) > 0 {
+		cl.AddConsumePartitions(from)
+	}
+}
+
+// committedOffsets returns where the input and repartition partitions of
+// ps are read from: the group's committed offsets, or where
+// auto.offset.reset says when none is.
+func (s *session) committedOffsets(ctx context.Context, ps []int32) (map[string]map[int32]kgo.Offset, error) {
+	e := s.env
+	topics := []string{e.cfg.InputTopic, e.cfg.RepartitionTopic()}
+	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	committed, err := e.admin.FetchOffsets(cctx, e.cfg.ApplicationID)
+	if err == nil {
+		err = committed.Error()
+	}
+	if err != nil {
+		return nil, err
+	}
+	reset := kgo.NewOffset().AtStart()
+	if e.cfg.AutoOffsetReset == "latest" {
+		reset = kgo.NewOffset().AtEnd()
+	}
+	out := map[string]map[int32]kgo.Offset{}
+	for _, topic := range topics {
+		out[topic] = map[int32]kgo.Offset{}
+		for _, p := range ps {
+			out[topic][p] = reset
+			if o, ok := committed.Lookup(topic, p); ok && o.At >= 0 {
+				out[topic][p] = kgo.NewOffset().At(o.At)
+			}
+		}
+	}
+	return out, nil
+}
+
+// dropAll drops every task without committing (the member was fenced) and
+// stops consuming their partitions.
+func (g *streamsGroup) dropAll(outcome string) {
+	s := g.s
+	s.lease.lost()
+	s.between.Lock()
+	defer s.between.Unlock()
+	ps := s.reg.partitions()
+	s.reg.mu.Lock()
+	s.reg.mu.held = make(map[int32]uint8)
+	s.reg.mu.Unlock()
+	if len(ps) > 0 {
+		s.cutOff(ps)
+		s.g.dropped(ps)
+		if err := s.stopTasks(ps, false, outcome); err != nil {
+			s.env.log.Warn("Dropping tasks", zap.Error(err))
+		}
+		s.kc().RemoveConsumePartitions(s.env.topicsOf(ps))
+	}
+	s.reconcileStandbys()
+}
+
+// heartbeat asks the loop for a heartbeat now and waits for its answer.
+// An answer to a heartbeat sent within the last confirmFresh is the answer
+// (every task's flush asks), as is the one the loop applies now (a revoked
+// task flushes its last cycle and asks while the loop waits for it).
+func (g *streamsGroup) heartbeat(ctx context.Context) (int32, error) {
+	st, epoch := g.state()
+	if st != memberStable {
+		return epoch, errNotMemberYet
+	}
+	if g.reconciling.Load() {
+		return epoch, nil
+	}
+	g.mu.Lock()
+	if time.Since(g.confirmAt) < confirmFresh && g.confirmed.epoch == epoch {
+		r := g.confirmed
+		g.mu.Unlock()
+		return r.epoch, r.err
+	}
+	g.mu.Unlock()
+	ch := make(chan heartbeatResult, 1)
+	g.mu.Lock()
+	g.waiters = append(g.waiters, ch)
+	g.mu.Unlock()
+	select {
+	case g.kick <- struct{}{}:
+	default:
+	}
+	select {
+	case r := <-ch:
+		return r.epoch, r.err
+	case <-ctx.Done():
+		_, epoch := g.state()
+		return epoch, ctx.Err()
+	}
+}
+
+// confirmFresh is how long an answered heartbeat confirms the member for
+// those who ask: far within the session timeout, so that a process paused
+// longer asks the coordinator again before it writes.
+const confirmFresh = time.Second
+
+// answerWaiters gives r to every caller of heartbeat waiting.
+func (g *streamsGroup) answerWaiters(r heartbeatResult) {
+	g.mu.Lock()
+	ws := g.waiters
+	g.waiters = nil
+	g.mu.Unlock()
+	for _, ch := range ws {
+		ch <- r
+	}
+}
+
+// rejoin: the next heartbeat, sent now, reports what this member runs
+// (after a lapse: nothing) and its offsets; the coordinator's answer is
+// applied as any other.
+func (g *streamsGroup) rejoin(string) {
+	select {
+	case g.kick <- struct{}{}:
+	default:
+	}
+}
+
+// commit commits offsets in the member's name: its member id and epoch,
+// which the coordinator checks (a zombie's commit is refused).
+func (g *streamsGroup) commit(ctx context.Context, offsets map[string]map[int32]kgo.EpochOffset) error {
+	_, epoch := g.state()
+	ids, err := g.topicIDs(ctx)
+	if err != nil {
+		return err
+	}
+	req := kmsg.NewPtrOffsetCommitRequest()
+	req.Group = g.group
+	req.MemberID = g.memberID
+	req.Generation = epoch
+	for topic, ps := range offsets {
+		rt := kmsg.NewOffsetCommitRequestTopic()
+		// OffsetCommit v10 names topics by id (franz-go sends the highest
+		// version both sides speak).
+		rt.Topic, rt.TopicID = topic, ids[topic]
+		for p, eo := range ps {
+			rp := kmsg.NewOffsetCommitRequestTopicPartition()
+			rp.Partition, rp.Offset, rp.LeaderEpoch = p, eo.Offset, eo.Epoch
+			rt.Partitions = append(rt.Partitions, rp)
+		}
+		req.Topics = append(req.Topics, rt)
+	}
+	resp, err := req.RequestWith(ctx, g.s.kc())
+	if err != nil {
+		return err
+	}
+	err = offsetCommitError(resp.Topics)
+	if errors.Is(err, kerr.UnknownTopicID) {
+		g.mu.Lock()
+		g.ids = nil // a topic recreated: read the ids again
+		g.mu.Unlock()
+	}
+	return err
+}
+
+// topicIDs returns the ids of the input and repartition topics, read once.
+func (g *streamsGroup) topicIDs(ctx context.Context) (map[string][16]byte, error) {
+	g.mu.Lock()
+	ids := g.ids
+	g.mu.Unlock()
+	if ids != nil {
+		return ids, nil
+	}
+	e := g.s.env
+	topics, err := e.admin.ListTopics(ctx, e.cfg.InputTopic, e.cfg.RepartitionTopic())
+	if err != nil {
+		return nil, fmt.Errorf("reading the topic ids to commit with: %w", err)
+	}
+	ids = map[string][16]byte{}
+	for _, name := range []string{e.cfg.InputTopic, e.cfg.RepartitionTopic()} {
+		d, ok := topics[name]
+		if !ok || d.Err != nil {
+			return nil, fmt.Errorf("reading the topic id of %s to commit with: %v", name, d.Err)
+		}
+		ids[name] = d.ID
+	}
+	g.mu.Lock()
+	g.ids = ids
+	g.mu.Unlock()
+	return ids, nil
+}
+
+// leave has the loop send the leave heartbeat (epoch -1) so that the
+// tasks move at once, unless leave.group.on.close is false, and waits for
+// it (at most 10 s).
+func (g *streamsGroup) leave(ctx context.Context) error {
+	s := g.s
+	if !s.env.cfg.LeaveGroupOnClose {
+		s.env.log.Info("Keeping group membership on close (leave.group.on.close=false): the tasks stay with this member until it returns or the group's session times out",
+			zap.String("member", g.memberID))
+		return nil
+	}
+	if !g.streamsMember.leave() {
+		return nil
+	}
+	g.rejoin("")
+	lctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	select {
+	case <-g.done:
+	case <-lctx.Done():
+	}
+	if st, _ := g.state(); st != memberLeft {
+		s.env.log.Warn("Leaving the streams group failed; its tasks move once the group's session times out", zap.String("member", g.memberID))
+		return nil
+	}
+	s.env.log.Info("Left the group", zap.String("member", g.memberID))
+	return nil
+}

@@ -1,0 +1,176 @@
+//go:build e2e
+
+package e2e
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/salesagg/salesagg/internal/sales"
+	"github.com/salesagg/salesagg/test/harness"
+)
+
+// TestSeveralInstancesOneStreamsGroup: harness.SeveralInstancesOneGroup (1 → 3 → 2 → 3: a
+// SIGTERM for good, one added, a SIGKILL and a restart on the same state dir, while events
+// flow) with group.protocol streams: the members form a KIP-1071 streams group whose
+// coordinator assigns the tasks. No two instances ever run one task, every instance answers
+// every product with its exact total from its owner, and the changelog holds the same totals.
+func TestSeveralInstancesOneStreamsGroup(t *testing.T) {
+	rng, appID, input, notif := begin(t, "sgscale", 0x73677363)
+	events := harness.GenEvents(rng, "sg", 60, 6000)
+	harness.Scatter(rng, events, harness.ScalePartitions)
+	harness.SeveralInstancesOneGroup(t, harness.ScaleSetup{
+		Start: func(dir string) *harness.Service {
+			return startService(t, harness.ServiceConfig{AppID: appID, StateDir: dir, Input: input, Notif: notif, CommitMs: 200,
+				Flags: []string{"--processing.guarantee", "at_least_once", "--group.protocol", "streams"}})
+		},
+		Bootstrap: bootstrap,
+		Changelog: sales.ChangelogTopic(appID, sales.StoreName),
+		Client:    newClient(t, kgo.RecordPartitioner(harness.HeaderPartitioner{})),
+		Input:     input,
+		Events:    events,
+		Batch:     30, Every: 200 * time.Millisecond,
+		ReadyTimeout: 90 * time.Second,
+		Drain:        2 * time.Minute,
+	})
+}
+
+// streamsGroupsClass is kafka-streams-groups.sh's class in the kafka-tools jar.
+const streamsGroupsClass = "org.apache.kafka.tools.streams.StreamsGroupCommand"
+
+// TestStreamsGroupDescribedByKafkaTools: two instances with group.protocol streams split the
+// three tasks, and kafka-streams-groups.sh (Kafka 4.4's StreamsGroupCommand from the Maven jars)
+// describes the group: both members, each under its state dir's process id as member and
+// process id, with the active tasks it runs by its own /v1/tasks; and the group's lag is 0 once
+// every event is folded and committed.
+func TestStreamsGroupDescribedByKafkaTools(t *testing.T) {
+	jars := kafkaJars(t)
+	rng, appID, input, notif := begin(t, "sgtools", 0x7367746f)
+	events := harness.GenEvents(rng, "sgt", 30, 900)
+	work := t.TempDir()
+	fl := harness.NewFleet(func(dir string) *harness.Service {
+		return startService(t, harness.ServiceConfig{AppID: appID, StateDir: dir, Input: input, Notif: notif, CommitMs: 200,
+			Flags: []string{"--processing.guarantee", "at_least_once", "--group.protocol", "streams"}})
+	})
+	a := fl.Start("A", filepath.Join(work, "a"))
+	b := fl.Start("B", filepath.Join(work, "b"))
+	members := []*harness.Member{a, b}
+	harness.WaitFor(t, 90*time.Second, "A and B to run the 3 tasks between them", func() error {
+		if err := harness.RunEach(members, false, 3); err != nil {
+			return err
+		}
+		for _, m := range members {
+			if ts := running(t, m); len(ts) == 0 {
+				return fmt.Errorf("%s runs no task", m.Name)
+			}
+		}
+		return nil
+	})
+	harness.Produce(t, newClient(t), recordsOf(input, events)...)
+	want := harness.TotalsOf(events)
+	harness.WaitFor(t, 90*time.Second, "every total exact from both instances", func() error {
+		return harness.ServedByOwner(members, want, 3)
+	})
+
+	describe := func(args ...string) string {
+		return runTool(t, jars, streamsGroupsClass, append([]string{"--bootstrap-server", bootstrap, "--describe", "--group", appID}, args...)...)
+	}
+	out := describe("--members")
+	t.Logf("kafka-streams-groups --describe --members:\n%s", out)
+	for _, m := range members {
+		pid := processID(t, m.Dir, appID)
+		line := ""
+		for _, l := range strings.Split(out, "\n") {
+			if strings.Contains(l, pid) {
+				line = l
+			}
+		}
+		if line == "" {
+			t.Fatalf("no member with %s's process id %s in:\n%s", m.Name, pid, out)
+		}
+		// ASSIGNMENTS reads "ACTIVE: 0:[0,1];": subtopology 0, partitions 0 and 1.
+		var described []string
+		if i := strings.Index(line, "ACTIVE: 0:["); i >= 0 {
+			list := line[i+len("ACTIVE: 0:["):]
+			list = list[:strings.Index(list, "]")]
+			for _, p := range strings.Split(list, ",") {
+				described = append(described, "0_"+strings.TrimSpace(p))
+			}
+		}
+		runs := running(t, m)
+		slices.Sort(described)
+		slices.Sort(runs)
+		if !slices.Equal(described, runs) {
+			t.Errorf("%s runs %v; the tool describes its member with %v: %s", m.Name, runs, described, line)
+		}
+	}
+	harness.WaitFor(t, 60*time.Second, "the group's lag to be 0 on every partition", func() error {
+		out := describe("--offsets")
+		lags := 0
+		for _, l := range strings.Split(out, "\n") {
+			f := strings.Fields(l)
+			if len(f) < 2 || (f[1] != input && !strings.Contains(l, input)) {
+				continue
+			}
+			lags++
+			if f[len(f)-1] != "0" {
+				return fmt.Errorf("lag not 0: %s\n%s", l, out)
+			}
+		}
+		if lags == 0 {
+			return fmt.Errorf("no offsets of %s in:\n%s", input, out)
+		}
+		t.Logf("kafka-streams-groups --describe --offsets:\n%s", out)
+		return nil
+	})
+	for _, m := range members {
+		m.Terminate(t)
+	}
+}
+
+// running returns the tasks m runs, by its /v1/tasks.
+func running(t *testing.T, m *harness.Member) []string {
+	ts, err := m.Tasks()
+	if err != nil {
+		return nil
+	}
+	var out []string
+	for _, task := range ts {
+		if task.Active() && task.State == "running" {
+			out = append(out, task.Task)
+		}
+	}
+	return out
+}
+
+// processID reads the process id salesagg keeps in the state dir of application appID.
+func processID(t *testing.T, stateDir, appID string) string {
+	b, err := os.ReadFile(filepath.Join(stateDir, appID, "process-metadata"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var meta struct {
+		ProcessID string `json:"processId"`
+	}
+	if err := json.Unmarshal(b, &meta); err != nil {
+		t.Fatal(err)
+	}
+	return meta.ProcessID
+}
+
+// recordsOf returns events as records of topic, keyed by product.
+func recordsOf(topic string, events []harness.Event) []*kgo.Record {
+	out := make([]*kgo.Record, len(events))
+	for i, e := range events {
+		out[i] = e.Record(topic)
+	}
+	return out
+}
