@@ -549,3 +549,24 @@ func TestWindowsConfig(t *testing.T) {
 		}
 	}
 }
+
+func TestGroupProtocolKey(t *testing.T) {
+	// Scenario: group.protocol is classic by default, streams on request (any case) with
+	// at-least-once; streams with exactly-once, or another protocol, is refused naming the key.
+	c, err := load(t, "", nil)
+	if err != nil || c.GroupProtocol != GroupProtocolClassic {
+		t.Fatalf("default group.protocol = %q, %v", c.GroupProtocol, err)
+	}
+	c, err = load(t, "", nil, "--group.protocol", "Streams", "--processing.guarantee", AtLeastOnce)
+	if err != nil || c.GroupProtocol != GroupProtocolStreams {
+		t.Fatalf("group.protocol Streams: %q, %v", c.GroupProtocol, err)
+	}
+	for _, args := range [][]string{
+		{"--group.protocol", "streams"}, // exactly_once_v2 by default
+		{"--group.protocol", "consumer"},
+	} {
+		if _, err := load(t, "", nil, args...); err == nil || !strings.Contains(err.Error(), "group.protocol") {
+			t.Fatalf("%v: %v, want an error naming group.protocol", args, err)
+		}
+	}
+}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"net"
 	"slices"
 	"strconv"
@@ -97,6 +98,7 @@ func (g *streamsGroup) clientOpts() []kgo.Opt { return nil }
 // offset interval; each answer applied before the next.
 func (g *streamsGroup) run(ctx context.Context) {
 	defer close(g.done)
+	g.configureGroup(ctx)
 	timer := time.NewTimer(0)
 	defer timer.Stop()
 	var offsetsSent time.Time
@@ -126,6 +128,51 @@ func (g *streamsGroup) run(ctx context.Context) {
 		}
 		timer.Reset(next)
 	}
+}
+
+// configureGroup sets the group's own settings from this process's keys:
+// under the streams protocol the coordinator runs the session, the
+// heartbeats and the standby replicas by the group's configuration
+// (streams.session.timeout.ms, streams.heartbeat.interval.ms,
+// streams.num.standby.replicas), not by what a member asks. Refused (no
+// ALTER_CONFIGS on the group, a value outside the broker's bounds), the
+// group keeps its own and a warning says which.
+func (g *streamsGroup) configureGroup(ctx context.Context) {
+	e := g.s.env
+	set := map[string]string{
+		"streams.session.timeout.ms":    strconv.FormatInt(e.cfg.SessionTimeout.Milliseconds(), 10),
+		"streams.heartbeat.interval.ms": strconv.FormatInt(heartbeatInterval(e.cfg.SessionTimeout).Milliseconds(), 10),
+		"streams.num.standby.replicas":  strconv.Itoa(e.cfg.NumStandbyReplicas),
+	}
+	req := kmsg.NewPtrIncrementalAlterConfigsRequest()
+	res := kmsg.NewIncrementalAlterConfigsRequestResource()
+	res.ResourceType, res.ResourceName = kmsg.ConfigResourceTypeGroupConfig, g.group
+	for _, k := range slices.Sorted(maps.Keys(set)) {
+		c := kmsg.NewIncrementalAlterConfigsRequestResourceConfig()
+		c.Name, c.Value = k, kmsg.StringPtr(set[k])
+		res.Configs = append(res.Configs, c)
+	}
+	req.Resources = append(req.Resources, res)
+	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	resp, err := req.RequestWith(cctx, e.client)
+	if err == nil {
+		for _, r := range resp.Resources {
+			if rerr := kerr.ErrorForCode(r.ErrorCode); rerr != nil {
+				msg := ""
+				if r.ErrorMessage != nil {
+					msg = *r.ErrorMessage
+				}
+				err = fmt.Errorf("%w: %s", rerr, msg)
+			}
+		}
+	}
+	if err != nil {
+		e.log.Warn("Could not set the streams group's configuration from session.timeout.ms and num.standby.replicas; the group keeps its own (the broker's group.streams.* defaults unless set with kafka-configs --entity-type groups)",
+			zap.String("group", g.group), zap.Any("wanted", set), zap.Error(err))
+		return
+	}
+	e.log.Info("Set the streams group's configuration", zap.String("group", g.group), zap.Any("config", set))
 }
 
 // beat sends one heartbeat and applies its answer.

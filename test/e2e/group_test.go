@@ -152,8 +152,18 @@ func copies(m *harness.Member) (map[string]int64, error) {
 // restore), no two instances ever run one task, and after the events stop every product asked
 // to every survivor is answered 200 with its exact total, as is the changelog. The killed
 // instance restarts on its state dir and the three answer every product again.
-func TestStandbyFailoverAfterKillNine(t *testing.T) {
-	rng, appID, input, notif := begin(t, "standby", 0x73746e64)
+func TestStandbyFailoverAfterKillNine(t *testing.T) { standbyFailoverAfterKillNine(t, "standby") }
+
+// TestStandbyFailoverInStreamsGroup: TestStandbyFailoverAfterKillNine with group.protocol streams
+// (at-least-once): the coordinator places the standby copies (salesagg sets the group's
+// streams.num.standby.replicas and session timeout from its own keys) and moves the killed
+// instance's tasks to the survivors keeping their copies.
+func TestStandbyFailoverInStreamsGroup(t *testing.T) {
+	standbyFailoverAfterKillNine(t, "sgstandby", "--group.protocol", "streams", "--processing.guarantee", "at_least_once")
+}
+
+func standbyFailoverAfterKillNine(t *testing.T, name string, flags ...string) {
+	rng, appID, input, notif := begin(t, name, 0x73746e64)
 	events := harness.GenEvents(rng, "sb", 300, 9000)
 	want := harness.TotalsOf(events)
 
@@ -165,8 +175,8 @@ func TestStandbyFailoverAfterKillNine(t *testing.T) {
 			// too while the killed task's changelog is short (a kill soon after the
 			// start), and may take the task over with a small cold restore instead
 			// of promoting the copy, which is what this test is about.
-			Flags: []string{"--num.standby.replicas", "1", "--acceptable.recovery.lag", "0",
-				"--session.timeout.ms", fmt.Sprint(standbySession.Milliseconds())}}
+			Flags: append([]string{"--num.standby.replicas", "1", "--acceptable.recovery.lag", "0",
+				"--session.timeout.ms", fmt.Sprint(standbySession.Milliseconds())}, flags...)}
 	}
 	fl := harness.NewFleet(func(dir string) *harness.Service { return startService(t, cfg(dir)) })
 	start := fl.Start

@@ -369,6 +369,10 @@ auto.create.topics.enable=false
 # No 3 s wait before the first rebalance of a new group.
 group.initial.rebalance.delay.ms=0
 group.streams.initial.rebalance.delay.ms=0
+# Streams groups (group.protocol streams) with session timeouts as short as the tests' classic
+# groups (the broker's floor is 45 s otherwise).
+group.streams.min.session.timeout.ms=3000
+group.streams.min.heartbeat.interval.ms=1000
 
 # Compaction observable quickly (the cleaner only cleans closed segments: give topics a
 # small segment.ms; segment.bytes must be >= 1 MiB in Kafka 4.x). Small cleaner buffer.
@@ -429,6 +433,10 @@ auto.create.topics.enable=false
 # No 3 s wait before the first rebalance of a new group.
 group.initial.rebalance.delay.ms=0
 group.streams.initial.rebalance.delay.ms=0
+# Streams groups (group.protocol streams) with session timeouts as short as the tests' classic
+# groups (the broker's floor is 45 s otherwise).
+group.streams.min.session.timeout.ms=3000
+group.streams.min.heartbeat.interval.ms=1000
 
 # Compaction observable quickly (the cleaner only cleans closed segments: give topics a
 # small segment.ms; segment.bytes must be >= 1 MiB in Kafka 4.x). Small cleaner buffer.
