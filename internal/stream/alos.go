@@ -171,7 +171,7 @@ func (a *atLeastOnce) close() {
 func (a *atLeastOnce) checkMembership(ctx context.Context) error {
 	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	gen, err := a.s.proto.heartbeat(cctx)
+	gen, _, err := a.s.proto.heartbeat(cctx)
 	switch {
 	case err == nil, errors.Is(err, kerr.RebalanceInProgress):
 		return nil
@@ -266,6 +266,7 @@ func (a *atLeastOnce) commitLoop(ctx context.Context) {
 // committer holds the offsets tasks made safe to commit (their changelog is
 // acknowledged and their store written) until they are committed.
 type committer struct {
+	sendMu  sync.Mutex                           // held across a commit
 	mu      sync.Mutex                           // guards pending, gen and forgot
 	pending map[string]map[int32]kgo.EpochOffset // guarded by mu
 	// gen counts forgets; forgot is the gen at which each partition was
@@ -343,6 +344,11 @@ func (c *committer) forgottenSince(topic string, p int32, gen uint64) bool {
 // this member holds. Offsets that fail to commit are kept for the next try,
 // unless newer ones arrived or the partition was forgotten meanwhile.
 func (c *committer) commit(ctx context.Context) error {
+	// One commit at a time: a commit that finds nothing pending (a
+	// revoke's) returns only after the one in flight, so that a task is
+	// let go only once its last offsets are committed.
+	c.sendMu.Lock()
+	defer c.sendMu.Unlock()
 	c.mu.Lock()
 	todo := c.pending
 	c.pending = nil

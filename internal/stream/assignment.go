@@ -49,8 +49,9 @@ type groupProtocol interface {
 	run(ctx context.Context)
 	// heartbeat asks the group coordinator whether this member is in the
 	// group at the generation (member epoch) it knows: nil, the error of
-	// the coordinator's error code, or why no answer came.
-	heartbeat(ctx context.Context) (gen int32, err error)
+	// the coordinator's error code, or why no answer came; sent is when
+	// the heartbeat that answers was sent (the lease runs from it).
+	heartbeat(ctx context.Context) (gen int32, sent time.Time, err error)
 	// rejoin makes the member join again after its tasks were dropped (the
 	// lease lapsed), or rebalance (probe) with what it reports now.
 	rejoin(reason string)

@@ -61,8 +61,10 @@ func (g classicGroup) clientOpts() []kgo.Opt {
 // run: franz-go's group client runs the membership itself.
 func (g classicGroup) run(context.Context) {}
 
-func (g classicGroup) heartbeat(ctx context.Context) (int32, error) {
-	return g.s.heartbeat(ctx, g.s.kc())
+func (g classicGroup) heartbeat(ctx context.Context) (int32, time.Time, error) {
+	sent := time.Now()
+	gen, err := g.s.heartbeat(ctx, g.s.kc())
+	return gen, sent, err
 }
 
 // rejoin makes franz-go rejoin the group; not on the caller's goroutine:

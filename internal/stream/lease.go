@@ -80,15 +80,18 @@ var leaseMoves = map[leaseState][]leaseState{
 }
 
 // lease is one group session's lease. Its fields are guarded by mu, but
-// for the durations, set when it is made.
+// for rebalanceTimeout and lapseDelay, set when it is made.
 type lease struct {
-	sessionTimeout, rebalanceTimeout, margin time.Duration
+	rebalanceTimeout time.Duration
 	// lapseDelay is how long past its deadline expire lapses the lease
 	// (0 but in tests: see Knobs.LeaseLapseDelay).
 	lapseDelay time.Duration
 
-	mu    sync.Mutex
-	state leaseState
+	mu sync.Mutex
+	// sessionTimeout is the group's session timeout the lease runs by,
+	// and margin how long before it the lease lapses.
+	sessionTimeout, margin time.Duration
+	state                  leaseState
 	// alive is the latest time the coordinator is known to have held this
 	// member's session, stable is the latest at which it also was not
 	// rebalancing; joined is when the latest JoinGroup response arrived.
@@ -110,8 +113,18 @@ type lease struct {
 // timeout. The margin is an eighth of the session timeout, within
 // [250 ms, 3 s].
 func newLease(sessionTimeout, rebalanceTimeout time.Duration) *lease {
-	return &lease{sessionTimeout: sessionTimeout, rebalanceTimeout: rebalanceTimeout,
-		margin: min(max(sessionTimeout/8, 250*time.Millisecond), 3*time.Second)}
+	l := &lease{rebalanceTimeout: rebalanceTimeout}
+	l.setSessionTimeout(sessionTimeout)
+	return l
+}
+
+// setSessionTimeout makes the lease run by the group's session timeout d
+// (the streams protocol's is the group's configuration, which the member
+// reads after the lease is made).
+func (l *lease) setSessionTimeout(d time.Duration) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.sessionTimeout, l.margin = d, min(max(d/8, 250*time.Millisecond), 3*time.Second)
 }
 
 // move changes the state, refusing a move leaseMoves does not allow.
@@ -254,6 +267,13 @@ func (l *lease) lateBy() time.Duration {
 	return max(0, l.lapsedAt.Sub(from))
 }
 
+// timeout returns the session timeout the lease runs by.
+func (l *lease) timeout() time.Duration {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.sessionTimeout
+}
+
 // lapseReason says why the process is not ready while the lease is lapsed,
 // "" otherwise.
 func (l *lease) lapseReason() string {
@@ -262,7 +282,7 @@ func (l *lease) lapseReason() string {
 		return ""
 	}
 	return fmt.Sprintf("the group coordinator answered no heartbeat within session.timeout.ms (%s); tasks dropped at %s, waiting to rejoin the group",
-		l.sessionTimeout, at.UTC().Format("2006-01-02 15:04:05Z"))
+		l.timeout(), at.UTC().Format("2006-01-02 15:04:05Z"))
 }
 
 // At-least-once has no fencing (see cutoff.go): a record the client writes
@@ -432,8 +452,7 @@ func (s *session) leaseLoop(ctx context.Context) {
 						defer func() { answers <- struct{}{} }()
 						hctx, cancel := context.WithTimeout(ctx, interval)
 						defer cancel()
-						sent := time.Now()
-						_, err := s.proto.heartbeat(hctx)
+						_, sent, err := s.proto.heartbeat(hctx)
 						s.lease.answered(sent, err)
 						s.heartbeatAnswered(ctx, err)
 					})

@@ -66,11 +66,16 @@ type streamsGroup struct {
 	// reconciling is set while the loop applies an answer: the answer
 	// just confirmed the member (see heartbeat).
 	reconciling atomic.Bool
+	// lastActive are the active tasks the latest heartbeat reported; the
+	// loop's.
+	lastActive []int32
 }
 
-// heartbeatResult is an answered heartbeat's outcome for a waiter.
+// heartbeatResult is an answered heartbeat's outcome for a waiter: the
+// epoch, when the heartbeat was sent, the coordinator's error.
 type heartbeatResult struct {
 	epoch int32
+	sent  time.Time
 	err   error
 }
 
@@ -105,7 +110,7 @@ func (g *streamsGroup) run(ctx context.Context) {
 	for {
 		select {
 		case <-ctx.Done():
-			g.answerWaiters(heartbeatResult{err: ctx.Err()})
+			g.answerWaiters(heartbeatResult{sent: time.Now(), err: ctx.Err()})
 			return
 		case <-timer.C:
 		case <-g.kick:
@@ -131,19 +136,40 @@ func (g *streamsGroup) run(ctx context.Context) {
 }
 
 // configureGroup sets the group's own settings from this process's keys:
-// under the streams protocol the coordinator runs the session, the
-// heartbeats and the standby replicas by the group's configuration
-// (streams.session.timeout.ms, streams.heartbeat.interval.ms,
+// under the streams protocol the coordinator runs the session and the
+// standby replicas by the group's configuration (streams.session.timeout.ms,
 // streams.num.standby.replicas), not by what a member asks. Refused (no
-// ALTER_CONFIGS on the group, a value outside the broker's bounds), the
-// group keeps its own and a warning says which.
+// ALTER_CONFIGS on the group, a session timeout outside the broker's
+// group.streams.min/max.session.timeout.ms), the standbys are set alone,
+// and a warning says what the group keeps. The lease then runs by the
+// group's session timeout when it is shorter than session.timeout.ms.
 func (g *streamsGroup) configureGroup(ctx context.Context) {
 	e := g.s.env
-	set := map[string]string{
-		"streams.session.timeout.ms":    strconv.FormatInt(e.cfg.SessionTimeout.Milliseconds(), 10),
-		"streams.heartbeat.interval.ms": strconv.FormatInt(heartbeatInterval(e.cfg.SessionTimeout).Milliseconds(), 10),
-		"streams.num.standby.replicas":  strconv.Itoa(e.cfg.NumStandbyReplicas),
+	session := strconv.FormatInt(e.cfg.SessionTimeout.Milliseconds(), 10)
+	standbys := strconv.Itoa(e.cfg.NumStandbyReplicas)
+	set := map[string]string{"streams.session.timeout.ms": session, "streams.num.standby.replicas": standbys}
+	err := g.alterGroup(ctx, set)
+	if err != nil {
+		e.log.Warn("Could not set the streams group's session timeout from session.timeout.ms; setting its standby replicas alone",
+			zap.String("group", g.group), zap.Any("wanted", set), zap.Error(err))
+		set = map[string]string{"streams.num.standby.replicas": standbys}
+		if err = g.alterGroup(ctx, set); err != nil {
+			e.log.Warn("Could not set the streams group's standby replicas from num.standby.replicas; the group keeps its own (set them with kafka-configs --entity-type groups)",
+				zap.String("group", g.group), zap.Any("wanted", set), zap.Error(err))
+		}
 	}
+	if err == nil {
+		e.log.Info("Set the streams group's configuration", zap.String("group", g.group), zap.Any("config", set))
+	}
+	if d, err := g.groupSessionTimeout(ctx); err == nil && d > 0 && d < e.cfg.SessionTimeout {
+		e.log.Warn("The streams group's session timeout is shorter than session.timeout.ms; the lease runs by the group's",
+			zap.Duration("group_session_timeout", d), zap.Duration("session_timeout", e.cfg.SessionTimeout))
+		g.s.lease.setSessionTimeout(d)
+	}
+}
+
+// alterGroup sets the group's configs in set (IncrementalAlterConfigs).
+func (g *streamsGroup) alterGroup(ctx context.Context, set map[string]string) error {
 	req := kmsg.NewPtrIncrementalAlterConfigsRequest()
 	res := kmsg.NewIncrementalAlterConfigsRequestResource()
 	res.ResourceType, res.ResourceName = kmsg.ConfigResourceTypeGroupConfig, g.group
@@ -155,24 +181,51 @@ func (g *streamsGroup) configureGroup(ctx context.Context) {
 	req.Resources = append(req.Resources, res)
 	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	resp, err := req.RequestWith(cctx, e.client)
-	if err == nil {
-		for _, r := range resp.Resources {
-			if rerr := kerr.ErrorForCode(r.ErrorCode); rerr != nil {
-				msg := ""
-				if r.ErrorMessage != nil {
-					msg = *r.ErrorMessage
+	resp, err := req.RequestWith(cctx, g.s.env.client)
+	if err != nil {
+		return err
+	}
+	for _, r := range resp.Resources {
+		if rerr := kerr.ErrorForCode(r.ErrorCode); rerr != nil {
+			msg := ""
+			if r.ErrorMessage != nil {
+				msg = *r.ErrorMessage
+			}
+			return fmt.Errorf("%w: %s", rerr, msg)
+		}
+	}
+	return nil
+}
+
+// groupSessionTimeout reads the group's streams.session.timeout.ms (its
+// own, or the broker's default).
+func (g *streamsGroup) groupSessionTimeout(ctx context.Context) (time.Duration, error) {
+	req := kmsg.NewPtrDescribeConfigsRequest()
+	res := kmsg.NewDescribeConfigsRequestResource()
+	res.ResourceType, res.ResourceName = kmsg.ConfigResourceTypeGroupConfig, g.group
+	res.ConfigNames = []string{"streams.session.timeout.ms"}
+	req.Resources = append(req.Resources, res)
+	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	resp, err := req.RequestWith(cctx, g.s.env.client)
+	if err != nil {
+		return 0, err
+	}
+	for _, r := range resp.Resources {
+		if err := kerr.ErrorForCode(r.ErrorCode); err != nil {
+			return 0, err
+		}
+		for _, c := range r.Configs {
+			if c.Name == "streams.session.timeout.ms" && c.Value != nil {
+				ms, err := strconv.ParseInt(*c.Value, 10, 64)
+				if err != nil {
+					return 0, err
 				}
-				err = fmt.Errorf("%w: %s", rerr, msg)
+				return time.Duration(ms) * time.Millisecond, nil
 			}
 		}
 	}
-	if err != nil {
-		e.log.Warn("Could not set the streams group's configuration from session.timeout.ms and num.standby.replicas; the group keeps its own (the broker's group.streams.* defaults unless set with kafka-configs --entity-type groups)",
-			zap.String("group", g.group), zap.Any("wanted", set), zap.Error(err))
-		return
-	}
-	e.log.Info("Set the streams group's configuration", zap.String("group", g.group), zap.Any("config", set))
+	return 0, errors.New("no streams.session.timeout.ms in the group's configuration")
 }
 
 // beat sends one heartbeat and applies its answer.
@@ -186,7 +239,7 @@ func (g *streamsGroup) beat(ctx context.Context, withOffsets bool) error {
 	resp, err := g.send(ctx, req)
 	if err != nil {
 		s.heartbeatAnswered(ctx, err)
-		g.answerWaiters(heartbeatResult{err: err})
+		g.answerWaiters(heartbeatResult{sent: sent, err: err})
 		if ctx.Err() == nil {
 			if ok, suppressed := g.problemLog.allow(time.Now()); ok {
 				s.env.log.Warn("Streams group heartbeat not answered; retrying", zap.String("group", g.group), zap.Int64("suppressed", suppressed), zap.Error(err))
@@ -199,7 +252,7 @@ func (g *streamsGroup) beat(ctx context.Context, withOffsets bool) error {
 	if resp.PartitionsByUserEndpoint != nil {
 		names = g.memberNames(ctx)
 	}
-	out := g.answer(resp, names)
+	out := g.answer(resp, req.MemberEpoch, names)
 	_, epoch := g.state()
 	if out.statusChanged {
 		_, statuses := g.readiness()
@@ -210,7 +263,7 @@ func (g *streamsGroup) beat(ctx context.Context, withOffsets bool) error {
 	switch {
 	case out.fenced:
 		s.heartbeatAnswered(ctx, nil)
-		g.answerWaiters(heartbeatResult{err: out.err})
+		g.answerWaiters(heartbeatResult{sent: sent, err: out.err})
 		s.env.log.Warn("The group coordinator fenced this member (its epoch is not the group's); dropping its tasks without committing and joining again",
 			zap.String("member", g.memberID), zap.Error(out.err))
 		g.dropAll("dropped: fenced by the group coordinator, nothing committed")
@@ -226,7 +279,7 @@ func (g *streamsGroup) beat(ctx context.Context, withOffsets bool) error {
 			g.coord = -1
 		}
 		s.heartbeatAnswered(ctx, out.err)
-		g.answerWaiters(heartbeatResult{epoch: epoch, err: out.err})
+		g.answerWaiters(heartbeatResult{epoch: epoch, sent: sent, err: out.err})
 		if ok, suppressed := g.problemLog.allow(time.Now()); ok {
 			s.env.log.Warn("The group coordinator refused the streams group heartbeat; retrying", zap.String("group", g.group),
 				zap.Int32("member_epoch", req.MemberEpoch), zap.Int64("suppressed", suppressed), zap.Error(out.err))
@@ -237,18 +290,20 @@ func (g *streamsGroup) beat(ctx context.Context, withOffsets bool) error {
 		s.env.log.Info("Joined the streams group", zap.String("group", g.group), zap.String("member", g.memberID), zap.Int32("member_epoch", epoch))
 	}
 	if st, _ := g.state(); st == memberLeft {
-		g.answerWaiters(heartbeatResult{epoch: epoch})
+		g.answerWaiters(heartbeatResult{epoch: epoch, sent: sent})
 		return nil
 	}
 	s.lease.joinAnswered(sent)
 	g.mu.Lock()
-	g.confirmed, g.confirmAt = heartbeatResult{epoch: epoch}, sent
+	g.confirmed, g.confirmAt = heartbeatResult{epoch: epoch, sent: sent}, sent
 	g.mu.Unlock()
-	g.answerWaiters(heartbeatResult{epoch: epoch})
+	// Set before the waiters are answered: one that asks after them is
+	// answered by this heartbeat too (see heartbeat).
 	g.reconciling.Store(true)
+	g.answerWaiters(heartbeatResult{epoch: epoch, sent: sent})
 	g.reconcile(ctx)
 	g.reconciling.Store(false)
-	if !slices.Equal(s.reg.partitions(), subtopologyTasks(req.ActiveTasks)) {
+	if !slices.Equal(g.report(false).active, subtopologyTasks(req.ActiveTasks)) {
 		// Tell the coordinator at once what runs here now: a revoked
 		// task goes to its next owner only once this member says so.
 		g.rejoin("")
@@ -262,6 +317,13 @@ func (g *streamsGroup) beat(ctx context.Context, withOffsets bool) error {
 func (g *streamsGroup) report(withOffsets bool) heartbeatReport {
 	s := g.s
 	r := heartbeatReport{active: s.reg.partitions()}
+	if _, stopping, _ := s.reg.readiness(); stopping {
+		// Shutting down, the tasks leave the registry before their last
+		// flush and commit: they are reported as owned until the leave,
+		// so that the coordinator gives none away before its commit.
+		r.active = g.lastActive
+	}
+	g.lastActive = r.active
 	for _, sb := range s.reg.standbys() {
 		if copyKind(sb.kind.Load()) == kindWarmup {
 			r.warmup = append(r.warmup, sb.partition)
@@ -403,6 +465,10 @@ func (g *streamsGroup) reconcile(ctx context.Context) {
 	}
 	s.apply(assignment{generation: epoch, held: held, readded: map[int32]bool{}, info: info})
 	if len(add) > 0 {
+		// A partition still consumed from before (a lapsed lease pauses
+		// and keeps them) would go on from its old position: start over
+		// from the committed offsets.
+		cl.RemoveConsumePartitions(s.env.topicsOf(add))
 		cl.AddConsumePartitions(from)
 	}
 }
@@ -463,23 +529,22 @@ func (g *streamsGroup) dropAll(outcome string) {
 
 // heartbeat asks the loop for a heartbeat now and waits for its answer.
 // An answer to a heartbeat sent within the last confirmFresh is the answer
-// (every task's flush asks), as is the one the loop applies now (a revoked
-// task flushes its last cycle and asks while the loop waits for it).
-func (g *streamsGroup) heartbeat(ctx context.Context) (int32, error) {
+// (every task's flush asks); so is the one the loop applies now, for a
+// third of the session timeout (a revoked task flushes its last cycle and
+// asks while the loop waits for it). sent is always when the answering
+// heartbeat was sent, so that the lease runs from what the coordinator
+// actually said.
+func (g *streamsGroup) heartbeat(ctx context.Context) (int32, time.Time, error) {
 	st, epoch := g.state()
 	if st != memberStable {
-		return epoch, errNotMemberYet
-	}
-	if g.reconciling.Load() {
-		return epoch, nil
+		return epoch, time.Now(), errNotMemberYet
 	}
 	g.mu.Lock()
-	if time.Since(g.confirmAt) < confirmFresh && g.confirmed.epoch == epoch {
-		r := g.confirmed
-		g.mu.Unlock()
-		return r.epoch, r.err
-	}
+	c, at := g.confirmed, g.confirmAt
 	g.mu.Unlock()
+	if c.epoch == epoch && (time.Since(at) < confirmFresh || (g.reconciling.Load() && time.Since(at) < g.s.lease.timeout()/3)) {
+		return epoch, at, nil
+	}
 	ch := make(chan heartbeatResult, 1)
 	g.mu.Lock()
 	g.waiters = append(g.waiters, ch)
@@ -490,10 +555,9 @@ func (g *streamsGroup) heartbeat(ctx context.Context) (int32, error) {
 	}
 	select {
 	case r := <-ch:
-		return r.epoch, r.err
+		return r.epoch, r.sent, r.err
 	case <-ctx.Done():
-		_, epoch := g.state()
-		return epoch, ctx.Err()
+		return epoch, time.Now(), ctx.Err()
 	}
 }
 

@@ -180,7 +180,7 @@ func (m *streamsMember) begin(topology *kmsg.StreamsGroupHeartbeatRequestTopolog
 	// coordinator takes it for the member it knows.
 	m.mu.state, m.mu.epoch = memberUnjoined, 0
 	m.mu.active, m.mu.standby, m.mu.warmup = nil, nil, nil
-	m.mu.info = assignmentInfo{}
+	m.mu.info, m.mu.endpointEpoch = assignmentInfo{}, 0
 }
 
 // userEndpoint returns appServer as the protocol's endpoint, nil when it
@@ -310,10 +310,11 @@ type heartbeatOutcome struct {
 	statusChanged bool
 }
 
-// answer takes the coordinator's answer to a heartbeat. names are the
-// members' names by endpoint ("host:port"), as their client tags say;
-// another member is named by its endpoint when its name is not known.
-func (m *streamsMember) answer(resp *kmsg.StreamsGroupHeartbeatResponse, names map[string]string) heartbeatOutcome {
+// answer takes the coordinator's answer to a heartbeat sent with epoch
+// sentEpoch. names are the members' names by endpoint ("host:port"), as
+// their client tags say; another member is named by its endpoint when its
+// name is not known.
+func (m *streamsMember) answer(resp *kmsg.StreamsGroupHeartbeatResponse, sentEpoch int32, names map[string]string) heartbeatOutcome {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	var out heartbeatOutcome
@@ -333,7 +334,8 @@ func (m *streamsMember) answer(resp *kmsg.StreamsGroupHeartbeatResponse, names m
 			m.move(memberFenced)
 			m.mu.epoch = 0
 			m.mu.active, m.mu.standby, m.mu.warmup = nil, nil, nil
-			m.mu.info = assignmentInfo{}
+			// The endpoints are asked for again with the join.
+			m.mu.info, m.mu.endpointEpoch = assignmentInfo{}, 0
 		case kerr.StreamsInvalidTopology, kerr.StreamsInvalidTopologyEpoch, kerr.StreamsTopologyFenced, kerr.InvalidRequest, kerr.GroupIDNotFound,
 			kerr.GroupAuthorizationFailed, kerr.TopicAuthorizationFailed, kerr.UnsupportedVersion:
 			m.mu.problem = out.err.Error()
@@ -342,7 +344,11 @@ func (m *streamsMember) answer(resp *kmsg.StreamsGroupHeartbeatResponse, names m
 	}
 	m.mu.problem = ""
 	if m.mu.state == memberLeaving {
-		m.move(memberLeft)
+		// Only the answer to the leave itself ends the membership: one to
+		// a heartbeat sent before leave was asked for changes nothing.
+		if sentEpoch == -1 {
+			m.move(memberLeft)
+		}
 		return out
 	}
 	out.joined = m.mu.epoch == 0 && resp.MemberEpoch > 0

@@ -65,7 +65,7 @@ func TestStreamsMemberLifecycle(t *testing.T) {
 		t.Fatalf("after the join was sent: %s", st)
 	}
 
-	out := m.answer(heartbeatAnswer(3, []int32{0, 2}, endpointOf("127.0.0.1", 8080, "in", 0, 2), endpointOf("127.0.0.1", 8081, "in", 1)), map[string]string{})
+	out := m.answer(heartbeatAnswer(3, []int32{0, 2}, endpointOf("127.0.0.1", 8080, "in", 0, 2), endpointOf("127.0.0.1", 8081, "in", 1)), 0, map[string]string{})
 	if out.err != nil || out.fenced || !out.joined {
 		t.Fatalf("answer to the join: %+v", out)
 	}
@@ -86,19 +86,19 @@ func TestStreamsMemberLifecycle(t *testing.T) {
 	// Task 2 moves to the other member: the answer gives only 0; the
 	// owners follow once the endpoints say so, and 2 came from here.
 	// The other member's name is known now (its client tag).
-	m.answer(heartbeatAnswer(4, []int32{0}, endpointOf("127.0.0.1", 8080, "in", 0), endpointOf("127.0.0.1", 8081, "in", 1, 2)), map[string]string{"127.0.0.1:8081": "other"})
+	m.answer(heartbeatAnswer(4, []int32{0}, endpointOf("127.0.0.1", 8080, "in", 0), endpointOf("127.0.0.1", 8081, "in", 1, 2)), 3, map[string]string{"127.0.0.1:8081": "other"})
 	if active, _, info := m.target(); !slices.Equal(active, []int32{0}) || info.owners[2] != "other" || info.servers["other"] != "127.0.0.1:8081" || m.cameFrom(2) != "me" {
 		t.Fatalf("after the move: target %v, owners %v, task 2 came from %q", active, info.owners, m.cameFrom(2))
 	}
 	// An answer without tasks or endpoints changes neither.
-	m.answer(heartbeatAnswer(4, nil), nil)
+	m.answer(heartbeatAnswer(4, nil), 4, nil)
 	if active, _, info := m.target(); !slices.Equal(active, []int32{0}) || info.owners[1] != "other" {
 		t.Fatalf("an answer without tasks changed them: %v, %v", active, info.owners)
 	}
 
 	fenced := kmsg.NewPtrStreamsGroupHeartbeatResponse()
 	fenced.ErrorCode = kerr.FencedMemberEpoch.Code
-	out = m.answer(fenced, nil)
+	out = m.answer(fenced, 4, nil)
 	if !out.fenced || !errors.Is(out.err, kerr.FencedMemberEpoch) {
 		t.Fatalf("answer FENCED_MEMBER_EPOCH: %+v", out)
 	}
@@ -109,15 +109,15 @@ func TestStreamsMemberLifecycle(t *testing.T) {
 	if req.MemberEpoch != 0 || req.MemberID != "process-1" || req.Topology == nil {
 		t.Fatalf("after the fence: %+v, want a join with epoch 0 under the same id", req)
 	}
-	m.answer(heartbeatAnswer(6, []int32{0}), nil)
+	m.answer(heartbeatAnswer(6, []int32{0}), 0, nil)
 
 	invalid := kmsg.NewPtrStreamsGroupHeartbeatResponse()
 	invalid.ErrorCode = kerr.StreamsInvalidTopology.Code
-	m.answer(invalid, nil)
+	m.answer(invalid, 6, nil)
 	if problem, _ := m.readiness(); problem == "" {
 		t.Fatal("STREAMS_INVALID_TOPOLOGY leaves no readiness problem")
 	}
-	m.answer(heartbeatAnswer(6, nil), nil)
+	m.answer(heartbeatAnswer(6, nil), 6, nil)
 	if problem, _ := m.readiness(); problem != "" {
 		t.Fatalf("an answered heartbeat leaves the problem %q", problem)
 	}
@@ -125,11 +125,17 @@ func TestStreamsMemberLifecycle(t *testing.T) {
 	if !m.leave() {
 		t.Fatal("a stable member has nothing to leave")
 	}
+	// The answer to a heartbeat sent before the leave was asked for is
+	// not the leave's.
+	m.answer(heartbeatAnswer(6, nil), 6, nil)
+	if st, _ := m.state(); st != memberLeaving {
+		t.Fatalf("an earlier heartbeat's answer ended the leave: %s", st)
+	}
 	req, _ = m.request(heartbeatReport{active: []int32{0}})
 	if req.MemberEpoch != -1 {
 		t.Fatalf("leave = epoch %d, want -1", req.MemberEpoch)
 	}
-	m.answer(heartbeatAnswer(-1, nil), nil)
+	m.answer(heartbeatAnswer(-1, nil), -1, nil)
 	if st, _ := m.state(); st != memberLeft {
 		t.Fatalf("after the leave was answered: %s", st)
 	}
