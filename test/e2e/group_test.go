@@ -22,24 +22,30 @@ import (
 // TestSeveralInstancesOneGroup: on Apache Kafka, with the default group config, one group scales 1 → 3 → 2 → 3 (SIGTERM one for good, add one, SIGKILL one and restart it on its state dir) while events flow, some with an empty key or on a partition that does not own them; no two instances ever run one task, every instance answers every product with its exact total, served by the one running its task (one forwarding hop), and the changelog holds the same totals, under each guarantee (harness.SeveralInstancesOneGroup, which cmd/salesagg runs on the in-process kfake broker).
 func TestSeveralInstancesOneGroup(t *testing.T) {
 	harness.EachGuarantee(t, func(t *testing.T, g string) {
-		rng, appID, input, notif := begin(t, "scale-"+slug(g), 0x7363616c)
-		events := harness.GenEvents(rng, "sc", 60, 6000)
-		harness.Scatter(rng, events, harness.ScalePartitions)
-		harness.SeveralInstancesOneGroup(t, harness.ScaleSetup{
-			// Default group config: no group.instance.id, no session.timeout.ms.
-			Start: func(dir string) *harness.Service {
-				return startService(t, harness.ServiceConfig{AppID: appID, StateDir: dir, Input: input, Notif: notif, CommitMs: 200,
-					Flags: []string{"--processing.guarantee", g}})
-			},
-			Bootstrap: bootstrap,
-			Changelog: sales.ChangelogTopic(appID, sales.StoreName),
-			Client:    newClient(t, kgo.RecordPartitioner(harness.HeaderPartitioner{})),
-			Input:     input,
-			Events:    events,
-			Batch:     30, Every: 200 * time.Millisecond,
-			ReadyTimeout: 90 * time.Second,
-			Drain:        2 * time.Minute,
-		})
+		severalInstancesOneGroup(t, "scale-"+slug(g), 0x7363616c, "sc", "--processing.guarantee", g)
+	})
+}
+
+// severalInstancesOneGroup runs harness.SeveralInstancesOneGroup on Apache Kafka with the
+// default group config (no group.instance.id, no session.timeout.ms) and flags, on 6,000
+// events of 60 products named prefix…, some with an empty key or on a partition that does not
+// own them.
+func severalInstancesOneGroup(t *testing.T, name string, stream uint64, prefix string, flags ...string) {
+	rng, appID, input, notif := begin(t, name, stream)
+	events := harness.GenEvents(rng, prefix, 60, 6000)
+	harness.Scatter(rng, events, harness.ScalePartitions)
+	harness.SeveralInstancesOneGroup(t, harness.ScaleSetup{
+		Start: func(dir string) *harness.Service {
+			return startService(t, harness.ServiceConfig{AppID: appID, StateDir: dir, Input: input, Notif: notif, CommitMs: 200, Flags: flags})
+		},
+		Bootstrap: bootstrap,
+		Changelog: sales.ChangelogTopic(appID, sales.StoreName),
+		Client:    newClient(t, kgo.RecordPartitioner(harness.HeaderPartitioner{})),
+		Input:     input,
+		Events:    events,
+		Batch:     30, Every: 200 * time.Millisecond,
+		ReadyTimeout: 90 * time.Second,
+		Drain:        2 * time.Minute,
 	})
 }
 

@@ -14,7 +14,6 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kgo"
 
-	"github.com/salesagg/salesagg/internal/sales"
 	"github.com/salesagg/salesagg/test/harness"
 )
 
@@ -24,23 +23,7 @@ import (
 // coordinator assigns the tasks. No two instances ever run one task, every instance answers
 // every product with its exact total from its owner, and the changelog holds the same totals.
 func TestSeveralInstancesOneStreamsGroup(t *testing.T) {
-	rng, appID, input, notif := begin(t, "sgscale", 0x73677363)
-	events := harness.GenEvents(rng, "sg", 60, 6000)
-	harness.Scatter(rng, events, harness.ScalePartitions)
-	harness.SeveralInstancesOneGroup(t, harness.ScaleSetup{
-		Start: func(dir string) *harness.Service {
-			return startService(t, harness.ServiceConfig{AppID: appID, StateDir: dir, Input: input, Notif: notif, CommitMs: 200,
-				Flags: []string{"--processing.guarantee", "at_least_once", "--group.protocol", "streams"}})
-		},
-		Bootstrap: bootstrap,
-		Changelog: sales.ChangelogTopic(appID, sales.StoreName),
-		Client:    newClient(t, kgo.RecordPartitioner(harness.HeaderPartitioner{})),
-		Input:     input,
-		Events:    events,
-		Batch:     30, Every: 200 * time.Millisecond,
-		ReadyTimeout: 90 * time.Second,
-		Drain:        2 * time.Minute,
-	})
+	severalInstancesOneGroup(t, "sgscale", 0x73677363, "sg", "--processing.guarantee", "at_least_once", "--group.protocol", "streams")
 }
 
 // streamsGroupsClass is kafka-streams-groups.sh's class in the kafka-tools jar.
