@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -125,4 +126,23 @@ func produceSample(t *testing.T, broker string) string {
 		t.Fatalf("produce: %v: %s", err, out)
 	}
 	return string(out)
+}
+
+// TestStreamsProtocolOnABrokerWithout: group.protocol streams against a broker without streams
+// groups (the dev broker, kfake) is not ready, and /readyz and the log say why and what to use
+// instead, rather than waiting for a coordinator that never answers.
+func TestStreamsProtocolOnABrokerWithout(t *testing.T) {
+	broker := kfakeCluster(t, 3)
+	svc := startService(t, broker, t.TempDir(), nil, "--group.protocol", "streams", "--processing.guarantee", "at_least_once")
+	harness.WaitFor(t, 30*time.Second, "/readyz to say the brokers have no streams groups", func() error {
+		code, body, _, err := svc.Get("/readyz")
+		if err != nil {
+			return err
+		}
+		if code == 200 || !strings.Contains(string(body), "do not speak the streams group protocol") || !strings.Contains(string(body), "use group.protocol classic") {
+			return fmt.Errorf("/readyz %d: %s", code, body)
+		}
+		return nil
+	})
+	svc.Terminate(t)
 }

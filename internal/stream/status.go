@@ -379,7 +379,7 @@ func (rt *Runtime) Ready() (bool, string) {
 	}
 	if rt.member != nil {
 		if problem, _ := rt.member.readiness(); problem != "" {
-			return false, "the group coordinator refuses this streams group member: " + problem
+			return false, "this streams group member cannot run: " + problem
 		}
 	}
 	if s := rt.current.Load(); s != nil {

@@ -12,6 +12,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
@@ -49,7 +50,6 @@ type streamsGroup struct {
 	mu        sync.Mutex
 	waiters   []chan heartbeatResult
 	confirmed heartbeatResult
-	confirmAt time.Time
 	// ids are the topic ids commits name the topics by (guarded by mu).
 	ids map[string][16]byte
 	// noOffsets: the coordinator refused the task offsets (a broker
@@ -103,7 +103,9 @@ func (g *streamsGroup) clientOpts() []kgo.Opt { return nil }
 // offset interval; each answer applied before the next.
 func (g *streamsGroup) run(ctx context.Context) {
 	defer close(g.done)
-	g.configureGroup(ctx)
+	if g.brokersSpeakStreams(ctx) {
+		g.configureGroup(ctx)
+	}
 	timer := time.NewTimer(0)
 	defer timer.Stop()
 	var offsetsSent time.Time
@@ -133,6 +135,33 @@ func (g *streamsGroup) run(ctx context.Context) {
 		}
 		timer.Reset(next)
 	}
+}
+
+// brokersSpeakStreams reports whether a broker answers StreamsGroupHeartbeat
+// (Apache Kafka 4.2 or later; the dev broker does not). When none does, the
+// member's problem says so in /readyz and the log, and the loop goes on
+// trying (the brokers may be upgraded); true when the versions cannot be
+// read.
+func (g *streamsGroup) brokersSpeakStreams(ctx context.Context) bool {
+	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	vs, err := g.s.env.admin.ApiVersions(cctx)
+	if err != nil {
+		return true
+	}
+	key := (*kmsg.StreamsGroupHeartbeatRequest)(nil).Key()
+	speaks := false
+	vs.Each(func(v kadm.BrokerApiVersions) {
+		if _, ok := v.KeyMaxVersion(key); ok && v.Err == nil {
+			speaks = true
+		}
+	})
+	if !speaks {
+		problem := "the brokers do not speak the streams group protocol (no StreamsGroupHeartbeat: Apache Kafka 4.2 or later has it, the dev broker does not); use group.protocol classic"
+		g.setProblem(problem)
+		g.s.env.log.Error("group.protocol is streams, but "+problem, zap.String("group", g.group))
+	}
+	return speaks
 }
 
 // configureGroup sets the group's own settings from this process's keys:
@@ -247,7 +276,6 @@ func (g *streamsGroup) beat(ctx context.Context, withOffsets bool) error {
 		}
 		return err
 	}
-	wasJoining := req.MemberEpoch == 0
 	var names map[string]string
 	if resp.PartitionsByUserEndpoint != nil {
 		names = g.memberNames(ctx)
@@ -286,7 +314,7 @@ func (g *streamsGroup) beat(ctx context.Context, withOffsets bool) error {
 		}
 		return out.err
 	}
-	if wasJoining {
+	if out.joined {
 		s.env.log.Info("Joined the streams group", zap.String("group", g.group), zap.String("member", g.memberID), zap.Int32("member_epoch", epoch))
 	}
 	if st, _ := g.state(); st == memberLeft {
@@ -295,7 +323,7 @@ func (g *streamsGroup) beat(ctx context.Context, withOffsets bool) error {
 	}
 	s.lease.joinAnswered(sent)
 	g.mu.Lock()
-	g.confirmed, g.confirmAt = heartbeatResult{epoch: epoch, sent: sent}, sent
+	g.confirmed = heartbeatResult{epoch: epoch, sent: sent}
 	g.mu.Unlock()
 	// Set before the waiters are answered: one that asks after them is
 	// answered by this heartbeat too (see heartbeat).
@@ -540,7 +568,7 @@ func (g *streamsGroup) heartbeat(ctx context.Context) (int32, time.Time, error) 
 		return epoch, time.Now(), errNotMemberYet
 	}
 	g.mu.Lock()
-	c, at := g.confirmed, g.confirmAt
+	c, at := g.confirmed, g.confirmed.sent
 	g.mu.Unlock()
 	if c.epoch == epoch && (time.Since(at) < confirmFresh || (g.reconciling.Load() && time.Since(at) < g.s.lease.timeout()/3)) {
 		return epoch, at, nil

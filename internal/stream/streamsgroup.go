@@ -510,6 +510,14 @@ func (m *streamsMember) heartbeatEvery() (interval, offsets time.Duration) {
 	return interval, offsets
 }
 
+// setProblem records why the member cannot run, until a heartbeat is
+// answered.
+func (m *streamsMember) setProblem(problem string) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.mu.problem = problem
+}
+
 // readiness returns why the member cannot run ("" when it can) and the
 // statuses of the latest answer.
 func (m *streamsMember) readiness() (problem string, statuses []string) {
