@@ -552,7 +552,7 @@ func TestWindowsConfig(t *testing.T) {
 
 func TestGroupProtocolKey(t *testing.T) {
 	// Scenario: group.protocol is classic by default, streams on request (any case) with
-	// at-least-once; streams with exactly-once, or another protocol, is refused naming the key.
+	// either guarantee; another protocol is refused naming the key.
 	c, err := load(t, "", nil)
 	if err != nil || c.GroupProtocol != GroupProtocolClassic {
 		t.Fatalf("default group.protocol = %q, %v", c.GroupProtocol, err)
@@ -561,8 +561,11 @@ func TestGroupProtocolKey(t *testing.T) {
 	if err != nil || c.GroupProtocol != GroupProtocolStreams {
 		t.Fatalf("group.protocol Streams: %q, %v", c.GroupProtocol, err)
 	}
+	c, err = load(t, "", nil, "--group.protocol", "streams") // exactly_once_v2 by default
+	if err != nil || c.GroupProtocol != GroupProtocolStreams || c.ProcessingGuarantee != ExactlyOnceV2 {
+		t.Fatalf("group.protocol streams: %q %q, %v", c.GroupProtocol, c.ProcessingGuarantee, err)
+	}
 	for _, args := range [][]string{
-		{"--group.protocol", "streams"}, // exactly_once_v2 by default
 		{"--group.protocol", "consumer"},
 	} {
 		if _, err := load(t, "", nil, args...); err == nil || !strings.Contains(err.Error(), "group.protocol") {

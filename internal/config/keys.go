@@ -158,7 +158,7 @@ var keys = []key{
 		help: "consumer group session timeout",
 		bind: millis(1000, 3_600_000, func(c *Config) *time.Duration { return &c.SessionTimeout })},
 	{name: "group.protocol", def: GroupProtocolClassic,
-		help: "classic (a consumer group, tasks assigned by salesagg's balancer) or streams (a KIP-1071 streams group, tasks assigned by the broker; Apache Kafka 4.2 or later, at_least_once only for now)",
+		help: "classic (a consumer group, tasks assigned by salesagg's balancer) or streams (a KIP-1071 streams group, tasks assigned by the broker; Apache Kafka 4.2 or later)",
 		bind: text(func(c *Config) *string { return &c.GroupProtocol }).folded(strings.ToLower).allow(GroupProtocolClassic, GroupProtocolStreams)},
 	{name: "leave.group.on.close", def: "true",
 		help: "on a clean shutdown the member leaves the group at once (LeaveGroup with its group.instance.id), so its tasks move without waiting for the session timeout; false keeps its tasks for a rolling restart",

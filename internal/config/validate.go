@@ -51,16 +51,6 @@ var crossChecks = []func(c Config, r *report){
 	pair("http.tls.peer.cert.file", "http.tls.peer.key.file", func(c Config) (string, string) { return c.HTTP.PeerCertFile, c.HTTP.PeerKeyFile }),
 	distinctTopics,
 	transactionTimeout,
-	streamsProtocol,
-}
-
-// streamsProtocol: the streams group protocol commits offsets with the
-// member epoch; exactly-once needs TxnOffsetCommit with it, not built yet.
-func streamsProtocol(c Config, r *report) {
-	if c.GroupProtocol == GroupProtocolStreams && c.ProcessingGuarantee == ExactlyOnceV2 {
-		r.add(fmt.Errorf("config: group.protocol = %q works with processing.guarantee %s only for now (got %s); use group.protocol %s for exactly-once",
-			c.GroupProtocol, AtLeastOnce, c.ProcessingGuarantee, GroupProtocolClassic))
-	}
 }
 
 // saslCredentials: SASL needs a user and a password.

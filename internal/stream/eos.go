@@ -17,7 +17,8 @@ import (
 // Exactly-once (processing.guarantee=exactly_once_v2)
 //
 // The poll loop drives one Kafka transaction per commit interval for all
-// running tasks, through franz-go's GroupTransactSession:
+// running tasks, through franz-go's GroupTransactSession (classic) or
+// streamsTxn (a streams group, streamstxn.go):
 //
 //  1. the transaction is begun before any record of the interval is
 //     dispatched, so events forwarded to the repartition topic are in it;
@@ -122,7 +123,12 @@ func (t *task) handleCycle(ctx context.Context, req cycleReq) error {
 // exactlyOnce is the exactly-once guarantee of a session.
 type exactlyOnce struct {
 	s   *session
-	txn *kgo.GroupTransactSession
+	txn txnSession
+	// streams is txn under group.protocol=streams, nil under classic.
+	streams *streamsTxn
+	// lateErr is the error of a cycle a streams revoke ran (under
+	// session.between, outside the poll loop): the poll loop returns it.
+	lateErr atomic.Pointer[error]
 	// abortCycle makes the cycle in progress abort: records of it found no
 	// running task, or a task that had folded into it was stopped outside
 	// a revoke callback.
@@ -132,8 +138,8 @@ type exactlyOnce struct {
 	// wakes the poll loop for it.
 	commitSoon atomic.Bool
 	commitNow  chan struct{}
-	// polled counts the records dispatched in the open transaction; owned
-	// by the poll loop. A cycle with none has nothing to write and commits
+	// polled counts the records dispatched in the open transaction;
+	// guarded by session.between (the poll loop's, a streams revoke's). A cycle with none has nothing to write and commits
 	// nothing (Kafka Streams does the same): no End, no empty transaction.
 	polled int
 	// cycle holds a token (capacity 1) while transact runs, from before
@@ -191,14 +197,22 @@ func (e *exactlyOnce) fencedAfter(err error, open time.Duration) error {
 func (e *exactlyOnce) client(opts []kgo.Opt) (*kgo.Client, error) {
 	cfg := e.s.env.cfg
 	txnID := cfg.ApplicationID + "-" + e.s.env.dir.ProcessID()
-	txn, err := kgo.NewGroupTransactSession(append(opts, kgo.TransactionalID(txnID), kgo.TransactionTimeout(cfg.TransactionTimeout()))...)
-	if err != nil {
-		return nil, err
+	if sg, ok := e.s.proto.(*streamsGroup); ok {
+		x, err := newStreamsTxn(sg, opts, txnID, cfg.TransactionTimeout())
+		if err != nil {
+			return nil, err
+		}
+		e.txn, e.streams = x, x
+	} else {
+		txn, err := kgo.NewGroupTransactSession(append(opts, kgo.TransactionalID(txnID), kgo.TransactionTimeout(cfg.TransactionTimeout()))...)
+		if err != nil {
+			return nil, err
+		}
+		e.txn = txn
 	}
-	e.txn = txn
 	e.s.env.log.Info("Exactly-once processing: one transaction per commit interval", zap.String("transactional_id", txnID),
 		zap.Duration("commit_interval", cfg.CommitInterval))
-	return txn.Client(), nil
+	return e.txn.Client(), nil
 }
 
 func (e *exactlyOnce) taskDeps(d *taskDeps) {
@@ -212,13 +226,44 @@ func (e *exactlyOnce) taskDeps(d *taskDeps) {
 	}
 }
 
-// revoked stops the revoked tasks: a rebalance can come at any time, and
-// the session aborts the open transaction, so their uncommitted totals are
-// dropped and their stores hold the committed state.
-func (e *exactlyOnce) revoked(_ context.Context, _ *kgo.Client, ps []int32) {
-	if err := e.s.stopTasks(ps, false, "revoked; the open transaction is aborted, the store holds the committed state"); err != nil {
+// revoked stops the revoked tasks. Classic: a rebalance can come at any
+// time, and the session aborts the open transaction, so their uncommitted
+// totals are dropped and their stores hold the committed state. Streams:
+// the revoke runs between two polls (under session.between), and the open
+// transaction is committed first, as Kafka Streams commits before it lets
+// a task go; the next owner starts from its offsets.
+func (e *exactlyOnce) revoked(ctx context.Context, _ *kgo.Client, ps []int32) {
+	outcome := "revoked; the open transaction is aborted, the store holds the committed state"
+	if e.streams != nil {
+		outcome = "revoked; committed with the transaction before it"
+		if err := e.cycleNow(ctx); err != nil {
+			outcome = "revoked; its last transaction failed, the store holds the committed state"
+		}
+	}
+	if err := e.s.stopTasks(ps, false, outcome); err != nil {
 		e.s.env.log.Error("Stopping revoked tasks", zap.Error(err))
 	}
+}
+
+// cycleNow runs the transaction cycle now and begins the next transaction,
+// unless the open one has nothing to write; the caller holds
+// session.between. An error is the poll loop's to return (lateErr).
+func (e *exactlyOnce) cycleNow(ctx context.Context) error {
+	if e.lateErr.Load() != nil || e.idle() {
+		return nil
+	}
+	e.commitSoon.Store(false)
+	err := e.transact(ctx)
+	if err == nil {
+		if err = e.txn.Begin(); err != nil {
+			err = fmt.Errorf("beginning transaction: %w", e.beginFailed(err))
+		}
+	}
+	e.polled = 0
+	if err != nil {
+		e.lateErr.Store(&err)
+	}
+	return err
 }
 
 // dropped: tasks that folded into the open transaction were stopped.
@@ -240,7 +285,9 @@ func (e *exactlyOnce) stop(work context.Context, pollErr error) error {
 	case errors.Is(pollErr, errProducerIDLost):
 		outcome = "dropped: the producer has no producer id, the store holds the committed state"
 	case pollErr == nil && !e.idle():
+		e.s.between.Lock()
 		lastErr = e.transact(work)
+		e.s.between.Unlock()
 	}
 	return errors.Join(lastErr, e.s.stopTasks(e.s.reg.partitions(), false, outcome))
 }
@@ -281,38 +328,64 @@ func (e *exactlyOnce) poll(ctx, work context.Context) error {
 		if fetches.IsClientClosed() {
 			return nil
 		}
-		// Every polled record must reach its task, even when ctx ended
-		// during the poll: the transaction commits the offsets of all of
-		// them (Run's last cycle does on shutdown). Hence the work context.
-		// Records that found no running task make the cycle abort.
-		if dropped, _ := s.dispatch(work, fetches, nil); dropped {
-			e.abortCycle.Store(true)
-		}
-		e.polled += fetches.NumRecords()
-		if ctx.Err() != nil {
-			return nil
-		}
-		if time.Now().Before(next) && !e.commitSoon.Load() {
-			continue
-		}
-		if e.idle() {
-			next = time.Now().Add(s.env.cfg.CommitInterval)
-			continue
-		}
-		// A task past maxDirty asked for the cycle early: the changed
-		// products of one transaction stay bounded in memory.
-		e.commitSoon.Store(false)
-		// The cycle runs under the work context: a shutdown beginning
-		// now must not cut a transaction short.
-		if err := e.transact(work); err != nil {
+		// The hand-out and the cycle run between two polls: a streams
+		// group applies its assignments in between (session.between).
+		s.between.Lock()
+		stop, err := e.handOut(ctx, work, fetches, &next)
+		s.between.Unlock()
+		if stop || err != nil {
 			return err
 		}
-		if err := e.txn.Begin(); err != nil {
-			return fmt.Errorf("beginning transaction: %w", e.beginFailed(err))
-		}
-		e.polled = 0
-		next = time.Now().Add(s.env.cfg.CommitInterval)
 	}
+}
+
+// handOut hands the polled records to the tasks and, when the interval is
+// over or a task asked, runs the cycle and begins the next transaction; the
+// caller holds session.between. stop: ctx ended.
+func (e *exactlyOnce) handOut(ctx, work context.Context, fetches kgo.Fetches, next *time.Time) (stop bool, err error) {
+	s := e.s
+	if errp := e.lateErr.Load(); errp != nil {
+		return true, *errp
+	}
+	var skip map[int32]bool
+	if e.streams != nil {
+		skip = e.streams.gone(fetches)
+	}
+	// Every polled record must reach its task, even when ctx ended
+	// during the poll: the transaction commits the offsets of all of
+	// them (Run's last cycle does on shutdown). Hence the work context.
+	// Records that found no running task make the cycle abort.
+	if dropped, _ := s.dispatch(work, fetches, skip); dropped {
+		e.abortCycle.Store(true)
+	}
+	if e.streams != nil {
+		e.streams.handedOut(fetches, skip)
+	}
+	e.polled += fetches.NumRecords()
+	if ctx.Err() != nil {
+		return true, nil
+	}
+	if time.Now().Before(*next) && !e.commitSoon.Load() {
+		return false, nil
+	}
+	if e.idle() {
+		*next = time.Now().Add(s.env.cfg.CommitInterval)
+		return false, nil
+	}
+	// A task past maxDirty asked for the cycle early: the changed
+	// products of one transaction stay bounded in memory.
+	e.commitSoon.Store(false)
+	// The cycle runs under the work context: a shutdown beginning
+	// now must not cut a transaction short.
+	if err := e.transact(work); err != nil {
+		return true, err
+	}
+	if err := e.txn.Begin(); err != nil {
+		return true, fmt.Errorf("beginning transaction: %w", e.beginFailed(err))
+	}
+	e.polled = 0
+	*next = time.Now().Add(s.env.cfg.CommitInterval)
+	return false, nil
 }
 
 // transact runs prepare, End and finish for every running task.

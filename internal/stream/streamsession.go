@@ -69,6 +69,9 @@ type streamsGroup struct {
 	// lastActive are the active tasks the latest heartbeat reported; the
 	// loop's.
 	lastActive []int32
+	// txn is the exactly-once client (nil at least once), told which
+	// partitions are read from where; set before the loop starts.
+	txn *streamsTxn
 }
 
 // heartbeatResult is an answered heartbeat's outcome for a waiter: the
@@ -477,6 +480,9 @@ func (g *streamsGroup) reconcile(ctx context.Context) {
 		s.g.revoked(ctx, cl, revoke)
 		s.reg.release(s.env.topicsOf(revoke), s.heldBit)
 		cl.RemoveConsumePartitions(s.env.topicsOf(revoke))
+		if g.txn != nil {
+			g.txn.released(s.env.topicsOf(revoke))
+		}
 	}
 	var from map[string]map[int32]kgo.Offset
 	if len(add) > 0 {
@@ -498,6 +504,9 @@ func (g *streamsGroup) reconcile(ctx context.Context) {
 		// from the committed offsets.
 		cl.RemoveConsumePartitions(s.env.topicsOf(add))
 		cl.AddConsumePartitions(from)
+		if g.txn != nil {
+			g.txn.consumed(from)
+		}
 	}
 }
 
@@ -509,7 +518,9 @@ func (s *session) committedOffsets(ctx context.Context, ps []int32) (map[string]
 	topics := []string{e.cfg.InputTopic, e.cfg.RepartitionTopic()}
 	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	committed, err := e.admin.FetchOffsets(cctx, e.cfg.ApplicationID)
+	// Stable offsets: a commit in a transaction still being decided (the
+	// previous owner's last, exactly-once) is waited for, not read past.
+	committed, err := e.admin.FetchOffsets(kadm.RequireStable(cctx), e.cfg.ApplicationID)
 	if err == nil {
 		err = committed.Error()
 	}
@@ -551,6 +562,9 @@ func (g *streamsGroup) dropAll(outcome string) {
 			s.env.log.Warn("Dropping tasks", zap.Error(err))
 		}
 		s.kc().RemoveConsumePartitions(s.env.topicsOf(ps))
+		if g.txn != nil {
+			g.txn.released(s.env.topicsOf(ps))
+		}
 	}
 	s.reconcileStandbys()
 }
@@ -645,11 +659,16 @@ func (g *streamsGroup) commit(ctx context.Context, offsets map[string]map[int32]
 	}
 	err = offsetCommitError(resp.Topics)
 	if errors.Is(err, kerr.UnknownTopicID) {
-		g.mu.Lock()
-		g.ids = nil // a topic recreated: read the ids again
-		g.mu.Unlock()
+		g.forgetTopicIDs()
 	}
 	return err
+}
+
+// forgetTopicIDs: a topic was recreated, its id is read again.
+func (g *streamsGroup) forgetTopicIDs() {
+	g.mu.Lock()
+	g.ids = nil
+	g.mu.Unlock()
 }
 
 // topicIDs returns the ids of the input and repartition topics, read once.

@@ -398,7 +398,19 @@ func errString(err error) string {
 
 // TestPausedInstanceIsFenced: exactly-once on Apache Kafka: instance A is paused (SIGSTOP) past its session timeout while B takes its partitions; when A resumes it is fenced and writes nothing that commits: the committed changelog and notifications stay exact.
 func TestPausedInstanceIsFenced(t *testing.T) {
-	rng, appID, input, notif := begin(t, "fence", 5)
+	pausedInstanceIsFenced(t, "fence")
+}
+
+// TestPausedInstanceIsFencedInStreamsGroup: TestPausedInstanceIsFenced in a streams group
+// (group.protocol streams): the coordinator gives A's tasks to B once A's session in the group
+// ran out, and the resumed A's offset commit in its transaction (its member id and an epoch the
+// group moved past) is refused, so its transaction aborts.
+func TestPausedInstanceIsFencedInStreamsGroup(t *testing.T) {
+	pausedInstanceIsFenced(t, "sgfence", "--group.protocol", "streams")
+}
+
+func pausedInstanceIsFenced(t *testing.T, name string, flags ...string) {
+	rng, appID, input, notif := begin(t, name, 5)
 	cl := newClient(t)
 	var all []harness.Event
 	send := func(n int) {
@@ -415,7 +427,7 @@ func TestPausedInstanceIsFenced(t *testing.T) {
 		harness.Produce(t, cl, recs...)
 		all = append(all, evs...)
 	}
-	extra := []string{"--processing.guarantee", "exactly_once_v2", "--session.timeout.ms", "6000"}
+	extra := append([]string{"--processing.guarantee", "exactly_once_v2", "--session.timeout.ms", "6000"}, flags...)
 	base := harness.ServiceConfig{AppID: appID, Input: input, Notif: notif, CommitMs: 200, Flags: extra}
 	cfgA, cfgB := base, base
 	// A commits every 10 s: what it folds sits in its open transaction long

@@ -54,15 +54,24 @@ func severalInstancesOneGroup(t *testing.T, name string, stream uint64, prefix s
 // moment B runs a task, then both stop: several revokes of A's tasks land inside one of A's
 // transactions (franz-go's transact session passes on only the first). No two instances ever
 // run one task, every total is exact, and the changelog holds the same totals.
-func TestJoinStormInsideOneTransaction(t *testing.T) {
-	rng, appID, input, notif := begin(t, "storm", 0x73746f72)
+func TestJoinStormInsideOneTransaction(t *testing.T) { joinStorm(t, "storm") }
+
+// TestJoinStormInStreamsGroup: TestJoinStormInsideOneTransaction with group.protocol streams:
+// each revoke of A's tasks commits A's open transaction before the task goes, and the next
+// owner starts from those offsets.
+func TestJoinStormInStreamsGroup(t *testing.T) {
+	joinStorm(t, "sgstorm", "--group.protocol", "streams")
+}
+
+func joinStorm(t *testing.T, name string, flags ...string) {
+	rng, appID, input, notif := begin(t, name, 0x73746f72)
 	events := harness.GenEvents(rng, "st", 30, 4000)
 	want := harness.TotalsOf(events)
 
 	work := t.TempDir()
 	cfg := func(dir string) harness.ServiceConfig {
 		return harness.ServiceConfig{AppID: appID, StateDir: dir, Input: input, Notif: notif, CommitMs: 10000,
-			Flags: []string{"--processing.guarantee", "exactly_once_v2"}}
+			Flags: append([]string{"--processing.guarantee", "exactly_once_v2"}, flags...)}
 	}
 	fl := harness.NewFleet(func(dir string) *harness.Service { return startService(t, cfg(dir)) })
 	start := func(name, dir string) *harness.Member {
@@ -160,12 +169,14 @@ func copies(m *harness.Member) (map[string]int64, error) {
 // instance restarts on its state dir and the three answer every product again.
 func TestStandbyFailoverAfterKillNine(t *testing.T) { standbyFailoverAfterKillNine(t, "standby") }
 
-// TestStandbyFailoverInStreamsGroup: TestStandbyFailoverAfterKillNine with group.protocol streams
-// (at-least-once): the coordinator places the standby copies (salesagg sets the group's
+// TestStandbyFailoverInStreamsGroup: TestStandbyFailoverAfterKillNine with group.protocol streams,
+// under both guarantees: the coordinator places the standby copies (salesagg sets the group's
 // streams.num.standby.replicas and session timeout from its own keys) and moves the killed
 // instance's tasks to the survivors keeping their copies.
 func TestStandbyFailoverInStreamsGroup(t *testing.T) {
-	standbyFailoverAfterKillNine(t, "sgstandby", "--group.protocol", "streams", "--processing.guarantee", "at_least_once")
+	harness.EachGuarantee(t, func(t *testing.T, g string) {
+		standbyFailoverAfterKillNine(t, "sgstandby-"+slug(g), "--group.protocol", "streams", "--processing.guarantee", g)
+	})
 }
 
 func standbyFailoverAfterKillNine(t *testing.T, name string, flags ...string) {

@@ -23,7 +23,9 @@ import (
 // coordinator assigns the tasks. No two instances ever run one task, every instance answers
 // every product with its exact total from its owner, and the changelog holds the same totals.
 func TestSeveralInstancesOneStreamsGroup(t *testing.T) {
-	severalInstancesOneGroup(t, "sgscale", 0x73677363, "sg", "--processing.guarantee", "at_least_once", "--group.protocol", "streams")
+	harness.EachGuarantee(t, func(t *testing.T, g string) {
+		severalInstancesOneGroup(t, "sgscale-"+slug(g), 0x73677363, "sg", "--processing.guarantee", g, "--group.protocol", "streams")
+	})
 }
 
 // streamsGroupsClass is kafka-streams-groups.sh's class in the kafka-tools jar.

@@ -1,0 +1,435 @@
+package stream
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
+	"go.uber.org/zap"
+)
+
+// Exactly-once in a streams group (group.protocol=streams with
+// processing.guarantee=exactly_once_v2). franz-go's GroupTransactSession
+// puts the input offsets of a classic group in the transaction; a streams
+// member's go in here, the way Kafka Streams' do: TxnOffsetCommit in the
+// member's name (its member id and epoch), so that the coordinator refuses
+// the commit of a member it fenced or moved past, and the transaction
+// carrying it aborts. The cycle is eos.go's; only the client differs:
+//
+//   - the positions to commit are kept here, from the records the poll loop
+//     handed to tasks (there is no franz-go group to track them);
+//   - an abort moves every partition back to its last committed offset;
+//   - franz-go ends a transaction (EndTxn) only once one of its produces
+//     succeeded: a cycle that produced nothing has no transaction at the
+//     broker, and its offsets are committed outside one (they reflect
+//     records that changed no total);
+//   - a revoke commits the open transaction before the task goes (eos.go,
+//     revoked), so the next owner starts where this one stopped.
+//
+// Everything but Client, PollRecords and Close runs under session.between:
+// in the poll loop's dispatch and cycle, or in the heartbeat loop's
+// reconcile.
+
+// txnSession is an exactly-once session's transactional client: franz-go's
+// GroupTransactSession (classic) or streamsTxn (streams).
+type txnSession interface {
+	Client() *kgo.Client
+	Begin() error
+	PollRecords(ctx context.Context, maxPollRecords int) kgo.Fetches
+	// End flushes, commits the input offsets in the transaction and ends
+	// it; on an abort every position moves back to what is committed.
+	End(ctx context.Context, try kgo.TransactionEndTry) (committed bool, err error)
+	Close()
+}
+
+var (
+	_ txnSession = (*kgo.GroupTransactSession)(nil)
+	_ txnSession = (*streamsTxn)(nil)
+)
+
+// streamsTxn is the transactional client of an exactly-once streams member.
+type streamsTxn struct {
+	g     *streamsGroup
+	cl    *kgo.Client
+	txnID string
+	log   *zap.Logger
+	// acked counts the records acknowledged since Begin (a produce hook).
+	acked atomic.Int64
+	// tv2 is set once the brokers run transaction.version 2 (KIP-890 part
+	// 2): TxnOffsetCommit then adds the offsets to the transaction itself,
+	// as franz-go's produces do their partitions; before it, AddOffsetsToTxn
+	// comes first. tv2Checked is when it was last read (Begin's).
+	tv2        atomic.Bool
+	tv2Checked time.Time
+	// mu guards pos; it is written under session.between only.
+	mu  sync.Mutex
+	pos map[topicPartition]*txnPosition
+}
+
+type topicPartition struct {
+	topic string
+	p     int32
+}
+
+// txnPosition is what streamsTxn knows of one consumed partition.
+type txnPosition struct {
+	// from is where an abort reads the partition again from: the offset
+	// committed last, or, before any commit, the first record handed out
+	// (exact) or the reset offset.
+	from  kgo.Offset
+	exact bool
+	// next is past the last record handed to a task; moved says it moved
+	// since the last commit.
+	next  kgo.EpochOffset
+	moved bool
+}
+
+func newStreamsTxn(g *streamsGroup, opts []kgo.Opt, txnID string, timeout time.Duration) (*streamsTxn, error) {
+	x := &streamsTxn{g: g, txnID: txnID, log: g.s.env.log, pos: map[topicPartition]*txnPosition{}}
+	hook := producedHook{acked: &x.acked}
+	cl, err := kgo.NewClient(append(opts, kgo.TransactionalID(txnID), kgo.TransactionTimeout(timeout), kgo.WithHooks(hook))...)
+	if err != nil {
+		return nil, err
+	}
+	x.cl = cl
+	g.txn = x
+	return x, nil
+}
+
+// producedHook counts the records the brokers acknowledged.
+type producedHook struct{ acked *atomic.Int64 }
+
+func (h producedHook) OnProduceRecordUnbuffered(_ *kgo.Record, err error) {
+	if err == nil {
+		h.acked.Add(1)
+	}
+}
+
+func (x *streamsTxn) Client() *kgo.Client { return x.cl }
+
+func (x *streamsTxn) Close() { x.cl.Close() }
+
+func (x *streamsTxn) PollRecords(ctx context.Context, n int) kgo.Fetches {
+	return x.cl.PollRecords(ctx, n)
+}
+
+// Begin begins a transaction. The transaction version is read first when
+// not known to be 2 (at most every 30 s): franz-go reads it at each Begin.
+func (x *streamsTxn) Begin() error {
+	if !x.tv2.Load() && time.Since(x.tv2Checked) > 30*time.Second {
+		x.tv2Checked = time.Now()
+		x.tv2.Store(x.readTransactionV2())
+	}
+	x.acked.Store(0)
+	return x.cl.BeginTransaction()
+}
+
+// readTransactionV2 reports whether the cluster's finalized
+// transaction.version is 2 or more.
+func (x *streamsTxn) readTransactionV2() bool {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	resp, err := kmsg.NewPtrApiVersionsRequest().RequestWith(ctx, x.cl)
+	if err != nil {
+		return false
+	}
+	for _, f := range resp.FinalizedFeatures {
+		if f.Name == "transaction.version" && f.MaxVersionLevel >= 2 {
+			return true
+		}
+	}
+	return false
+}
+
+// consumed records partitions the member now reads, from where.
+func (x *streamsTxn) consumed(from map[string]map[int32]kgo.Offset) {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	for topic, ps := range from {
+		for p, o := range ps {
+			x.pos[topicPartition{topic, p}] = &txnPosition{from: o, exact: o.EpochOffset().Offset >= 0}
+		}
+	}
+}
+
+// released forgets the partitions of tasks ps: they are no longer read.
+func (x *streamsTxn) released(topics map[string][]int32) {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	for topic, ps := range topics {
+		for _, p := range ps {
+			delete(x.pos, topicPartition{topic, p})
+		}
+	}
+}
+
+// gone returns the partitions of fetches this member no longer reads (a
+// revoke between the poll and the hand-out): their records are not handed
+// out and nothing of them is committed.
+func (x *streamsTxn) gone(fetches kgo.Fetches) map[int32]bool {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	var skip map[int32]bool
+	fetches.EachPartition(func(fp kgo.FetchTopicPartition) {
+		if len(fp.Records) == 0 {
+			return
+		}
+		if _, ok := x.pos[topicPartition{fp.Topic, fp.Partition}]; !ok {
+			if skip == nil {
+				skip = map[int32]bool{}
+			}
+			skip[fp.Partition] = true
+		}
+	})
+	return skip
+}
+
+// handedOut moves the positions past the records of fetches handed to
+// tasks (all but those of skip).
+func (x *streamsTxn) handedOut(fetches kgo.Fetches, skip map[int32]bool) {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	fetches.EachPartition(func(fp kgo.FetchTopicPartition) {
+		if len(fp.Records) == 0 || skip[fp.Partition] {
+			return
+		}
+		pos, ok := x.pos[topicPartition{fp.Topic, fp.Partition}]
+		if !ok {
+			return
+		}
+		if !pos.exact {
+			pos.from, pos.exact = kgo.NewOffset().At(fp.Records[0].Offset), true
+		}
+		last := fp.Records[len(fp.Records)-1]
+		pos.next, pos.moved = kgo.EpochOffset{Epoch: last.LeaderEpoch, Offset: last.Offset + 1}, true
+	})
+}
+
+// toCommit returns the positions that moved since the last commit.
+func (x *streamsTxn) toCommit() map[string]map[int32]kgo.EpochOffset {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	out := map[string]map[int32]kgo.EpochOffset{}
+	for tp, pos := range x.pos {
+		if !pos.moved {
+			continue
+		}
+		if out[tp.topic] == nil {
+			out[tp.topic] = map[int32]kgo.EpochOffset{}
+		}
+		out[tp.topic][tp.p] = pos.next
+	}
+	return out
+}
+
+// committedAt records offsets as committed: an abort goes back to them.
+func (x *streamsTxn) committedAt(offsets map[string]map[int32]kgo.EpochOffset) {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	for topic, ps := range offsets {
+		for p, eo := range ps {
+			if pos, ok := x.pos[topicPartition{topic, p}]; ok {
+				pos.from, pos.exact = kgo.NewOffset().At(eo.Offset).WithEpoch(eo.Epoch), true
+				if pos.next == eo {
+					pos.moved = false
+				}
+			}
+		}
+	}
+}
+
+// rewind moves every partition back to its last committed offset, after
+// an abort: what the tasks folded since is dropped, and read again.
+func (x *streamsTxn) rewind() {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	from := map[string]map[int32]kgo.Offset{}
+	remove := map[string][]int32{}
+	for tp, pos := range x.pos {
+		if from[tp.topic] == nil {
+			from[tp.topic] = map[int32]kgo.Offset{}
+		}
+		from[tp.topic][tp.p] = pos.from
+		remove[tp.topic] = append(remove[tp.topic], tp.p)
+		pos.moved = false
+	}
+	if len(from) == 0 {
+		return
+	}
+	x.cl.RemoveConsumePartitions(remove)
+	x.cl.AddConsumePartitions(from)
+}
+
+// End ends the transaction: flushed, the moved positions committed in it
+// (TxnOffsetCommit with the member id and epoch), then EndTxn. A commit the
+// coordinator refuses (a member fenced, an older epoch) aborts the
+// transaction. After an abort every partition is read again from its
+// committed offset.
+func (x *streamsTxn) End(ctx context.Context, try kgo.TransactionEndTry) (bool, error) {
+	if try == kgo.TryCommit {
+		if err := x.cl.Flush(ctx); err != nil {
+			return false, err
+		}
+	} else if err := x.cl.AbortBufferedRecords(ctx); err != nil {
+		return false, err
+	}
+	commit := bool(try)
+	offsets := x.toCommit()
+	outside := false
+	var commitErr error
+	if commit && len(offsets) > 0 {
+		if x.acked.Load() == 0 {
+			// Nothing produced: franz-go ends no transaction, so the
+			// offsets cannot be in one. The records they pass changed
+			// no total; they are committed after the (empty) End.
+			outside = true
+		} else if commitErr = x.commitOffsets(ctx, offsets); commitErr != nil {
+			commit = false
+		}
+	}
+	endErr := x.end(ctx, commit)
+	if endErr == nil && commit && outside {
+		if commitErr = x.g.commit(ctx, offsets); commitErr != nil {
+			commit = false
+		}
+	}
+	if endErr != nil || !commit {
+		x.rewind()
+	} else {
+		x.committedAt(offsets)
+	}
+	switch {
+	case endErr != nil:
+		return false, endErr
+	case commitErr != nil && !abortableCommitError(commitErr):
+		return false, commitErr
+	case commitErr != nil:
+		x.log.Warn("The group coordinator refused this member's offsets; the transaction is aborted and the input folded again from the committed offsets",
+			zap.String("member", x.g.memberID), zap.Error(commitErr))
+	}
+	return commit, nil
+}
+
+// end is EndTxn, retried as an abort when the commit was not attempted or
+// its outcome is unknown (as GroupTransactSession does).
+func (x *streamsTxn) end(ctx context.Context, commit bool) error {
+	var err error
+	for range 10 {
+		err = x.cl.EndTransaction(ctx, kgo.TransactionEndTry(commit))
+		if err == nil || !(errors.Is(err, kerr.OperationNotAttempted) || errors.Is(err, kerr.TransactionAbortable) || errors.Is(err, kerr.UnknownServerError)) {
+			return err
+		}
+		commit = false
+	}
+	return err
+}
+
+// abortableCommitError reports whether a refused offset commit only aborts
+// the transaction: the member moved on or the coordinator is moving.
+func abortableCommitError(err error) bool {
+	for _, e := range []error{kerr.IllegalGeneration, kerr.UnknownMemberID, kerr.StaleMemberEpoch, kerr.FencedMemberEpoch,
+		kerr.GroupIDNotFound, kerr.RebalanceInProgress, kerr.CoordinatorNotAvailable, kerr.CoordinatorLoadInProgress,
+		kerr.NotCoordinator, kerr.ConcurrentTransactions, kerr.UnknownServerError, kerr.TransactionAbortable, kerr.UnstableOffsetCommit, errNotMemberYet} {
+		if errors.Is(err, e) {
+			return true
+		}
+	}
+	return false
+}
+
+// commitOffsets puts offsets in the open transaction in the member's name.
+func (x *streamsTxn) commitOffsets(ctx context.Context, offsets map[string]map[int32]kgo.EpochOffset) error {
+	st, epoch := x.g.state()
+	if st != memberStable {
+		return errNotMemberYet
+	}
+	id, pepoch, err := x.cl.ProducerID(ctx)
+	if err != nil {
+		return err
+	}
+	if !x.tv2.Load() {
+		err := retryConcurrent(ctx, func() error {
+			req := kmsg.NewPtrAddOffsetsToTxnRequest()
+			req.TransactionalID, req.ProducerID, req.ProducerEpoch, req.Group = x.txnID, id, pepoch, x.g.group
+			resp, err := req.RequestWith(ctx, x.cl)
+			if err != nil {
+				return err
+			}
+			return kerr.ErrorForCode(resp.ErrorCode)
+		})
+		if err != nil {
+			return fmt.Errorf("adding the offsets to the transaction: %w", err)
+		}
+	}
+	ids, err := x.g.topicIDs(ctx)
+	if err != nil {
+		return err
+	}
+	return retryConcurrent(ctx, func() error {
+		req := kmsg.NewPtrTxnOffsetCommitRequest()
+		req.TransactionalID, req.Group, req.ProducerID, req.ProducerEpoch = x.txnID, x.g.group, id, pepoch
+		req.Generation, req.MemberID = epoch, x.g.memberID
+		for topic, ps := range offsets {
+			rt := kmsg.NewTxnOffsetCommitRequestTopic()
+			// TxnOffsetCommit v6 names topics by id.
+			rt.Topic, rt.TopicID = topic, ids[topic]
+			for p, eo := range ps {
+				rp := kmsg.NewTxnOffsetCommitRequestTopicPartition()
+				rp.Partition, rp.Offset, rp.LeaderEpoch = p, eo.Offset, eo.Epoch
+				rt.Partitions = append(rt.Partitions, rp)
+			}
+			req.Topics = append(req.Topics, rt)
+		}
+		resp, err := req.RequestWith(ctx, x.cl)
+		if err != nil {
+			return err
+		}
+		var errs []error
+		for _, t := range resp.Topics {
+			name := t.Topic
+			for n, id := range ids {
+				if id == t.TopicID && name == "" {
+					name = n
+				}
+			}
+			for _, p := range t.Partitions {
+				if err := kerr.ErrorForCode(p.ErrorCode); err != nil {
+					errs = append(errs, fmt.Errorf("%s-%d: %w", name, p.Partition, err))
+				}
+			}
+		}
+		if err := errors.Join(errs...); err != nil {
+			if errors.Is(err, kerr.UnknownTopicID) {
+				x.g.forgetTopicIDs()
+			}
+			return err
+		}
+		return nil
+	})
+}
+
+// retryConcurrent runs fn until it succeeds or fails with anything but
+// CONCURRENT_TRANSACTIONS (the previous transaction's markers are still
+// being written), for at most 5 s.
+func retryConcurrent(ctx context.Context, fn func() error) error {
+	wait := 20 * time.Millisecond
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		err := fn()
+		if !errors.Is(err, kerr.ConcurrentTransactions) || time.Now().After(deadline) {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(wait):
+		}
+		wait = min(2*wait, 500*time.Millisecond)
+	}
+}
