@@ -188,6 +188,9 @@ type memberView struct {
 	Name, Server, Link string
 	Tasks, Standbys    string
 	Self               bool
+	// Member is "member <id> · epoch N" in a streams group, Pending the
+	// tasks its coordinator means for it and has not given yet.
+	Member, Pending string
 }
 
 type topView struct {
@@ -375,7 +378,10 @@ func trouble(t status.Task) (text, class string) {
 func (p *statusPage) members() (members []memberView, server string) {
 	for _, is := range p.b.Instances() {
 		m := memberView{Name: is.Name, Server: is.Server, Self: is.Self,
-			Tasks: strings.Join(is.Tasks, ", "), Standbys: strings.Join(is.Standbys, ", ")}
+			Tasks: strings.Join(is.Tasks, ", "), Standbys: strings.Join(is.Standbys, ", "), Pending: strings.Join(is.Pending, ", ")}
+		if is.Member != "" {
+			m.Member = fmt.Sprintf("member %s · epoch %d", is.Member, is.MemberEpoch)
+		}
 		if config.CheckServer(is.Server) == nil {
 			m.Link = (&url.URL{Scheme: p.scheme, Host: is.Server, Path: "/"}).String()
 		}

@@ -113,7 +113,8 @@ func restoringPage() (*pageBackend, *statusPage) {
 		},
 		members: []status.Instance{
 			{Name: "salesagg-0", Server: "127.0.0.1:8080", Tasks: []string{"0_0", "0_1", "0_2"}, Standbys: []string{"0_3"}, Self: true},
-			{Name: `<b>evil</b>"member`, Server: `x"><script>alert(1)</script>`, Tasks: []string{"0_3"}},
+			{Name: `<b>evil</b>"member`, Server: `x"><script>alert(1)</script>`, Tasks: []string{"0_3"},
+				Member: "m-<i>1", MemberEpoch: 7, Pending: []string{"0_4"}},
 		},
 		stores: map[string][]state.Total{
 			"0_0": {{Product: `<script>alert("pwned")</script>`, Total: 900}, {Product: "a&b", Total: 50}, {Product: "plain", Total: 70}},
@@ -131,7 +132,8 @@ func restoringPage() (*pageBackend, *statusPage) {
 func TestStatusPageShowsTasksRestoreProgressAndEscapes(t *testing.T) {
 	// Scenario: the page lists each task with its state, a determinate progress bar with rate and
 	// ETA for a restore whose range is known, an indeterminate one while it is not, standby copies,
-	// the members, the top products and the last errors, escaping every name; it refreshes itself
+	// the members (a streams member with its member id, epoch and the tasks it is taking), the
+	// top products and the last errors, escaping every name; it refreshes itself
 	// and its Content-Security-Policy allows exactly its own inline style and script.
 	b, page := restoringPage()
 	now := time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)
@@ -148,6 +150,7 @@ func TestStatusPageShowsTasksRestoreProgressAndEscapes(t *testing.T) {
 		"42 records behind", `&lt;script&gt;alert(&#34;pwned&#34;)&lt;/script&gt;`, "a&amp;b",
 		`&lt;b&gt;evil&lt;/b&gt;&#34;member`, "Skipping bad event &lt;img src=x onerror=alert(1)&gt;",
 		"task=0_1 offset=17 error=", "Task failed", "the last 2 of 2 warnings and errors",
+		"member m-&lt;i&gt;1 · epoch 7", "(taking 0_4)",
 	} {
 		if !strings.Contains(body, want) {
 			t.Errorf("page lacks %q", want)

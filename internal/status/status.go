@@ -114,6 +114,14 @@ type Instance struct {
 	// Standbys are the tasks it keeps standby (or warm-up) copies of.
 	Standbys []string `json:"standbys"`
 	Self     bool     `json:"self"`
+	// Member and MemberEpoch are its member id and epoch in a streams
+	// group (group.protocol streams), as the group coordinator describes
+	// them; empty under classic or when the coordinator did not answer.
+	Member      string `json:"member,omitempty"`
+	MemberEpoch int32  `json:"member_epoch,omitempty"`
+	// Pending are the tasks the streams group's coordinator means for it
+	// that it is not given yet (their previous owner has not let go).
+	Pending []string `json:"pending_tasks,omitempty"`
 }
 
 // Peer is another instance: its name in the group and its application.server.

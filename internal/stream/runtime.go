@@ -100,6 +100,9 @@ type Runtime struct {
 	appServer string
 	// current is the group session running (nil before the first).
 	current atomic.Pointer[session]
+	// described is the streams group as its coordinator describes it,
+	// for /v1/instances (group.protocol streams).
+	described groupDescription
 }
 
 // New returns a runtime for cfg using the locked state dir.

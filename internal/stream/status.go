@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -270,12 +271,44 @@ func (rt *Runtime) Instances() []status.Instance {
 		}
 		sort.Slice(is.Standbys, func(i, j int) bool { return taskLess(is.Standbys[i], is.Standbys[j]) })
 	}
+	rt.describeMembers(byName)
 	out := make([]status.Instance, 0, len(byName))
 	for _, is := range byName {
 		out = append(out, *is)
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
 	return out
+}
+
+// describeMembers adds what a streams group's coordinator describes of
+// each member (StreamsGroupDescribe): its member id and epoch, and the
+// tasks it means for the member that the member is not given yet. A
+// member is matched by its name, or else by its application.server.
+func (rt *Runtime) describeMembers(byName map[string]*status.Instance) {
+	// A session exists only once Run made the client (read through it).
+	s := rt.current.Load()
+	if rt.member == nil || s == nil {
+		return
+	}
+	for _, d := range rt.described.read(s.env.client, rt.env.cfg.ApplicationID) {
+		is := byName[d.name]
+		if is == nil {
+			for _, candidate := range byName {
+				if d.endpoint != "" && candidate.Server == d.endpoint {
+					is = candidate
+				}
+			}
+		}
+		if is == nil {
+			continue
+		}
+		is.Member, is.MemberEpoch = d.id, d.epoch
+		for _, p := range d.target {
+			if !slices.Contains(d.active, p) {
+				is.Pending = append(is.Pending, state.TaskName(p))
+			}
+		}
+	}
 }
 
 // taskLess orders task names by partition ("0_2" before "0_10").

@@ -725,3 +725,76 @@ func (g *streamsGroup) leave(ctx context.Context) error {
 	s.env.log.Info("Left the group", zap.String("member", g.memberID))
 	return nil
 }
+
+// describedMember is what StreamsGroupDescribe says of one member.
+type describedMember struct {
+	// name is its salesagg.instance client tag, endpoint its
+	// application.server ("" when none).
+	name, endpoint string
+	id             string
+	epoch          int32
+	// active are the tasks it holds, target those the coordinator means
+	// for it.
+	active, target []int32
+}
+
+// groupDescription is the latest StreamsGroupDescribe of the group, read
+// again at most once a second for the status (Runtime.Instances). Guarded
+// by mu.
+type groupDescription struct {
+	mu      sync.Mutex
+	at      time.Time
+	members []describedMember
+}
+
+// read returns the members as the coordinator describes them now (or as it
+// did within the last second); nil when it does not answer.
+func (d *groupDescription) read(cl *kgo.Client, group string) []describedMember {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if time.Since(d.at) < time.Second {
+		return d.members
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	ms, err := describeStreamsGroup(ctx, cl, group)
+	if err != nil {
+		ms = nil
+	}
+	d.at, d.members = time.Now(), ms
+	return ms
+}
+
+// describeStreamsGroup asks group's coordinator for its members.
+func describeStreamsGroup(ctx context.Context, cl *kgo.Client, group string) ([]describedMember, error) {
+	coord, err := findGroupCoordinator(ctx, cl, group)
+	if err != nil {
+		return nil, err
+	}
+	req := kmsg.NewPtrStreamsGroupDescribeRequest()
+	req.Groups = []string{group}
+	kresp, err := cl.Broker(int(coord)).Request(ctx, req)
+	if err != nil {
+		return nil, err
+	}
+	var out []describedMember
+	for _, gr := range kresp.(*kmsg.StreamsGroupDescribeResponse).Groups {
+		if err := kerr.ErrorForCode(gr.ErrorCode); err != nil {
+			return nil, err
+		}
+		for _, mb := range gr.Members {
+			d := describedMember{id: mb.MemberID, epoch: mb.MemberEpoch,
+				active: subtopologyTasks(mb.Assignment.ActiveTasks), target: subtopologyTasks(mb.TargetAssignment.ActiveTasks)}
+			if mb.UserEndpoint != nil {
+				d.endpoint = net.JoinHostPort(mb.UserEndpoint.Host, strconv.Itoa(int(mb.UserEndpoint.Port)))
+			}
+			for _, tag := range mb.ClientTags {
+				if tag.Key == instanceTag {
+					d.name = tag.Value
+				}
+			}
+			out = append(out, d)
+		}
+	}
+	return out, nil
+}

@@ -34,8 +34,9 @@ const streamsGroupsClass = "org.apache.kafka.tools.streams.StreamsGroupCommand"
 // TestStreamsGroupDescribedByKafkaTools: two instances with group.protocol streams split the
 // three tasks, and kafka-streams-groups.sh (Kafka 4.4's StreamsGroupCommand from the Maven jars)
 // describes the group: both members, each under its state dir's process id as member and
-// process id, with the active tasks it runs by its own /v1/tasks; and the group's lag is 0 once
-// every event is folded and committed.
+// process id, with the active tasks it runs by its own /v1/tasks; each instance's /v1/instances
+// lists the same members with their member ids and epochs (StreamsGroupDescribe); and the group's
+// lag is 0 once every event is folded and committed.
 func TestStreamsGroupDescribedByKafkaTools(t *testing.T) {
 	jars := kafkaJars(t)
 	rng, appID, input, notif := begin(t, "sgtools", 0x7367746f)
@@ -97,6 +98,38 @@ func TestStreamsGroupDescribedByKafkaTools(t *testing.T) {
 			t.Errorf("%s runs %v; the tool describes its member with %v: %s", m.Name, runs, described, line)
 		}
 	}
+	// /v1/instances reads the same group: each instance lists both members under their member
+	// ids (their process ids) with their epochs and the tasks they run.
+	harness.WaitFor(t, 30*time.Second, "/v1/instances on each instance to describe both members", func() error {
+		for _, asker := range members {
+			var body struct {
+				Instances []struct {
+					Member      string   `json:"member"`
+					MemberEpoch int32    `json:"member_epoch"`
+					Tasks       []string `json:"tasks"`
+				} `json:"instances"`
+			}
+			if _, err := asker.GetJSON("/v1/instances", &body); err != nil {
+				return err
+			}
+			for _, m := range members {
+				pid := processID(t, m.Dir, appID)
+				found := false
+				for _, is := range body.Instances {
+					runs := running(t, m)
+					slices.Sort(runs)
+					slices.Sort(is.Tasks)
+					if is.Member == pid && is.MemberEpoch > 0 && slices.Equal(is.Tasks, runs) {
+						found = true
+					}
+				}
+				if !found {
+					return fmt.Errorf("%s's /v1/instances has no member %s (%s) with an epoch and the tasks it runs: %+v", asker.Name, pid, m.Name, body.Instances)
+				}
+			}
+		}
+		return nil
+	})
 	harness.WaitFor(t, 60*time.Second, "the group's lag to be 0 on every partition", func() error {
 		out := describe("--offsets")
 		lags := 0
