@@ -34,8 +34,8 @@ test-torture: ## the 30-minute fault torture on a three-broker Apache Kafka clus
 	SEED=$(SEED) TORTURE_DURATION=$(DURATION) TORTURE_GUARANTEES=$(GUARANTEE) E2E_LOG_DIR=$${E2E_LOG_DIR:-/tmp/salesagg-torture} \
 	  $(GO) test -tags torture -count=1 -timeout 3h -run TestTorture -v ./test/torture/
 
-test-torture-short: ## the torture's short version run in CI: 2.5 minutes of faults per guarantee, both
-	SEED=$(SEED) TORTURE_DURATION=150s TORTURE_GUARANTEES=exactly_once_v2,at_least_once \
+test-torture-short: ## the torture's short version run in CI: 2.5 minutes of faults per guarantee, both, and exactly-once in a streams group
+	SEED=$(SEED) TORTURE_DURATION=150s TORTURE_GUARANTEES=exactly_once_v2,at_least_once,exactly_once_v2/streams \
 	  $(GO) test -tags torture -count=1 -timeout 40m -run TestTorture -v ./test/torture/
 
 test-docker: ## the image and the compose walkthrough on a dockerd of its own (root; installs docker.io, see test/docker)

@@ -18,6 +18,9 @@ import (
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/salesagg/salesagg/bench/kit"
 )
@@ -28,9 +31,10 @@ type env struct {
 	tmp    string
 	addr   string
 	adm    *kadm.Client
-	bin    string // the built salesagg
-	refSh  string // bench/kstreams-reference/run.sh
-	prefix string // of every topic and group of the benchmark
+	kc     *kgo.Client // adm's client
+	bin    string      // the built salesagg
+	refSh  string      // bench/kstreams-reference/run.sh
+	prefix string      // of every topic and group of the benchmark
 }
 
 // settings are the group settings of one run.
@@ -161,6 +165,7 @@ func (c *cluster) start(in *instance) error {
 		"--processing.guarantee", guarantee,
 		"--commit.interval.ms", strconv.FormatInt(c.e.o.commitInterval.Milliseconds(), 10),
 		"--log.format", "json",
+		"--group.protocol", c.e.o.groupProtocol,
 	}
 	args = append(args, c.set.flags()...)
 	pname := fmt.Sprintf("%s-%s-%d", c.name, in.name, in.starts)
@@ -190,15 +195,21 @@ func (c *cluster) referenceArgs(in *instance) []string {
 		"--notification-topic", c.app + "-notifications",
 		"--state-dir", in.stateDir,
 		"--http-addr", in.addr,
-		"--instance-id", in.name,
 		"--processing-guarantee", guarantee,
 		"--commit-interval-ms", strconv.FormatInt(o.commitInterval.Milliseconds(), 10),
 		"--num-standby-replicas", strconv.Itoa(c.set.Standbys),
 		"--leave-group-on-close", strconv.FormatBool(c.set.LeaveGroupOnClose),
 		"--rocksdb", o.refRocksDB,
 		"--transactional-state-stores", strconv.FormatBool(o.refTxnStores),
-		"--prop", "session.timeout.ms=" + strconv.FormatInt(o.sessionTimeout.Milliseconds(), 10),
 		"--prop", "probing.rebalance.interval.ms=" + strconv.Itoa(o.refProbingMs),
+	}
+	if o.groupProtocol == "streams" {
+		// A streams group has no static membership, and runs the session
+		// by the group's configuration (set by setStreamsGroup).
+		args = append(args, "--prop", "group.protocol=streams")
+	} else {
+		args = append(args, "--instance-id", in.name,
+			"--prop", "session.timeout.ms="+strconv.FormatInt(o.sessionTimeout.Milliseconds(), 10))
 	}
 	if c.set.MaxWarmupReplicas > 0 {
 		args = append(args, "--prop", "max.warmup.replicas="+strconv.Itoa(c.set.MaxWarmupReplicas))
@@ -999,4 +1010,40 @@ func (c *cluster) adopt(in *instance, p *kit.Proc) {
 	in.mu.Lock()
 	in.proc = p
 	in.mu.Unlock()
+}
+
+// setStreamsGroup sets the streams group's session timeout, standby
+// replicas and (when the run sets them) warm-up replicas on the broker (IncrementalAlterConfigs on the group): under the
+// streams protocol the coordinator runs them by the group's configuration,
+// not by what a member asks. salesagg sets them itself from its keys; the
+// reference cannot, so the run does it before the reference starts.
+func (c *cluster) setStreamsGroup(ctx context.Context, cl *kgo.Client) error {
+	req := kmsg.NewPtrIncrementalAlterConfigsRequest()
+	res := kmsg.NewIncrementalAlterConfigsRequestResource()
+	res.ResourceType, res.ResourceName = kmsg.ConfigResourceTypeGroupConfig, c.app
+	set := map[string]string{
+		"streams.session.timeout.ms":   strconv.FormatInt(c.e.o.sessionTimeout.Milliseconds(), 10),
+		"streams.num.standby.replicas": strconv.Itoa(c.set.Standbys),
+	}
+	if c.set.MaxWarmupReplicas > 0 {
+		set["streams.num.warmup.replicas"] = strconv.Itoa(c.set.MaxWarmupReplicas)
+	}
+	for k, v := range set {
+		rc := kmsg.NewIncrementalAlterConfigsRequestResourceConfig()
+		rc.Name, rc.Value = k, kmsg.StringPtr(v)
+		res.Configs = append(res.Configs, rc)
+	}
+	req.Resources = append(req.Resources, res)
+	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	resp, err := req.RequestWith(cctx, cl)
+	if err != nil {
+		return fmt.Errorf("setting the streams group's configuration: %w", err)
+	}
+	for _, r := range resp.Resources {
+		if err := kerr.ErrorForCode(r.ErrorCode); err != nil {
+			return fmt.Errorf("setting the streams group's configuration: %w", err)
+		}
+	}
+	return nil
 }

@@ -54,6 +54,9 @@ type options struct {
 	poll           time.Duration // probe period
 	seed           uint64
 	systems        []string
+	// groupProtocol is every instance's group protocol: classic, or
+	// streams (a KIP-1071 streams group, for both systems).
+	groupProtocol string
 	// The Kafka Streams reference's own settings.
 	refTxnStores bool   // enable.transactional.statestores
 	refRocksDB   string // run.sh --rocksdb
@@ -81,6 +84,7 @@ func run() int {
 	fs.DurationVar(&o.poll, "poll", 50*time.Millisecond, "period of the product probes")
 	fs.Uint64Var(&o.seed, "seed", 20240601, "seed of the steady producer's product choice")
 	fs.StringVar(&systems, "systems", sysSalesagg+","+sysReference, "comma-separated systems, each run of a scenario once per system in this order: salesagg, reference (the Kafka Streams reference)")
+	fs.StringVar(&o.groupProtocol, "group-protocol", "classic", "every instance's group protocol: classic, or streams (a KIP-1071 streams group: salesagg's group.protocol streams, the reference's group.protocol=streams without static membership; the group's streams.session.timeout.ms and streams.num.standby.replicas are set on the broker)")
 	fs.BoolVar(&o.refTxnStores, "reference-transactional-stores", true, "run the reference with enable.transactional.statestores (KIP-892: under exactly-once its state survives a kill -9)")
 	fs.StringVar(&o.refRocksDB, "reference-rocksdb", "default", "the reference's RocksDB settings: default, or tuned (run.sh --rocksdb tuned)")
 	fs.IntVar(&o.refProbingMs, "reference-probing-rebalance-interval-ms", 60000, "probing.rebalance.interval.ms of the reference (Kafka Streams' default 600000, its minimum 60000): how soon a warmed-up copy takes over")
@@ -108,6 +112,9 @@ func (o *options) validate() error {
 	}
 	problems = append(problems, kit.OneOf("--scenarios", o.scenarios, scKill, scRolling, scScale)...)
 	problems = append(problems, kit.OneOf("--systems", o.systems, sysSalesagg, sysReference)...)
+	if o.groupProtocol != "classic" && o.groupProtocol != "streams" {
+		problems = append(problems, "--group-protocol must be classic or streams")
+	}
 	if o.refRocksDB != "default" && o.refRocksDB != "tuned" {
 		problems = append(problems, "--reference-rocksdb must be default or tuned")
 	}

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -41,7 +42,7 @@ func benchmark(ctx context.Context, o options) (err error) {
 			Scenarios: o.scenarios, ProcessingGuarantee: guarantee,
 			SessionTimeoutMs: o.sessionTimeout.Milliseconds(), CommitIntervalMs: o.commitInterval.Milliseconds(),
 			SteadyMs: o.steady.Milliseconds(), PollMs: o.poll.Milliseconds(), TimeoutMs: o.timeout.Milliseconds(),
-			StopTimeoutMs: o.stopTimeout.Milliseconds(), Seed: o.seed, Systems: o.systems,
+			StopTimeoutMs: o.stopTimeout.Milliseconds(), Seed: o.seed, Systems: o.systems, GroupProtocol: o.groupProtocol,
 			ReferenceTransactionalStores: o.refTxnStores, ReferenceRocksDB: o.refRocksDB, ReferenceProbingMs: o.refProbingMs,
 		},
 		ExternalBroker: o.bootstrap != "",
@@ -74,7 +75,7 @@ func benchmark(ctx context.Context, o options) (err error) {
 	if err != nil {
 		return err
 	}
-	e.addr, e.adm = br.Addr, br.Adm
+	e.addr, e.adm, e.kc = br.Addr, br.Adm, br.Client
 	rep.Bootstrap = e.addr
 	rep.Versions = kit.Versions{Go: runtime.Version(), Java: kit.JavaVersion(), Kafka: br.Version, KafkaStreams: streamsVersion}
 	rep.Versions.GitCommit, rep.Versions.GitDirty = kit.GitState(o.repo)
@@ -149,6 +150,7 @@ type parameters struct {
 	StopTimeoutMs       int64    `json:"stop_timeout_ms"`
 	Seed                uint64   `json:"seed"`
 	Systems             []string `json:"systems"`
+	GroupProtocol       string   `json:"group_protocol"`
 	// The reference's settings (when it runs).
 	ReferenceTransactionalStores bool   `json:"reference_transactional_state_stores"`
 	ReferenceRocksDB             string `json:"reference_rocksdb"`
@@ -177,8 +179,8 @@ func (rep *report) header() string {
 	var b strings.Builder
 	p, m, v := rep.Parameters, rep.Machine, rep.Versions
 	fmt.Fprintf(&b, "## Failover benchmark: %s\n\n", strings.Join(rep.Parameters.Systems, " vs "))
-	fmt.Fprintf(&b, "- state: %s products preloaded per run (one event each), %d input partitions (tasks), %d instances (scale: %d → %d), %s, commit.interval.ms %d, session.timeout.ms %d\n",
-		kit.Group(int64(p.Products)), p.Partitions, p.Instances, p.Instances-1, p.Instances, p.ProcessingGuarantee, p.CommitIntervalMs, p.SessionTimeoutMs)
+	fmt.Fprintf(&b, "- state: %s products preloaded per run (one event each), %d input partitions (tasks), %d instances (scale: %d → %d), %s, commit.interval.ms %d, session.timeout.ms %d, group protocol %s\n",
+		kit.Group(int64(p.Products)), p.Partitions, p.Instances, p.Instances-1, p.Instances, p.ProcessingGuarantee, p.CommitIntervalMs, p.SessionTimeoutMs, cmp.Or(p.GroupProtocol, "classic"))
 	fmt.Fprintf(&b, "- load: %d events/s over all products while measuring (%s of steady state before each disruption); probes every %d ms\n",
 		p.RateEventsPerS, time.Duration(p.SteadyMs)*time.Millisecond, p.PollMs)
 	fmt.Fprintf(&b, "- machine: %d cores (%s), %s RAM, load average %s at start, %s at end\n",
@@ -189,8 +191,12 @@ func (rep *report) header() string {
 	}
 	fmt.Fprintf(&b, "- versions: %s, Java %s, Kafka broker %s, Kafka Streams %s, git %s%s; broker %s\n", v.Go, v.Java, v.Kafka, v.KafkaStreams, kit.Short(v.GitCommit), dirty, rep.Bootstrap)
 	if slices.Contains(p.Systems, sysReference) {
-		fmt.Fprintf(&b, "- reference: one stream thread, static membership (group.instance.id = the instance name), enable.transactional.statestores %t, RocksDB %s, probing.rebalance.interval.ms %d; products asked through its own HTTP endpoint, which forwards to the key's active owner (queryMetadataForKey + application.server) and falls back to a standby\n",
-			p.ReferenceTransactionalStores, p.ReferenceRocksDB, p.ReferenceProbingMs)
+		membership := "static membership (group.instance.id = the instance name)"
+		if p.GroupProtocol == "streams" {
+			membership = "group.protocol=streams (no static membership; the group's session and standbys set on the broker)"
+		}
+		fmt.Fprintf(&b, "- reference: one stream thread, %s, enable.transactional.statestores %t, RocksDB %s, probing.rebalance.interval.ms %d; products asked through its own HTTP endpoint, which forwards to the key's active owner (queryMetadataForKey + application.server) and falls back to a standby\n",
+			membership, p.ReferenceTransactionalStores, p.ReferenceRocksDB, p.ReferenceProbingMs)
 	}
 	return b.String()
 }

@@ -127,6 +127,11 @@ func runOne(ctx context.Context, e *env, sys, scenario, name string, set setting
 			if err := kit.CreateTopic(ctx, e.adm, c.app+"-notifications", partitions); err != nil {
 				return err
 			}
+			if e.o.groupProtocol == "streams" {
+				if err := c.setStreamsGroup(ctx, e.kc); err != nil {
+					return err
+				}
+			}
 		}
 		logf("%s: preloading %d products into %s", name, e.o.products, c.topic)
 		ends, took, err := preload(ctx, e.addr, c.topic, e.o.products, e.adm)

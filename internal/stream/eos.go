@@ -249,7 +249,10 @@ func (e *exactlyOnce) revoked(ctx context.Context, _ *kgo.Client, ps []int32) {
 // unless the open one has nothing to write; the caller holds
 // session.between. An error is the poll loop's to return (lateErr).
 func (e *exactlyOnce) cycleNow(ctx context.Context) error {
-	if e.lateErr.Load() != nil || e.idle() {
+	if errp := e.lateErr.Load(); errp != nil {
+		return *errp
+	}
+	if e.idle() {
 		return nil
 	}
 	e.commitSoon.Store(false)
@@ -279,16 +282,21 @@ func (e *exactlyOnce) replaced([]int32) {}
 func (e *exactlyOnce) stop(work context.Context, pollErr error) error {
 	var lastErr error
 	outcome := "committed with the last transaction"
+	// Under between: a streams revoke may run a cycle (cycleNow) until the
+	// session is stopping.
+	e.s.between.Lock()
+	if errp := e.lateErr.Load(); errp != nil && pollErr == nil {
+		pollErr, lastErr = *errp, *errp
+	}
 	switch {
 	case errors.Is(pollErr, errSessionFenced):
 		outcome = "dropped: the producer was fenced, the store holds the committed state"
 	case errors.Is(pollErr, errProducerIDLost):
 		outcome = "dropped: the producer has no producer id, the store holds the committed state"
 	case pollErr == nil && !e.idle():
-		e.s.between.Lock()
 		lastErr = e.transact(work)
-		e.s.between.Unlock()
 	}
+	e.s.between.Unlock()
 	return errors.Join(lastErr, e.s.stopTasks(e.s.reg.partitions(), false, outcome))
 }
 
@@ -311,11 +319,18 @@ func (e *exactlyOnce) poll(ctx, work context.Context) error {
 	// it was killed, which every task's restore waits for
 	// (waitSettledChangelog).
 	s.goroutine(func() { _, _, _ = e.txn.Client().ProducerID(ctx) })
-	if err := e.txn.Begin(); err != nil {
+	s.between.Lock()
+	err := e.txn.Begin()
+	s.between.Unlock()
+	if err != nil {
 		return fmt.Errorf("beginning transaction: %w", e.beginFailed(err))
 	}
 	next := time.Now().Add(s.env.cfg.CommitInterval)
 	for {
+		var polled uint64
+		if e.streams != nil {
+			polled = e.streams.polling()
+		}
 		// A task past maxDirty cuts the poll short.
 		dctx, dcancel := context.WithDeadline(ctx, next)
 		pctx, pcancel := cancelOn(dctx, e.commitNow, func() { e.commitSoon.Store(true) })
@@ -331,7 +346,7 @@ func (e *exactlyOnce) poll(ctx, work context.Context) error {
 		// The hand-out and the cycle run between two polls: a streams
 		// group applies its assignments in between (session.between).
 		s.between.Lock()
-		stop, err := e.handOut(ctx, work, fetches, &next)
+		stop, err := e.handOut(ctx, work, fetches, polled, &next)
 		s.between.Unlock()
 		if stop || err != nil {
 			return err
@@ -341,15 +356,16 @@ func (e *exactlyOnce) poll(ctx, work context.Context) error {
 
 // handOut hands the polled records to the tasks and, when the interval is
 // over or a task asked, runs the cycle and begins the next transaction; the
-// caller holds session.between. stop: ctx ended.
-func (e *exactlyOnce) handOut(ctx, work context.Context, fetches kgo.Fetches, next *time.Time) (stop bool, err error) {
+// caller holds session.between. polled is the streams transaction's
+// generation when the poll began (see streamsTxn.gone). stop: ctx ended.
+func (e *exactlyOnce) handOut(ctx, work context.Context, fetches kgo.Fetches, polled uint64, next *time.Time) (stop bool, err error) {
 	s := e.s
 	if errp := e.lateErr.Load(); errp != nil {
 		return true, *errp
 	}
 	var skip map[int32]bool
 	if e.streams != nil {
-		skip = e.streams.gone(fetches)
+		skip = e.streams.gone(fetches, polled)
 	}
 	// Every polled record must reach its task, even when ctx ended
 	// during the poll: the transaction commits the offsets of all of

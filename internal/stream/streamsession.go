@@ -168,30 +168,38 @@ func (g *streamsGroup) brokersSpeakStreams(ctx context.Context) bool {
 }
 
 // configureGroup sets the group's own settings from this process's keys:
-// under the streams protocol the coordinator runs the session and the
-// standby replicas by the group's configuration (streams.session.timeout.ms,
-// streams.num.standby.replicas), not by what a member asks. Refused (no
-// ALTER_CONFIGS on the group, a session timeout outside the broker's
-// group.streams.min/max.session.timeout.ms), the standbys are set alone,
-// and a warning says what the group keeps. The lease then runs by the
-// group's session timeout when it is shorter than session.timeout.ms.
+// under the streams protocol the coordinator runs the session, the standby
+// replicas and the warm-ups by the group's configuration
+// (streams.session.timeout.ms, streams.num.standby.replicas,
+// streams.num.warmup.replicas, streams.acceptable.recovery.lag), not by
+// what a member asks. Refused (a broker before 4.4 knows no warm-up
+// settings; no ALTER_CONFIGS on the group; a value outside the broker's
+// bounds), it tries again with fewer: without the warm-ups, then the
+// standbys alone, and a warning says what the group keeps. The lease then
+// runs by the group's session timeout when it is shorter than
+// session.timeout.ms.
 func (g *streamsGroup) configureGroup(ctx context.Context) {
 	e := g.s.env
-	session := strconv.FormatInt(e.cfg.SessionTimeout.Milliseconds(), 10)
-	standbys := strconv.Itoa(e.cfg.NumStandbyReplicas)
-	set := map[string]string{"streams.session.timeout.ms": session, "streams.num.standby.replicas": standbys}
-	err := g.alterGroup(ctx, set)
-	if err != nil {
-		e.log.Warn("Could not set the streams group's session timeout from session.timeout.ms; setting its standby replicas alone",
-			zap.String("group", g.group), zap.Any("wanted", set), zap.Error(err))
-		set = map[string]string{"streams.num.standby.replicas": standbys}
-		if err = g.alterGroup(ctx, set); err != nil {
-			e.log.Warn("Could not set the streams group's standby replicas from num.standby.replicas; the group keeps its own (set them with kafka-configs --entity-type groups)",
-				zap.String("group", g.group), zap.Any("wanted", set), zap.Error(err))
+	standbys := map[string]string{"streams.num.standby.replicas": strconv.Itoa(e.cfg.NumStandbyReplicas)}
+	session := maps.Clone(standbys)
+	session["streams.session.timeout.ms"] = strconv.FormatInt(e.cfg.SessionTimeout.Milliseconds(), 10)
+	all := maps.Clone(session)
+	all["streams.num.warmup.replicas"] = strconv.Itoa(e.cfg.MaxWarmupReplicas)
+	all["streams.acceptable.recovery.lag"] = strconv.FormatInt(e.cfg.AcceptableRecoveryLag, 10)
+	var err error
+	for i, set := range []map[string]string{all, session, standbys} {
+		if err = g.alterGroup(ctx, set); err == nil {
+			if i > 0 {
+				e.log.Warn("The streams group keeps its own settings for some of this process's keys (set them with kafka-configs --entity-type groups)",
+					zap.String("group", g.group), zap.Any("wanted", all), zap.Any("set", set))
+			}
+			e.log.Info("Set the streams group's configuration", zap.String("group", g.group), zap.Any("config", set))
+			break
 		}
+		e.log.Warn("Could not set the streams group's configuration", zap.String("group", g.group), zap.Any("wanted", set), zap.Error(err))
 	}
-	if err == nil {
-		e.log.Info("Set the streams group's configuration", zap.String("group", g.group), zap.Any("config", set))
+	if err != nil {
+		e.log.Warn("The streams group keeps its own configuration (set it with kafka-configs --entity-type groups)", zap.String("group", g.group))
 	}
 	if d, err := g.groupSessionTimeout(ctx); err == nil && d > 0 && d < e.cfg.SessionTimeout {
 		e.log.Warn("The streams group's session timeout is shorter than session.timeout.ms; the lease runs by the group's",
@@ -473,8 +481,13 @@ func (g *streamsGroup) reconcile(ctx context.Context) {
 			add = append(add, p)
 		}
 	}
-	s.between.Lock()
-	defer s.between.Unlock()
+	if len(revoke)+len(add) > 0 {
+		// Only a change of tasks waits for the poll loop to be between
+		// two polls (exactly-once: between two cycles); an answer that
+		// changes none does not hold up the heartbeats.
+		s.between.Lock()
+		defer s.between.Unlock()
+	}
 	if len(revoke) > 0 {
 		s.env.log.Info("Revoking tasks", zap.Strings("tasks", taskNames(revoke)), zap.Int32("member_epoch", epoch))
 		s.g.revoked(ctx, cl, revoke)
@@ -528,14 +541,25 @@ func (s *session) committedOffsets(ctx context.Context, ps []int32) (map[string]
 		return nil, err
 	}
 	reset := kgo.NewOffset().AtStart()
+	var ends kadm.ListedOffsets
 	if e.cfg.AutoOffsetReset == "latest" {
-		reset = kgo.NewOffset().AtEnd()
+		// The end as an offset, not "the end": a rewind after an abort
+		// (exactly-once) must not skip what arrived since.
+		if ends, err = e.admin.ListEndOffsets(cctx, topics...); err == nil {
+			err = ends.Error()
+		}
+		if err != nil {
+			return nil, err
+		}
 	}
 	out := map[string]map[int32]kgo.Offset{}
 	for _, topic := range topics {
 		out[topic] = map[int32]kgo.Offset{}
 		for _, p := range ps {
 			out[topic][p] = reset
+			if o, ok := ends.Lookup(topic, p); ok {
+				out[topic][p] = kgo.NewOffset().At(o.Offset)
+			}
 			if o, ok := committed.Lookup(topic, p); ok && o.At >= 0 {
 				out[topic][p] = kgo.NewOffset().At(o.At)
 			}

@@ -11,6 +11,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
+	"github.com/twmb/franz-go/pkg/kversion"
 	"go.uber.org/zap"
 )
 
@@ -30,7 +31,10 @@ import (
 //     broker, and its offsets are committed outside one (they reflect
 //     records that changed no total);
 //   - a revoke commits the open transaction before the task goes (eos.go,
-//     revoked), so the next owner starts where this one stopped.
+//     revoked), so the next owner starts where this one stopped;
+//   - the transactions run the protocol before KIP-890 part 2 (requests
+//     capped at its versions, transactionV1), for franz-go's requests and
+//     this file's alike.
 //
 // Everything but Client, PollRecords and Close runs under session.between:
 // in the poll loop's dispatch and cycle, or in the heartbeat loop's
@@ -61,12 +65,11 @@ type streamsTxn struct {
 	log   *zap.Logger
 	// acked counts the records acknowledged since Begin (a produce hook).
 	acked atomic.Int64
-	// tv2 is set once the brokers run transaction.version 2 (KIP-890 part
-	// 2): TxnOffsetCommit then adds the offsets to the transaction itself,
-	// as franz-go's produces do their partitions; before it, AddOffsetsToTxn
-	// comes first. tv2Checked is when it was last read (Begin's).
-	tv2        atomic.Bool
-	tv2Checked time.Time
+	// gen counts the (re)starts of partitions: a rewind or a new
+	// consumption moves the client's position and drops what it had
+	// fetched. Records polled before a partition's start (txnPosition.gen)
+	// are not handed out (gone).
+	gen atomic.Uint64
 	// mu guards pos; it is written under session.between only.
 	mu  sync.Mutex
 	pos map[topicPartition]*txnPosition
@@ -88,12 +91,15 @@ type txnPosition struct {
 	// since the last commit.
 	next  kgo.EpochOffset
 	moved bool
+	// gen is streamsTxn.gen when the partition was last (re)started.
+	gen uint64
 }
 
 func newStreamsTxn(g *streamsGroup, opts []kgo.Opt, txnID string, timeout time.Duration) (*streamsTxn, error) {
 	x := &streamsTxn{g: g, txnID: txnID, log: g.s.env.log, pos: map[topicPartition]*txnPosition{}}
 	hook := producedHook{acked: &x.acked}
-	cl, err := kgo.NewClient(append(opts, kgo.TransactionalID(txnID), kgo.TransactionTimeout(timeout), kgo.WithHooks(hook))...)
+	cl, err := kgo.NewClient(append(opts, kgo.TransactionalID(txnID), kgo.TransactionTimeout(timeout), kgo.WithHooks(hook),
+		kgo.MaxVersions(transactionV1()))...)
 	if err != nil {
 		return nil, err
 	}
@@ -119,44 +125,41 @@ func (x *streamsTxn) PollRecords(ctx context.Context, n int) kgo.Fetches {
 	return x.cl.PollRecords(ctx, n)
 }
 
-// Begin begins a transaction. The transaction version is read first when
-// not known to be 2 (at most every 30 s): franz-go reads it at each Begin.
-func (x *streamsTxn) Begin() error {
-	if !x.tv2.Load() && time.Since(x.tv2Checked) > 30*time.Second {
-		x.tv2Checked = time.Now()
-		x.tv2.Store(x.readTransactionV2())
-	}
-	x.acked.Store(0)
-	return x.cl.BeginTransaction()
+// transactionV1 are the request versions of the transactions before
+// KIP-890 part 2 (transaction.version 1), which every broker since 0.11
+// takes: franz-go then adds each partition with AddPartitionsToTxn and ends
+// with an EndTxn that keeps the producer epoch, and the offsets are added
+// with AddOffsetsToTxn before TxnOffsetCommit. One mode, chosen here for
+// franz-go's requests and this file's alike: with part 2, franz-go decides
+// at each Begin from the versions it cached, which this file cannot see.
+func transactionV1() *kversion.Versions {
+	v := kversion.Stable()
+	v.SetMaxKeyVersion(int16(kmsg.Produce), 11)
+	v.SetMaxKeyVersion(int16(kmsg.EndTxn), 4)
+	v.SetMaxKeyVersion(int16(kmsg.TxnOffsetCommit), 4)
+	return v
 }
 
-// readTransactionV2 reports whether the cluster's finalized
-// transaction.version is 2 or more.
-func (x *streamsTxn) readTransactionV2() bool {
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	resp, err := kmsg.NewPtrApiVersionsRequest().RequestWith(ctx, x.cl)
-	if err != nil {
-		return false
-	}
-	for _, f := range resp.FinalizedFeatures {
-		if f.Name == "transaction.version" && f.MaxVersionLevel >= 2 {
-			return true
-		}
-	}
-	return false
+// Begin begins a transaction.
+func (x *streamsTxn) Begin() error {
+	x.acked.Store(0)
+	return x.cl.BeginTransaction()
 }
 
 // consumed records partitions the member now reads, from where.
 func (x *streamsTxn) consumed(from map[string]map[int32]kgo.Offset) {
 	x.mu.Lock()
 	defer x.mu.Unlock()
+	gen := x.gen.Add(1)
 	for topic, ps := range from {
 		for p, o := range ps {
-			x.pos[topicPartition{topic, p}] = &txnPosition{from: o, exact: o.EpochOffset().Offset >= 0}
+			x.pos[topicPartition{topic, p}] = &txnPosition{from: o, exact: o.EpochOffset().Offset >= 0, gen: gen}
 		}
 	}
 }
+
+// polling returns the generation a poll starts at (see gone).
+func (x *streamsTxn) polling() uint64 { return x.gen.Load() }
 
 // released forgets the partitions of tasks ps: they are no longer read.
 func (x *streamsTxn) released(topics map[string][]int32) {
@@ -169,10 +172,12 @@ func (x *streamsTxn) released(topics map[string][]int32) {
 	}
 }
 
-// gone returns the partitions of fetches this member no longer reads (a
-// revoke between the poll and the hand-out): their records are not handed
-// out and nothing of them is committed.
-func (x *streamsTxn) gone(fetches kgo.Fetches) map[int32]bool {
+// gone returns the partitions of fetches whose records are not handed out:
+// those this member no longer reads (a revoke between the poll and the
+// hand-out), and those started again since the poll began at generation
+// polled (a rewind or a new consumption, by a revoke's cycle in between):
+// the client reads them again from their new position.
+func (x *streamsTxn) gone(fetches kgo.Fetches, polled uint64) map[int32]bool {
 	x.mu.Lock()
 	defer x.mu.Unlock()
 	var skip map[int32]bool
@@ -180,7 +185,7 @@ func (x *streamsTxn) gone(fetches kgo.Fetches) map[int32]bool {
 		if len(fp.Records) == 0 {
 			return
 		}
-		if _, ok := x.pos[topicPartition{fp.Topic, fp.Partition}]; !ok {
+		if pos, ok := x.pos[topicPartition{fp.Topic, fp.Partition}]; !ok || pos.gen > polled {
 			if skip == nil {
 				skip = map[int32]bool{}
 			}
@@ -251,7 +256,9 @@ func (x *streamsTxn) rewind() {
 	defer x.mu.Unlock()
 	from := map[string]map[int32]kgo.Offset{}
 	remove := map[string][]int32{}
+	gen := x.gen.Add(1)
 	for tp, pos := range x.pos {
+		pos.gen = gen
 		if from[tp.topic] == nil {
 			from[tp.topic] = map[int32]kgo.Offset{}
 		}
@@ -293,7 +300,7 @@ func (x *streamsTxn) End(ctx context.Context, try kgo.TransactionEndTry) (bool, 
 			commit = false
 		}
 	}
-	endErr := x.end(ctx, commit)
+	commit, endErr := x.end(ctx, commit)
 	if endErr == nil && commit && outside {
 		if commitErr = x.g.commit(ctx, offsets); commitErr != nil {
 			commit = false
@@ -317,17 +324,20 @@ func (x *streamsTxn) End(ctx context.Context, try kgo.TransactionEndTry) (bool, 
 }
 
 // end is EndTxn, retried as an abort when the commit was not attempted or
-// its outcome is unknown (as GroupTransactSession does).
-func (x *streamsTxn) end(ctx context.Context, commit bool) error {
-	var err error
+// its outcome is unknown (as GroupTransactSession does); committed is
+// whether the transaction ended committed.
+func (x *streamsTxn) end(ctx context.Context, commit bool) (committed bool, err error) {
 	for range 10 {
 		err = x.cl.EndTransaction(ctx, kgo.TransactionEndTry(commit))
-		if err == nil || !(errors.Is(err, kerr.OperationNotAttempted) || errors.Is(err, kerr.TransactionAbortable) || errors.Is(err, kerr.UnknownServerError)) {
-			return err
+		if err == nil {
+			return commit, nil
+		}
+		if !(errors.Is(err, kerr.OperationNotAttempted) || errors.Is(err, kerr.TransactionAbortable) || errors.Is(err, kerr.UnknownServerError)) {
+			return false, err
 		}
 		commit = false
 	}
-	return err
+	return false, err
 }
 
 // abortableCommitError reports whether a refused offset commit only aborts
@@ -353,19 +363,17 @@ func (x *streamsTxn) commitOffsets(ctx context.Context, offsets map[string]map[i
 	if err != nil {
 		return err
 	}
-	if !x.tv2.Load() {
-		err := retryConcurrent(ctx, func() error {
-			req := kmsg.NewPtrAddOffsetsToTxnRequest()
-			req.TransactionalID, req.ProducerID, req.ProducerEpoch, req.Group = x.txnID, id, pepoch, x.g.group
-			resp, err := req.RequestWith(ctx, x.cl)
-			if err != nil {
-				return err
-			}
-			return kerr.ErrorForCode(resp.ErrorCode)
-		})
+	err = retryConcurrent(ctx, func() error {
+		req := kmsg.NewPtrAddOffsetsToTxnRequest()
+		req.TransactionalID, req.ProducerID, req.ProducerEpoch, req.Group = x.txnID, id, pepoch, x.g.group
+		resp, err := req.RequestWith(ctx, x.cl)
 		if err != nil {
-			return fmt.Errorf("adding the offsets to the transaction: %w", err)
+			return err
 		}
+		return kerr.ErrorForCode(resp.ErrorCode)
+	})
+	if err != nil {
+		return fmt.Errorf("adding the offsets to the transaction: %w", err)
 	}
 	ids, err := x.g.topicIDs(ctx)
 	if err != nil {
@@ -377,8 +385,7 @@ func (x *streamsTxn) commitOffsets(ctx context.Context, offsets map[string]map[i
 		req.Generation, req.MemberID = epoch, x.g.memberID
 		for topic, ps := range offsets {
 			rt := kmsg.NewTxnOffsetCommitRequestTopic()
-			// TxnOffsetCommit v6 names topics by id.
-			rt.Topic, rt.TopicID = topic, ids[topic]
+			rt.Topic, rt.TopicID = topic, ids[topic] // by name up to v5, by id from v6
 			for p, eo := range ps {
 				rp := kmsg.NewTxnOffsetCommitRequestTopicPartition()
 				rp.Partition, rp.Offset, rp.LeaderEpoch = p, eo.Offset, eo.Epoch

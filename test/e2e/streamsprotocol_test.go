@@ -3,6 +3,7 @@
 package e2e
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"os"
@@ -12,7 +13,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/salesagg/salesagg/test/harness"
 )
@@ -191,4 +194,89 @@ func recordsOf(topic string, events []harness.Event) []*kgo.Record {
 		out[i] = e.Record(topic)
 	}
 	return out
+}
+
+// TestWarmupInStreamsGroup: the coordinator's warm-ups (group.protocol streams). A runs the
+// three tasks with about 200 changelog records each; B joins with no state. salesagg sets the
+// group's streams.acceptable.recovery.lag from acceptable.recovery.lag (50 here) and its
+// streams.num.warmup.replicas from max.warmup.replicas; the test sets the group's
+// streams.task.offset.interval.ms to 2 s, how often a member reports its stores' offsets. The
+// coordinator gives B a warm-up copy before any active task; once the copy caught up (by the
+// offsets B reports) a task moves to B, which takes it over from the copy, restoring at most
+// acceptable.recovery.lag records. Every total is exact from both instances.
+func TestWarmupInStreamsGroup(t *testing.T) {
+	rng, appID, input, notif := begin(t, "sgwarm", 0x7367776d)
+	setGroupConfig(t, appID, map[string]string{"streams.task.offset.interval.ms": "2000"})
+	events := harness.GenEvents(rng, "wu", 600, 1200)
+	work := t.TempDir()
+	fl := harness.NewFleet(func(dir string) *harness.Service {
+		return startService(t, harness.ServiceConfig{AppID: appID, StateDir: dir, Input: input, Notif: notif, CommitMs: 200,
+			Flags: []string{"--processing.guarantee", "at_least_once", "--group.protocol", "streams", "--acceptable.recovery.lag", "50"}})
+	})
+	a := fl.Start("A", filepath.Join(work, "a"))
+	a.WaitRestored(t, 90*time.Second)
+	harness.Produce(t, newClient(t), recordsOf(input, events)...)
+	want := harness.TotalsOf(events)
+	a.WaitTotals(t, want, 90*time.Second)
+
+	b := fl.Start("B", filepath.Join(work, "b"))
+	var warmups []string
+	harness.WaitFor(t, 120*time.Second, "a task to move to B", func() error {
+		ts, err := b.Tasks()
+		if err != nil {
+			return err
+		}
+		for _, task := range ts {
+			if task.Role == "warmup" && !slices.Contains(warmups, task.Task) {
+				warmups = append(warmups, task.Task)
+			}
+		}
+		if r := running(t, b); len(r) == 0 {
+			return fmt.Errorf("B runs no task yet (warm-up copies seen: %v)", warmups)
+		}
+		return nil
+	})
+	runs := running(t, b)
+	if len(warmups) == 0 {
+		t.Fatalf("B runs %v and never showed a warm-up copy: the coordinator gave it an active task it had no state for", runs)
+	}
+	promoted := promotions(b.Service)
+	for _, task := range runs {
+		n, ok := promoted[task]
+		if !ok {
+			t.Fatalf("B runs %s without taking it over from its copy (warm-ups %v)", task, warmups)
+		}
+		if n > 50 {
+			t.Fatalf("B restored %d records of %s past its warm-up copy; acceptable.recovery.lag is 50", n, task)
+		}
+	}
+	t.Logf("B built warm-up copies of %v, then took over %v from them (records restored: %v)", warmups, runs, promoted)
+	harness.WaitFor(t, 60*time.Second, "every total exact from both instances", func() error {
+		return harness.ServedByOwner([]*harness.Member{a, b}, want, 3)
+	})
+}
+
+// setGroupConfig sets configs of group (IncrementalAlterConfigs).
+func setGroupConfig(t *testing.T, group string, configs map[string]string) {
+	t.Helper()
+	req := kmsg.NewPtrIncrementalAlterConfigsRequest()
+	res := kmsg.NewIncrementalAlterConfigsRequestResource()
+	res.ResourceType, res.ResourceName = kmsg.ConfigResourceTypeGroupConfig, group
+	for k, v := range configs {
+		c := kmsg.NewIncrementalAlterConfigsRequestResourceConfig()
+		c.Name, c.Value = k, kmsg.StringPtr(v)
+		res.Configs = append(res.Configs, c)
+	}
+	req.Resources = append(req.Resources, res)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	resp, err := req.RequestWith(ctx, newClient(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range resp.Resources {
+		if err := kerr.ErrorForCode(r.ErrorCode); err != nil {
+			t.Fatalf("setting %v on group %s: %v", configs, group, err)
+		}
+	}
 }

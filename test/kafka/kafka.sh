@@ -373,6 +373,8 @@ group.streams.initial.rebalance.delay.ms=0
 # groups (the broker's floor is 45 s otherwise).
 group.streams.min.session.timeout.ms=3000
 group.streams.min.heartbeat.interval.ms=1000
+# Warm-up copies reported (task offsets) as often as every second when a group asks for it.
+group.streams.min.task.offset.interval.ms=1000
 
 # Compaction observable quickly (the cleaner only cleans closed segments: give topics a
 # small segment.ms; segment.bytes must be >= 1 MiB in Kafka 4.x). Small cleaner buffer.
@@ -437,6 +439,8 @@ group.streams.initial.rebalance.delay.ms=0
 # groups (the broker's floor is 45 s otherwise).
 group.streams.min.session.timeout.ms=3000
 group.streams.min.heartbeat.interval.ms=1000
+# Warm-up copies reported (task offsets) as often as every second when a group asks for it.
+group.streams.min.task.offset.interval.ms=1000
 
 # Compaction observable quickly (the cleaner only cleans closed segments: give topics a
 # small segment.ms; segment.bytes must be >= 1 MiB in Kafka 4.x). Small cleaner buffer.

@@ -46,6 +46,7 @@ type kindRow struct {
 // report is what a run found; written as JSON beside the logs.
 type report struct {
 	Guarantee string        `json:"guarantee"`
+	Protocol  string        `json:"group_protocol"`
 	Seed      uint64        `json:"seed"`
 	Events    int64         `json:"events_acknowledged"`
 	Kinds     []kindRow     `json:"kinds"`
@@ -53,8 +54,8 @@ type report struct {
 	Faults    []faultRecord `json:"faults"`
 }
 
-func newReport(guarantee string, seed uint64) *report {
-	return &report{Guarantee: guarantee, Seed: seed}
+func newReport(guarantee, protocol string, seed uint64) *report {
+	return &report{Guarantee: guarantee, Protocol: protocol, Seed: seed}
 }
 
 // record adds a fault.
@@ -122,7 +123,7 @@ func (rep *report) anomalies() int {
 // table is the report as a text table.
 func (rep *report) table() string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "\n== torture %s, seed %d: %d faults, %d events, %d anomalies\n", rep.Guarantee, rep.Seed, len(rep.Faults), rep.Events, rep.anomalies())
+	fmt.Fprintf(&b, "\n== torture %s, group.protocol %s, seed %d: %d faults, %d events, %d anomalies\n", rep.Guarantee, rep.Protocol, rep.Seed, len(rep.Faults), rep.Events, rep.anomalies())
 	fmt.Fprintf(&b, "%-38s %6s %12s %18s %10s\n", "fault", "count", "not injected", "longest recovery", "anomalies")
 	for _, k := range rep.Kinds {
 		fmt.Fprintf(&b, "%-38s %6d %12d %16.1f s %10d\n", k.Kind, k.Count, k.NotInjected, float64(k.LongestRecoveryMs)/1000, k.Anomalies)

@@ -12,6 +12,8 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/twmb/franz-go/pkg/kmsg"
+
 	"github.com/salesagg/salesagg/test/harness"
 )
 
@@ -311,16 +313,10 @@ func (r *run) groupCoordinatorKillInRebalance(rng *rand.Rand) (string, time.Time
 	deadline := time.Now().Add(10 * time.Second)
 	state := ""
 	for time.Now().Before(deadline) {
-		ctx, cancel := lookup()
-		gs, err := r.admin.DescribeGroups(ctx, r.app)
-		cancel()
-		if err == nil {
-			if g, ok := gs[r.app]; ok {
-				state = g.State
-				if state == "PreparingRebalance" || state == "CompletingRebalance" {
-					break
-				}
-			}
+		var moving bool
+		state, moving = r.groupState()
+		if moving {
+			break
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
@@ -523,4 +519,31 @@ func softErr(err error, detail *string) error {
 		*detail += fmt.Sprintf(" (%v)", err)
 	}
 	return nil
+}
+
+// groupState returns the group's state as its coordinator describes it, and
+// whether the group is rebalancing: a classic group preparing or completing
+// a rebalance, a streams group assigning or reconciling its tasks.
+func (r *run) groupState() (string, bool) {
+	ctx, cancel := lookup()
+	defer cancel()
+	if r.protocol == "streams" {
+		req := kmsg.NewPtrStreamsGroupDescribeRequest()
+		req.Groups = []string{r.app}
+		resp, err := req.RequestWith(ctx, r.kc)
+		if err != nil || len(resp.Groups) == 0 {
+			return "", false
+		}
+		st := resp.Groups[0].State
+		return st, st == "Assigning" || st == "Reconciling"
+	}
+	gs, err := r.admin.DescribeGroups(ctx, r.app)
+	if err != nil {
+		return "", false
+	}
+	g, ok := gs[r.app]
+	if !ok {
+		return "", false
+	}
+	return g.State, g.State == "PreparingRebalance" || g.State == "CompletingRebalance"
 }

@@ -74,14 +74,25 @@ func loadSettings(t *testing.T) settings {
 		// One guarantee per run, alternating with the seed.
 		s.guarantees = []string{[]string{"exactly_once_v2", "at_least_once"}[s.seed%2]}
 	default:
-		for _, g := range strings.Split(v, ",") {
-			if g != "exactly_once_v2" && g != "at_least_once" {
-				t.Fatalf("TORTURE_GUARANTEES=%q: each must be exactly_once_v2 or at_least_once", v)
+		for _, leg := range strings.Split(v, ",") {
+			g, proto, _ := strings.Cut(leg, "/")
+			if (g != "exactly_once_v2" && g != "at_least_once") || (proto != "" && proto != "classic" && proto != "streams") {
+				t.Fatalf("TORTURE_GUARANTEES=%q: each must be exactly_once_v2 or at_least_once, optionally followed by /classic or /streams (the group protocol)", v)
 			}
-			s.guarantees = append(s.guarantees, g)
+			s.guarantees = append(s.guarantees, leg)
 		}
 	}
 	return s
+}
+
+// leg splits a TORTURE_GUARANTEES entry into the guarantee and the group
+// protocol (classic unless "/streams" follows).
+func leg(entry string) (guarantee, protocol string) {
+	g, proto, _ := strings.Cut(entry, "/")
+	if proto == "" {
+		proto = "classic"
+	}
+	return g, proto
 }
 
 func TestTorture(t *testing.T) {
@@ -108,8 +119,13 @@ func TestTorture(t *testing.T) {
 
 	var reports []*report
 	for i, g := range s.guarantees {
-		ok := t.Run(g, func(t *testing.T) {
-			r := newRun(t, cluster, bin, root, g, s.seed+uint64(i), s.duration)
+		guarantee, protocol := leg(g)
+		name := guarantee
+		if protocol != "classic" {
+			name += "-" + protocol
+		}
+		ok := t.Run(name, func(t *testing.T) {
+			r := newRun(t, cluster, bin, root, guarantee, protocol, s.seed+uint64(i), s.duration)
 			reports = append(reports, r.torture())
 		})
 		if !ok {
@@ -121,13 +137,14 @@ func TestTorture(t *testing.T) {
 	}
 }
 
-// run is one torture run: one guarantee, one group, one schedule. Its
-// fields are set by newRun, but for those mu guards.
+// run is one torture run: one guarantee, one group protocol, one group,
+// one schedule. Its fields are set by newRun, but for those mu guards.
 type run struct {
 	t         *testing.T
 	cluster   *harness.KafkaCluster
 	bin, root string
 	guarantee string
+	protocol  string // group.protocol: classic or streams
 	seed      uint64
 	duration  time.Duration
 	app       string
@@ -138,6 +155,7 @@ type run struct {
 	proxies   []*harness.ProxySet // by instance index
 	fleet     *harness.Fleet
 	admin     *kadm.Client
+	kc        *kgo.Client // admin's client, for requests kadm does not make
 	producer  *producer
 
 	mu      sync.Mutex
@@ -151,14 +169,17 @@ type run struct {
 	rep      *report      // guarded by mu
 }
 
-func newRun(t *testing.T, cluster *harness.KafkaCluster, bin, root, guarantee string, seed uint64, d time.Duration) *run {
+func newRun(t *testing.T, cluster *harness.KafkaCluster, bin, root, guarantee, protocol string, seed uint64, d time.Duration) *run {
 	short := map[string]string{"exactly_once_v2": "eos", "at_least_once": "alos"}[guarantee]
+	if protocol != "classic" {
+		short += "-" + protocol
+	}
 	app := fmt.Sprintf("torture-%s-%d", short, seed)
-	r := &run{t: t, cluster: cluster, bin: bin, root: root, guarantee: guarantee, seed: seed, duration: d,
+	r := &run{t: t, cluster: cluster, bin: bin, root: root, guarantee: guarantee, protocol: protocol, seed: seed, duration: d,
 		app: app, input: app + "-in", notif: app + "-notifications", changelog: app + "-PRODUCT_AGGREGATED_SALES-changelog",
-		dir: t.TempDir(), ours: map[int]bool{}, reported: map[int]bool{}, rep: newReport(guarantee, seed)}
+		dir: t.TempDir(), ours: map[int]bool{}, reported: map[int]bool{}, rep: newReport(guarantee, protocol, seed)}
 	cl := harness.NewClient(t, cluster.Bootstrap(), kgo.RequestTimeoutOverhead(5*time.Second), kgo.RetryTimeout(10*time.Second))
-	r.admin = kadm.NewClient(cl)
+	r.kc, r.admin = cl, kadm.NewClient(cl)
 	return r
 }
 
@@ -212,7 +233,7 @@ func (r *run) torture() *report {
 	r.check(owners.Violations)
 	rep := r.report()
 	rep.Events = r.producer.acked()
-	path := filepath.Join(harness.LogDir(t), fmt.Sprintf("torture-%s-%d.json", r.guarantee, r.seed))
+	path := filepath.Join(harness.LogDir(t), fmt.Sprintf("torture-%s-%s-%d.json", r.guarantee, r.protocol, r.seed))
 	if b, err := json.MarshalIndent(rep, "", "  "); err == nil {
 		if err := os.WriteFile(path, append(b, '\n'), 0o644); err != nil {
 			t.Errorf("writing %s: %v", path, err)
@@ -234,6 +255,7 @@ func (r *run) startService(i int) *harness.Service {
 		CommitMs: int(commitInterval.Milliseconds()),
 		Flags: []string{
 			"--processing.guarantee", r.guarantee,
+			"--group.protocol", r.protocol,
 			"--replication.factor", strconv.Itoa(brokers),
 			"--num.standby.replicas", "1",
 			"--session.timeout.ms", strconv.Itoa(int(sessionTimeout.Milliseconds())),
