@@ -175,8 +175,10 @@ func (x *streamsTxn) released(topics map[string][]int32) {
 // gone returns the partitions of fetches whose records are not handed out:
 // those this member no longer reads (a revoke between the poll and the
 // hand-out), and those started again since the poll began at generation
-// polled (a rewind or a new consumption, by a revoke's cycle in between):
-// the client reads them again from their new position.
+// polled (a rewind or a new consumption, by the heartbeat loop while the
+// poll ran): what the poll holds of them may come from before. Those are
+// read again from where the hand-out stands (past the last record handed
+// out, or where the partition started), which is always right.
 func (x *streamsTxn) gone(fetches kgo.Fetches, polled uint64) map[int32]bool {
 	x.mu.Lock()
 	defer x.mu.Unlock()
@@ -185,14 +187,47 @@ func (x *streamsTxn) gone(fetches kgo.Fetches, polled uint64) map[int32]bool {
 		if len(fp.Records) == 0 {
 			return
 		}
-		if pos, ok := x.pos[topicPartition{fp.Topic, fp.Partition}]; !ok || pos.gen > polled {
-			if skip == nil {
-				skip = map[int32]bool{}
-			}
-			skip[fp.Partition] = true
+		if pos, ok := x.pos[topicPartition{fp.Topic, fp.Partition}]; ok && pos.gen <= polled {
+			return
 		}
+		if skip == nil {
+			skip = map[int32]bool{}
+		}
+		skip[fp.Partition] = true
 	})
+	// A task's records are skipped for both its topics: both are read
+	// again.
+	again := map[string]map[int32]kgo.Offset{}
+	for tp, pos := range x.pos {
+		if skip[tp.p] {
+			if again[tp.topic] == nil {
+				again[tp.topic] = map[int32]kgo.Offset{}
+			}
+			again[tp.topic][tp.p] = pos.handOutAt()
+		}
+	}
+	if len(again) > 0 {
+		gen := x.gen.Add(1)
+		remove := map[string][]int32{}
+		for topic, ps := range again {
+			for p := range ps {
+				remove[topic] = append(remove[topic], p)
+				x.pos[topicPartition{topic, p}].gen = gen
+			}
+		}
+		x.cl.RemoveConsumePartitions(remove)
+		x.cl.AddConsumePartitions(again)
+	}
 	return skip
+}
+
+// handOutAt is where the hand-out of the partition stands: past the last
+// record handed out, or where it started.
+func (pos *txnPosition) handOutAt() kgo.Offset {
+	if pos.moved {
+		return kgo.NewOffset().At(pos.next.Offset).WithEpoch(pos.next.Epoch)
+	}
+	return pos.from
 }
 
 // handedOut moves the positions past the records of fetches handed to
