@@ -685,19 +685,26 @@ func (c *cluster) view(ctx context.Context, in *instance) ([]memberView, error) 
 
 // nameMembers fills in the instance names the reference's view lacks (Kafka
 // Streams' metadata has each member's application.server, not its
-// group.instance.id) from the addresses the harness gave them.
+// group.instance.id; without static membership, under the streams
+// protocol, it names itself by its address too) from the addresses the
+// harness gave them.
 func (c *cluster) nameMembers(v []memberView) {
 	for i := range v {
-		if v[i].Name != "" {
-			continue
+		if v[i].Name == "" {
+			v[i].Name = v[i].Server
 		}
-		v[i].Name = v[i].Server
-		for _, in := range c.insts {
-			if in.addr == v[i].Server {
-				v[i].Name = in.name
-			}
+		v[i].Name = c.instanceName(v[i].Name)
+	}
+}
+
+// instanceName returns the name of the instance at address name, or name.
+func (c *cluster) instanceName(name string) string {
+	for _, in := range c.insts {
+		if in.addr == name {
+			return in.name
 		}
 	}
+	return name
 }
 
 // owners maps each task to its owner in a view.
@@ -773,6 +780,7 @@ func (c *cluster) ask(ctx context.Context, in *instance, product string) answer 
 	}
 	a := answer{code: code, lag: -1}
 	a.instance, a.task, a.standby = parseServedBy(h.Get("X-Served-By"))
+	a.instance = c.instanceName(a.instance)
 	if v := h.Get("X-Salesagg-Standby-Lag"); v != "" {
 		if n, err := strconv.ParseInt(v, 10, 64); err == nil {
 			a.lag = n
