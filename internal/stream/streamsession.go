@@ -50,8 +50,11 @@ type streamsGroup struct {
 	mu        sync.Mutex
 	waiters   []chan heartbeatResult
 	confirmed heartbeatResult
-	// ids are the topic ids commits name the topics by (guarded by mu).
-	ids map[string][16]byte
+	// ids are the topic ids commits name the topics by; idsStale that a
+	// commit found one unknown (a topic recreated since the start), so the
+	// start's are not used again (both guarded by mu).
+	ids      map[string][16]byte
+	idsStale bool
 	// noOffsets: the coordinator refused the task offsets (a broker
 	// before warm-ups); the loop's.
 	noOffsets bool
@@ -691,19 +694,30 @@ func (g *streamsGroup) commit(ctx context.Context, offsets map[string]map[int32]
 // forgetTopicIDs: a topic was recreated, its id is read again.
 func (g *streamsGroup) forgetTopicIDs() {
 	g.mu.Lock()
-	g.ids = nil
+	g.ids, g.idsStale = nil, true
 	g.mu.Unlock()
 }
 
 // topicIDs returns the ids of the input and repartition topics, read once.
 func (g *streamsGroup) topicIDs(ctx context.Context) (map[string][16]byte, error) {
 	g.mu.Lock()
-	ids := g.ids
+	ids, stale := g.ids, g.idsStale
 	g.mu.Unlock()
 	if ids != nil {
 		return ids, nil
 	}
 	e := g.s.env
+	// The start learnt them (ensureTopics), unless a topic was recreated
+	// since. The admin client's metadata would not do right after the start
+	// created a topic: it keeps the answer that the topic was missing for
+	// metadata.min.age.
+	if topo := g.s.topo; !stale && topo.inputID != ([16]byte{}) && topo.repartitionID != ([16]byte{}) {
+		ids = map[string][16]byte{e.cfg.InputTopic: topo.inputID, e.cfg.RepartitionTopic(): topo.repartitionID}
+		g.mu.Lock()
+		g.ids = ids
+		g.mu.Unlock()
+		return ids, nil
+	}
 	topics, err := e.admin.ListTopics(ctx, e.cfg.InputTopic, e.cfg.RepartitionTopic())
 	if err != nil {
 		return nil, fmt.Errorf("reading the topic ids to commit with: %w", err)

@@ -25,6 +25,7 @@ type topology struct {
 	dlqPartitions          int32    // of the dead-letter topic, 0 when off
 	changelogID            [16]byte // the changelog topic's id
 	inputID                [16]byte // the input topic's id: per-product offsets refer to it
+	repartitionID          [16]byte // the repartition topic's id
 	// windowIDs are the ids of the window changelogs, one per size in
 	// cfg.WindowSizes' order.
 	windowIDs [][16]byte
@@ -78,8 +79,11 @@ func ensureTopics(ctx context.Context, adm *kadm.Client, cfg config.Config, log 
 			return topo, fmt.Errorf("topic %s has %d partitions but input topic %s has %d: they must match (each task reads the same partition of both); delete it or recreate it with %d",
 				it.name, info.partitions, cfg.InputTopic, topo.partitions, topo.partitions)
 		}
-		if it.name == cfg.ChangelogTopic() {
+		switch it.name {
+		case cfg.ChangelogTopic():
 			topo.changelogID = info.id
+		case cfg.RepartitionTopic():
+			topo.repartitionID = info.id
 		}
 		for _, size := range cfg.WindowSizes() {
 			if it.name == cfg.WindowChangelogTopic(size) {
