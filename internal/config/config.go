@@ -41,9 +41,13 @@ type Config struct {
 	NotificationThreshold int64
 	ProcessingGuarantee   string
 	GroupProtocol         string
-	AutoOffsetReset       string
-	CommitInterval        time.Duration
-	TopicsCreate          bool
+	// RepartitionPurgeInterval is how often a streams group member deletes
+	// the committed records of its tasks' repartition partitions
+	// (repartition.purge.interval.ms).
+	RepartitionPurgeInterval time.Duration
+	AutoOffsetReset          string
+	CommitInterval           time.Duration
+	TopicsCreate             bool
 	// TopicsCreateInput creates a missing input topic; without it a
 	// missing input topic stops the start.
 	TopicsCreateInput bool
@@ -320,12 +324,25 @@ func (c Config) ChangelogTopic() string {
 	return sales.ChangelogTopic(c.ApplicationID, c.StoreName)
 }
 
-// RepartitionTopic returns <application.id>-<store.name>-repartition, the
-// topic events travel through when they arrive on another partition than the
-// one owning their product.
+// RepartitionTopic returns the topic events travel through when they arrive
+// on another partition than the one owning their product. Under
+// group.protocol classic it is <application.id>-<store.name>-repartition and
+// carries each event as read; under streams it is Kafka Streams'
+// <application.id>-EMPTY_KEY_BY_PRODUCT-repartition and carries the product
+// and the amount (ForwardsAmounts), so that Kafka Streams instances in the
+// same streams group read what salesagg forwards and the reverse.
 func (c Config) RepartitionTopic() string {
+	if c.ForwardsAmounts() {
+		return c.ApplicationID + "-" + sales.RepartitionName + "-repartition"
+	}
 	return c.ApplicationID + "-" + c.StoreName + "-repartition"
 }
+
+// ForwardsAmounts reports whether forwarded events are written in Kafka
+// Streams' repartition format (key the product, value the amount as a
+// LongSerializer value; sales.DecodeAmount) rather than as read: under
+// group.protocol streams, whose topology is Kafka Streams'.
+func (c Config) ForwardsAmounts() bool { return c.GroupProtocol == GroupProtocolStreams }
 
 // AdvertisedServer returns application.server, or when it is empty the host
 // of http.addr (the host name when http.addr names a wildcard) with the port

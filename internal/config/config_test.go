@@ -565,6 +565,13 @@ func TestGroupProtocolKey(t *testing.T) {
 	if err != nil || c.GroupProtocol != GroupProtocolStreams || c.ProcessingGuarantee != ExactlyOnceV2 {
 		t.Fatalf("group.protocol streams: %q %q, %v", c.GroupProtocol, c.ProcessingGuarantee, err)
 	}
+	// Under streams events are forwarded as Kafka Streams forwards them.
+	if got := c.RepartitionTopic(); got != c.ApplicationID+"-EMPTY_KEY_BY_PRODUCT-repartition" || !c.ForwardsAmounts() {
+		t.Fatalf("streams: repartition topic %s, amounts %v", got, c.ForwardsAmounts())
+	}
+	if c, _ := load(t, "", nil); c.RepartitionTopic() != c.ApplicationID+"-PRODUCT_AGGREGATED_SALES-repartition" || c.ForwardsAmounts() {
+		t.Fatalf("classic: repartition topic %s, amounts %v", c.RepartitionTopic(), c.ForwardsAmounts())
+	}
 	for _, args := range [][]string{
 		{"--group.protocol", "consumer"},
 	} {

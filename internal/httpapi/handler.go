@@ -166,7 +166,9 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusMethodNotAllowed, map[string]string{"error": "method not allowed"})
 		return
 	}
-	if unknownParams(w, r) {
+	// local and stale are how the Kafka Streams reference forwards a query
+	// to the instance it names (see forwardedHere).
+	if unknownParams(w, r, "local", "stale") {
 		return
 	}
 	product, err := url.PathUnescape(rest)
@@ -636,7 +638,9 @@ func (h *handler) gather(ctx context.Context, page []state.Total, unavailable []
 //     (404 naming the owner, 503 while no owner is known).
 //
 // A forwarded request is answered where it lands (steps 1, 3, 5): never
-// forwarded again, so there are no loops.
+// forwarded again, so there are no loops. It is forwarded by another
+// salesagg instance, or by a Kafka Streams instance of the same streams
+// group (forwardedHere).
 func (h *handler) product(w http.ResponseWriter, r *http.Request, product string) {
 	b := h.query
 	task := b.TaskOf(product)
@@ -650,7 +654,7 @@ func (h *handler) product(w http.ResponseWriter, r *http.Request, product string
 	var nh *NotHostedError
 	var ownerAnswer *answer
 	ownerFailed := false
-	if errors.As(err, &nh) && nh.Server != "" && !forwarded(r) {
+	if errors.As(err, &nh) && nh.Server != "" && !forwardedHere(r) {
 		a, err := h.fw.ask(r.Context(), b.InstanceID(), nh.Owner, nh.Server, product, task)
 		if err != nil {
 			ownerFailed = true
@@ -667,7 +671,7 @@ func (h *handler) product(w http.ResponseWriter, r *http.Request, product string
 		writeTotal(w, product, st, ok, &lag)
 		return
 	}
-	if !forwarded(r) && h.askStandbys(w, r, product, task) {
+	if !forwardedHere(r) && h.askStandbys(w, r, product, task) {
 		return
 	}
 	switch {
@@ -681,6 +685,15 @@ func (h *handler) product(w http.ResponseWriter, r *http.Request, product string
 		w.Header().Set(ServedByHeader, servedBy)
 		writeError(w, err)
 	}
+}
+
+// forwardedHere reports whether a product query was forwarded to this
+// instance: by a salesagg instance (ForwardedHeader) or by the Kafka Streams
+// reference (bench/kstreams-reference) in a streams group shared with it,
+// which asks GET /v1/products/{product}?local=1 (and &stale=1 for a standby
+// copy, which this instance answers from when it has no active one anyway).
+func forwardedHere(r *http.Request) bool {
+	return forwarded(r) || r.URL.Query().Get("local") == "1"
 }
 
 // writeOwnerFailed answers 503 naming the owner of nh's task, which did

@@ -2,6 +2,7 @@ package sales
 
 import (
 	"bytes"
+	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -360,4 +361,28 @@ func parseJSONInt(b []byte, i int) (int64, int, bool) {
 		return int64(u), i, true
 	}
 	return 0, 0, false
+}
+
+// RepartitionName is the name Kafka Streams' reference application gives
+// its repartition step (Repartitioned.as): its repartition topic is
+// <application.id>-EMPTY_KEY_BY_PRODUCT-repartition. Under the streams
+// group protocol salesagg forwards through that topic, in that format (see
+// DecodeAmount), so that Kafka Streams instances of the same group read
+// what it forwards and the reverse.
+const RepartitionName = "EMPTY_KEY_BY_PRODUCT"
+
+// DecodeAmount decodes a forwarded record in Kafka Streams' repartition
+// format: the group key as the record key (StringSerializer) and the amount
+// as the value (LongSerializer, 8 bytes big-endian).
+func DecodeAmount(key, value []byte) (groupKey []byte, amount int64, err error) {
+	if len(value) != 8 {
+		return nil, 0, bad(ReasonBadValue, "forwarded amount is %d bytes, want 8 (a LongSerializer value)", len(value))
+	}
+	if !utf8.Valid(key) {
+		return nil, 0, bad(ReasonInvalidUTF8, "record key is not valid UTF-8")
+	}
+	if err := checkKey(len(key)); err != nil {
+		return nil, 0, err
+	}
+	return key, int64(binary.BigEndian.Uint64(value)), nil
 }

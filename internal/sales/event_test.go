@@ -242,3 +242,28 @@ func FuzzCanonicalDecoderAgrees(f *testing.F) {
 	f.Add([]byte("k"), []byte(`{"product":"p\u0041","value":12e1}`))
 	f.Fuzz(func(t *testing.T, key, value []byte) { sameDecode(t, key, value) })
 }
+
+// TestDecodeAmount: a forwarded record in Kafka Streams' repartition format
+// (key the product, value a LongSerializer amount) decodes to both; a value
+// of another length, a key that is empty, too long or not UTF-8, is a bad
+// event with its reason.
+func TestDecodeAmount(t *testing.T) {
+	key, amount, err := DecodeAmount([]byte("p1"), EncodeTotal(-1234))
+	if err != nil || string(key) != "p1" || amount != -1234 {
+		t.Fatalf("DecodeAmount = %q, %d, %v; want p1, -1234", key, amount, err)
+	}
+	for _, tc := range []struct {
+		name, reason string
+		key, value   []byte
+	}{
+		{"json value", ReasonBadValue, []byte("p1"), []byte(`{"product":"p1","value":1}`)},
+		{"short value", ReasonBadValue, []byte("p1"), []byte{0, 1}},
+		{"empty key", ReasonNoKey, nil, EncodeTotal(1)},
+		{"long key", ReasonTooLarge, bytes.Repeat([]byte("k"), MaxKeySize+1), EncodeTotal(1)},
+		{"not utf-8", ReasonInvalidUTF8, []byte{0xff, 0xfe}, EncodeTotal(1)},
+	} {
+		if _, _, err := DecodeAmount(tc.key, tc.value); Reason(err) != tc.reason {
+			t.Errorf("%s: %v (reason %s), want reason %s", tc.name, err, Reason(err), tc.reason)
+		}
+	}
+}

@@ -65,6 +65,11 @@ const (
 	SourcePartitionHeader = "salesagg.source.partition"
 	SourceOffsetHeader    = "salesagg.source.offset"
 	SourceTopicIDHeader   = "salesagg.source.topic.id"
+	// BadTimeHeader marks an event forwarded as an amount alone whose time
+	// field (windows.time.field) could not be read; its value is the
+	// reason's detail. An amount forwarded without it has the event time
+	// as its record timestamp.
+	BadTimeHeader = "salesagg.bad.time"
 )
 
 // Headers added to a dead-lettered event, beside its own headers.

@@ -88,7 +88,7 @@ func TestRestoringTaskIsNotReadyAndOthersServe(t *testing.T) {
 		"/v1/products?sort=total&limit=2&order=desc": "unknown query parameter(s) order: /v1/products takes only limit, after, sort, standby",
 		"/v1/products?sort=name":                     `sort must be product (the default) or total, not \"name\"`,
 		"/v1/products?sort=total&after=" + held:      "after pages by product; with sort=total ask for up to limit=1000 instead",
-		"/v1/products/" + held + "?window=1h":        "unknown query parameter(s) window: /v1/products/" + held + " takes no query parameters",
+		"/v1/products/" + held + "?window=1h":        "unknown query parameter(s) window: /v1/products/" + held + " takes only local, stale",
 		"/v1/tasks?verbose=1&all=1":                  "unknown query parameter(s) all, verbose: /v1/tasks takes no query parameters",
 		"/v1/products?standby=x":                     `standby must name a task (0_ and its partition, such as 0_2), not \"x\"`,
 	} {

@@ -94,11 +94,12 @@ func newStreamsGroup(s *session, m *streamsMember) *streamsGroup {
 
 func (g *streamsGroup) begin(appServer string) {
 	cfg := g.s.env.cfg
-	changelogs := []string{cfg.ChangelogTopic()}
+	var windows []string
 	for _, size := range cfg.WindowSizes() {
-		changelogs = append(changelogs, cfg.WindowChangelogTopic(size))
+		windows = append(windows, cfg.WindowChangelogTopic(size))
 	}
-	g.streamsMember.begin(streamsTopology(cfg.InputTopic, cfg.RepartitionTopic(), changelogs), g.s.env.dir.ProcessID(), appServer)
+	g.streamsMember.begin(streamsTopology(cfg.InputTopic, cfg.RepartitionTopic(), cfg.ChangelogTopic(), windows, cfg.ReplicationFactor),
+		g.s.env.dir.ProcessID(), appServer)
 }
 
 // clientOpts: the group client consumes the partitions the loop adds.
@@ -109,6 +110,11 @@ func (g *streamsGroup) clientOpts() []kgo.Opt { return nil }
 // offset interval; each answer applied before the next.
 func (g *streamsGroup) run(ctx context.Context) {
 	defer close(g.done)
+	var purging sync.WaitGroup
+	defer purging.Wait()
+	pctx, stopPurge := context.WithCancel(ctx)
+	defer stopPurge()
+	purging.Go(func() { g.purgeLoop(pctx) })
 	if g.brokersSpeakStreams(ctx) {
 		g.configureGroup(ctx)
 	}
@@ -141,6 +147,80 @@ func (g *streamsGroup) run(ctx context.Context) {
 		}
 		timer.Reset(next)
 	}
+}
+
+// purgeLoop deletes, every repartition.purge.interval.ms, the records of
+// the repartition partitions of this member's active tasks before the
+// group's committed offsets, as Kafka Streams does: those records are
+// folded and committed, and the repartition topic of a streams group keeps
+// records forever (the coordinator creates it with retention.ms -1, Kafka
+// Streams' setting). Only the committed offsets count (not a transaction's
+// pending ones), so whoever owns a task, nothing unread is deleted.
+func (g *streamsGroup) purgeLoop(ctx context.Context) {
+	t := time.NewTicker(g.s.env.cfg.RepartitionPurgeInterval)
+	defer t.Stop()
+	purged := map[int32]int64{}
+	warn := rateLimiter{every: 10 * time.Minute, burst: 1}
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		if err := g.purge(ctx, purged); err != nil && ctx.Err() == nil {
+			if ok, suppressed := warn.allow(time.Now()); ok {
+				g.s.env.log.Warn("Could not delete the repartition topic's committed records; trying again",
+					zap.String("topic", g.s.env.cfg.RepartitionTopic()), zap.Int64("suppressed", suppressed), zap.Error(err))
+			}
+		}
+	}
+}
+
+// purge deletes the committed records of the repartition partitions of the
+// member's active tasks, those not deleted up to there already (purged,
+// by partition, updated).
+func (g *streamsGroup) purge(ctx context.Context, purged map[int32]int64) error {
+	e := g.s.env
+	active, _, _ := g.target()
+	if len(active) == 0 {
+		return nil
+	}
+	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	committed, err := e.admin.FetchOffsets(cctx, e.cfg.ApplicationID)
+	if err == nil {
+		err = committed.Error()
+	}
+	if err != nil {
+		return err
+	}
+	topic := e.cfg.RepartitionTopic()
+	to := kadm.Offsets{}
+	for _, p := range active {
+		if o, ok := committed.Lookup(topic, p); ok && o.At > purged[p] {
+			to.Add(kadm.Offset{Topic: topic, Partition: p, At: o.At})
+		}
+	}
+	if len(to) == 0 {
+		return nil
+	}
+	deleted, err := e.admin.DeleteRecords(cctx, to)
+	if err != nil {
+		return err
+	}
+	var errs []error
+	deleted.Each(func(d kadm.DeleteRecordsResponse) {
+		if d.Err != nil {
+			errs = append(errs, fmt.Errorf("%s-%d: %w", d.Topic, d.Partition, d.Err))
+			return
+		}
+		if o, ok := to.Lookup(d.Topic, d.Partition); ok {
+			purged[d.Partition] = o.At
+			e.log.Debug("Deleted the repartition topic's committed records", zap.String("topic", d.Topic),
+				zap.Int32("partition", d.Partition), zap.Int64("before", o.At))
+		}
+	})
+	return errors.Join(errs...)
 }
 
 // brokersSpeakStreams reports whether a broker answers StreamsGroupHeartbeat

@@ -7,6 +7,7 @@ import (
 	"slices"
 	"sort"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -201,29 +202,54 @@ func userEndpoint(appServer string) *kmsg.StreamsGroupHeartbeatRequestUserEndpoi
 }
 
 // streamsTopology describes salesagg's one subtopology as Kafka Streams
-// names it: the input topic as its source, the repartition topic it writes
-// and reads, copartitioned with the input, and the changelogs of its
-// stores (the totals and each window size), which the coordinator creates
-// with the input's partition count.
-func streamsTopology(input, repartition string, changelogs []string) *kmsg.StreamsGroupHeartbeatRequestTopology {
+// describes the reference application's (bench/kstreams-reference), field
+// for field: the group coordinator refuses a member whose topology differs
+// from the group's in anything (docs/streams-protocol.md §9), and this one
+// lets salesagg and Kafka Streams instances run in one group. The input
+// topic is the source; the repartition topic (config.RepartitionTopic under
+// streams) is sunk into and read; the changelogs of the stores (the totals,
+// and each window size, which Kafka Streams would name and configure
+// otherwise) are listed by name. Partition counts are left to the
+// coordinator (0: the input's), the replication factor is
+// replication.factor (Kafka Streams': its replication.factor), and the
+// topic configs are Kafka Streams' own, in its order; it lists no
+// copartition group for one source topic and one repartition topic.
+func streamsTopology(input, repartition string, totals string, windows []string, replication int16) *kmsg.StreamsGroupHeartbeatRequestTopology {
 	st := kmsg.StreamsGroupHeartbeatRequestTopologySubtopology{
 		SubtopologyID: streamsSubtopology,
 		// External source topics only: a repartition topic listed here is
 		// taken for a missing source topic (the coordinator's status 1,
 		// "Source topics … are missing") and nothing is assigned.
-		SourceTopics:            []string{input},
-		SourceTopicRegex:        []string{},
-		RepartitionSinkTopics:   []string{repartition},
-		RepartitionSourceTopics: []kmsg.TopicInfo{{Topic: repartition}},
-		StateChangelogTopics:    []kmsg.TopicInfo{},
-		CopartitionGroups: []kmsg.StreamsGroupHeartbeatRequestTopologySubtopologyCopartitionGroup{{
-			SourceTopics: []int16{0}, SourceTopicRegex: []int16{}, RepartitionSourceTopics: []int16{0},
-		}},
+		SourceTopics:          []string{input},
+		SourceTopicRegex:      []string{},
+		RepartitionSinkTopics: []string{repartition},
+		RepartitionSourceTopics: []kmsg.TopicInfo{internalTopic(repartition, replication,
+			"cleanup.policy", "delete", "message.timestamp.type", "CreateTime", "retention.ms", "-1", "segment.bytes", "52428800")},
+		StateChangelogTopics: []kmsg.TopicInfo{internalTopic(totals, replication, "cleanup.policy", "compact", "message.timestamp.type", "CreateTime")},
+		CopartitionGroups:    []kmsg.StreamsGroupHeartbeatRequestTopologySubtopologyCopartitionGroup{},
 	}
-	for _, c := range changelogs {
-		st.StateChangelogTopics = append(st.StateChangelogTopics, kmsg.TopicInfo{Topic: c})
+	// A window changelog is compacted only, as salesagg creates it
+	// (topics.go).
+	for _, c := range windows {
+		st.StateChangelogTopics = append(st.StateChangelogTopics, internalTopic(c, replication, "cleanup.policy", "compact", "message.timestamp.type", "CreateTime"))
 	}
+	// Kafka Streams lists the changelogs by name.
+	slices.SortFunc(st.StateChangelogTopics, func(a, b kmsg.TopicInfo) int { return strings.Compare(a.Topic, b.Topic) })
 	return &kmsg.StreamsGroupHeartbeatRequestTopology{Epoch: 0, Subtopologies: []kmsg.StreamsGroupHeartbeatRequestTopologySubtopology{st}}
+}
+
+// internalTopic describes an internal topic of the topology: name, replication
+// factor (0, the broker's default, for -1) and configs as key/value pairs,
+// partitions left to the coordinator.
+func internalTopic(name string, replication int16, configs ...string) kmsg.TopicInfo {
+	ti := kmsg.NewTopicInfo()
+	ti.Topic, ti.ReplicationFactor = name, max(replication, 0)
+	for i := 0; i+1 < len(configs); i += 2 {
+		c := kmsg.NewTopicInfoConfig()
+		c.Key, c.Value = configs[i], configs[i+1]
+		ti.Configs = append(ti.Configs, c)
+	}
+	return ti
 }
 
 // heartbeatReport is what the session tells the member to send: the

@@ -1,8 +1,10 @@
 package stream
 
 import (
+	"encoding/json"
 	"errors"
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/twmb/franz-go/pkg/kerr"
@@ -54,7 +56,7 @@ func endpointOf(host string, port uint16, input string, active ...int32) kmsg.St
 // with epoch 0 under the same member id, and leaves with epoch -1.
 func TestStreamsMemberLifecycle(t *testing.T) {
 	m := newStreamsMember("app", "process-1", "me")
-	m.begin(streamsTopology("in", "app-S-repartition", []string{"app-S-changelog"}), "process-1", "127.0.0.1:8080")
+	m.begin(streamsTopology("in", "app-EMPTY_KEY_BY_PRODUCT-repartition", "app-S-changelog", nil, 1), "process-1", "127.0.0.1:8080")
 
 	req, ok := m.request(heartbeatReport{active: []int32{1}})
 	if !ok || req.MemberEpoch != 0 || req.Topology == nil || req.MemberID != "process-1" || *req.ProcessID != "process-1" ||
@@ -144,19 +146,74 @@ func TestStreamsMemberLifecycle(t *testing.T) {
 	}
 }
 
-// TestStreamsTopologyNamesWhatKafkaStreamsNames: the one subtopology has the
-// input as its only source topic (a repartition topic listed there is a
-// missing source topic to the coordinator), the repartition topic as sink and
-// source, copartitioned with the input, and every store's changelog.
-func TestStreamsTopologyNamesWhatKafkaStreamsNames(t *testing.T) {
-	top := streamsTopology("in", "app-S-repartition", []string{"app-S-changelog", "app-S-1h-changelog"})
-	if len(top.Subtopologies) != 1 {
-		t.Fatalf("%d subtopologies", len(top.Subtopologies))
+// TestStreamsTopologyIsKafkaStreams: the topology is the one Kafka Streams
+// sends for the reference application (bench/kstreams-reference with
+// group.protocol=streams, replication.factor 1), as Apache Kafka 4.4 stored
+// it in __consumer_offsets (StreamsGroupTopologyValue, read with
+// kafka-dump-log --offsets-decoder): the coordinator refuses a member whose
+// topology differs in any field, list order included (the golden is in
+// kmsg's field order). Window changelogs
+// follow the totals' in name order; replication.factor -1 is sent as 0.
+func TestStreamsTopologyIsKafkaStreams(t *testing.T) {
+	const captured = `{"Epoch":0,"Subtopologies":[{"SubtopologyID":"0","SourceTopics":["app-sales"],"SourceTopicRegex":[],` +
+		`"StateChangelogTopics":[{"Topic":"app-PRODUCT_AGGREGATED_SALES-changelog","NumPartitions":0,"ReplicationFactor":1,` +
+		`"Configs":[{"Key":"cleanup.policy","Value":"compact"},{"Key":"message.timestamp.type","Value":"CreateTime"}]}],` +
+		`"RepartitionSinkTopics":["app-EMPTY_KEY_BY_PRODUCT-repartition"],` +
+		`"RepartitionSourceTopics":[{"Topic":"app-EMPTY_KEY_BY_PRODUCT-repartition","NumPartitions":0,"ReplicationFactor":1,` +
+		`"Configs":[{"Key":"cleanup.policy","Value":"delete"},{"Key":"message.timestamp.type","Value":"CreateTime"},` +
+		`{"Key":"retention.ms","Value":"-1"},{"Key":"segment.bytes","Value":"52428800"}]}],"CopartitionGroups":[]}]}`
+	encode := func(v any) string {
+		t.Helper()
+		b, err := json.Marshal(v)
+		if err != nil {
+			t.Fatal(err)
+		}
+		// Tags are not part of the topology.
+		return strings.ReplaceAll(strings.ReplaceAll(string(b), `,"UnknownTags":null`, ""), `,"UnknownTags":{}`, "")
 	}
+	if got := encode(streamsTopology("app-sales", "app-EMPTY_KEY_BY_PRODUCT-repartition", "app-PRODUCT_AGGREGATED_SALES-changelog", nil, 1)); got != captured {
+		t.Fatalf("topology\n%s\nwant Kafka Streams'\n%s", got, captured)
+	}
+
+	top := streamsTopology("in", "app-EMPTY_KEY_BY_PRODUCT-repartition", "app-S-changelog", []string{"app-S-3600000-changelog", "app-S-60000-changelog"}, -1)
 	st := top.Subtopologies[0]
-	if st.SubtopologyID != "0" || !slices.Equal(st.SourceTopics, []string{"in"}) || !slices.Equal(st.RepartitionSinkTopics, []string{"app-S-repartition"}) ||
-		len(st.RepartitionSourceTopics) != 1 || st.RepartitionSourceTopics[0].Topic != "app-S-repartition" || len(st.StateChangelogTopics) != 2 ||
-		len(st.CopartitionGroups) != 1 || !slices.Equal(st.CopartitionGroups[0].SourceTopics, []int16{0}) || !slices.Equal(st.CopartitionGroups[0].RepartitionSourceTopics, []int16{0}) {
-		t.Fatalf("subtopology %+v", st)
+	var names []string
+	for _, c := range st.StateChangelogTopics {
+		names = append(names, c.Topic)
+		if c.ReplicationFactor != 0 || c.NumPartitions != 0 {
+			t.Fatalf("changelog %s: %d partitions, replication %d; want 0 and 0 (the broker's default for -1)", c.Topic, c.NumPartitions, c.ReplicationFactor)
+		}
+	}
+	if want := []string{"app-S-3600000-changelog", "app-S-60000-changelog", "app-S-changelog"}; !slices.Equal(names, want) {
+		t.Fatalf("changelogs %v, want %v", names, want)
+	}
+}
+
+// TestStreamsMemberTakesWarmups: a coordinator that places warm-ups (Apache
+// Kafka 4.4's does not: docs/streams-protocol.md §8) gives them in the
+// answer's WarmupTasks; the member keeps them as its warm-up copies, beside
+// its standbys, in the assignment the session reconciles copies from, and
+// reports them back with the next heartbeat until an answer takes them away.
+func TestStreamsMemberTakesWarmups(t *testing.T) {
+	m := newStreamsMember("app", "process-1", "me")
+	m.begin(streamsTopology("in", "app-EMPTY_KEY_BY_PRODUCT-repartition", "app-S-changelog", nil, 1), "process-1", "127.0.0.1:8080")
+	m.request(heartbeatReport{})
+	resp := heartbeatAnswer(2, []int32{0})
+	resp.StandbyTasks, resp.WarmupTasks = taskIDs([]int32{1}), taskIDs([]int32{2})
+	if out := m.answer(resp, 0, map[string]string{}); out.err != nil || !out.joined {
+		t.Fatalf("answer: %+v", out)
+	}
+	mine := m.assignment().standbys["me"]
+	if len(mine) != 2 || mine[1] != kindStandby || mine[2] != kindWarmup {
+		t.Fatalf("copies %v, want 1 standby and 2 warm-up", mine)
+	}
+	req, _ := m.request(heartbeatReport{active: []int32{0}, standby: []int32{1}, warmup: []int32{2}})
+	if !slices.Equal(subtopologyTasks(req.WarmupTasks), []int32{2}) || !slices.Equal(subtopologyTasks(req.StandbyTasks), []int32{1}) {
+		t.Fatalf("heartbeat reports standbys %v, warm-ups %v", req.StandbyTasks, req.WarmupTasks)
+	}
+	// The warm-up caught up: the next target makes it active.
+	m.answer(heartbeatAnswer(3, []int32{0, 2}), 2, nil)
+	if active, _, info := m.target(); !slices.Equal(active, []int32{0, 2}) || len(info.standbys["me"]) != 0 {
+		t.Fatalf("after the warm-up moved: active %v, copies %v", active, info.standbys["me"])
 	}
 }

@@ -633,18 +633,37 @@ func (t *task) process(ctx context.Context, topic string, r *kgo.Record) error {
 		t.in.repartNext = r.Offset + 1
 		var ok bool
 		if srcPart, srcOff, srcTopic, ok = t.sourceOf(r); !ok {
-			t.badEvent(ctx, topic, r, errors.New("forwarded record without source headers"), reasonBadForward)
-			return nil
+			if !t.deps.env.cfg.ForwardsAmounts() {
+				t.badEvent(ctx, topic, r, errors.New("forwarded record without source headers"), reasonBadForward)
+				return nil
+			}
+			// Forwarded by a Kafka Streams instance of the group: no
+			// coordinates to recognise a redelivery by, none recorded.
+			srcPart, srcOff = -1, -1
 		}
 	}
-	key, value, mismatch, err := sales.DecodeKey(r.Key, r.Value)
+	var (
+		key      []byte
+		value    int64
+		mismatch bool
+		err      error
+	)
+	if topic != t.deps.env.cfg.InputTopic && t.deps.env.cfg.ForwardsAmounts() {
+		key, value, err = sales.DecodeAmount(r.Key, r.Value)
+	} else {
+		key, value, mismatch, err = sales.DecodeKey(r.Key, r.Value)
+	}
 	if err != nil {
 		t.badEvent(ctx, topic, r, err, sales.Reason(err))
 		return nil
 	}
 	if topic == t.deps.env.cfg.InputTopic {
 		if owner := sales.Partition(key, t.deps.topo.partitions); owner != t.partition {
-			t.forward(ctx, owner, key, r)
+			if mismatch && t.deps.env.cfg.ForwardsAmounts() {
+				// The owner reads the amount alone: the warning is here.
+				t.keyMismatch(topic, r)
+			}
+			t.forward(ctx, owner, key, value, r)
 			return nil
 		}
 	}
@@ -653,7 +672,7 @@ func (t *task) process(ctx context.Context, topic string, r *kgo.Record) error {
 	// topic and let their redeliveries count twice.
 	var zero [16]byte
 	src := source{topic: srcTopic, partition: srcPart, offset: srcOff,
-		record: srcTopic == t.deps.topo.inputID || srcTopic == zero || t.deps.topo.inputID == zero}
+		record: srcPart >= 0 && (srcTopic == t.deps.topo.inputID || srcTopic == zero || t.deps.topo.inputID == zero)}
 	dup, bad, err := t.totals.fold(key, value, src)
 	switch {
 	case err != nil:
@@ -684,8 +703,10 @@ func (t *task) process(ctx context.Context, topic string, r *kgo.Record) error {
 
 // forward sends an event to the task owning its product, through the
 // repartition topic, with its input coordinates as headers so the owner can
-// recognise a redelivery.
-func (t *task) forward(ctx context.Context, owner int32, key []byte, r *kgo.Record) {
+// recognise a redelivery. The value is the event as read, or under the
+// streams protocol the amount alone (config.ForwardsAmounts), which Kafka
+// Streams instances read too; they ignore the headers.
+func (t *task) forward(ctx context.Context, owner int32, key []byte, amount int64, r *kgo.Record) {
 	rec := &kgo.Record{
 		Topic:     t.deps.env.cfg.RepartitionTopic(),
 		Partition: owner,
@@ -698,6 +719,17 @@ func (t *task) forward(ctx context.Context, owner int32, key []byte, r *kgo.Reco
 			{Key: sales.SourceOffsetHeader, Value: binary.BigEndian.AppendUint64(nil, uint64(r.Offset))},
 			{Key: sales.SourceTopicIDHeader, Value: append([]byte(nil), t.deps.topo.inputID[:]...)},
 		},
+	}
+	if cfg := &t.deps.env.cfg; cfg.ForwardsAmounts() {
+		rec.Value = sales.EncodeTotal(amount)
+		// The amount alone carries no time field: the time is read here.
+		if len(t.windows) > 0 && cfg.Windows.TimeField != "" {
+			if ms, err := sales.EventTime(r.Value, cfg.Windows.TimeField); err != nil {
+				rec.Headers = append(rec.Headers, kgo.RecordHeader{Key: sales.BadTimeHeader, Value: []byte(err.Error())})
+			} else {
+				rec.Timestamp = time.UnixMilli(ms)
+			}
+		}
 	}
 	t.out.outbox = append(t.out.outbox, rec)
 	t.stats.forwarded.Add(1)

@@ -365,13 +365,25 @@ func (w *windowAgg) restored(cp state.Checkpoint, streamTime int64) {
 	w.current, w.pending = nil, nil
 }
 
-// eventTime returns the time of an event for its windows: the record
-// timestamp, or the JSON field timeField names.
-func eventTime(r *kgo.Record, timeField string) (int64, error) {
-	if timeField == "" {
+// eventTime is the time r's event is folded into windows at: its
+// windows.time.field, or without one its record timestamp. An amount
+// forwarded alone (config.ForwardsAmounts) has its time as its timestamp,
+// read by the forwarder (task.forward), or a BadTimeHeader when it could
+// not be.
+func (t *task) eventTime(topic string, r *kgo.Record) (int64, error) {
+	cfg := &t.deps.env.cfg
+	if topic != cfg.InputTopic && cfg.ForwardsAmounts() {
+		for _, h := range r.Headers {
+			if h.Key == sales.BadTimeHeader {
+				return 0, &sales.BadEventError{Reason: sales.ReasonBadTime, Detail: string(h.Value)}
+			}
+		}
 		return r.Timestamp.UnixMilli(), nil
 	}
-	return sales.EventTime(r.Value, timeField)
+	if cfg.Windows.TimeField == "" {
+		return r.Timestamp.UnixMilli(), nil
+	}
+	return sales.EventTime(r.Value, cfg.Windows.TimeField)
 }
 
 // allWindows is an ExpireBefore that clears a size's whole key space.
@@ -390,7 +402,7 @@ const reasonLate = "late"
 // logged (rate limited) and dead-lettered when dlq.topic is set; it still
 // counts in its product's total.
 func (t *task) foldWindows(ctx context.Context, topic string, r *kgo.Record, key []byte, value int64, src source) error {
-	ts, err := eventTime(r, t.deps.env.cfg.Windows.TimeField)
+	ts, err := t.eventTime(topic, r)
 	if err != nil {
 		for _, w := range t.windows {
 			w.badTime.Add(1)

@@ -3,67 +3,154 @@
 package e2e
 
 import (
+	"context"
 	"fmt"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kgo"
+
 	"github.com/salesagg/salesagg/internal/sales"
 	"github.com/salesagg/salesagg/test/harness"
 )
 
-// TestMixedStreamsGroupIsRefused: the Kafka Streams reference (group.protocol=streams) runs
-// the application's three tasks in a streams group; a salesagg instance with group.protocol
-// streams and the same application.id asks to join it. Kafka Streams describes the same one
-// subtopology, but its repartition topic is <app>-EMPTY_KEY_BY_PRODUCT-repartition where
-// salesagg's is <app>-PRODUCT_AGGREGATED_SALES-repartition, and the group coordinator refuses a
-// join whose topology differs from the group's (INVALID_REQUEST "Topology updates are not
-// supported yet"; docs/streams-protocol.md §9). salesagg runs no task, /readyz names the
-// refusal, and the reference goes on alone: every event of both batches is in its changelog's
-// totals.
-func TestMixedStreamsGroupIsRefused(t *testing.T) {
+// TestMixedStreamsGroupWithKafkaStreams: a live migration from Kafka Streams to salesagg and
+// back, one instance at a time, in one streams group, both sides under one guarantee (each in
+// turn; the handovers are clean, so at-least-once is exact too). salesagg
+// describes the reference's topology field for field (the coordinator refuses any other;
+// docs/streams-protocol.md §9) and forwards through Kafka Streams' repartition topic in its
+// format, so a third of the events, produced with an empty key, travel between the two
+// implementations' tasks in both directions. The reference R1 runs the three tasks; salesagg S
+// joins and takes some while R1 runs the rest; R1 stops and S runs all three; a new reference
+// R2 joins and takes some; S stops and R2 runs all three. Between each step a batch is
+// produced, and after each the changelog both write holds every event's exact total; while S
+// and R1 share the group each answers every product over HTTP (forwarding a query to the other
+// for its tasks), S's answers are exact while it runs every task, S forwarded events, and
+// alone it deletes the repartition records the group committed (repartition.purge.interval.ms).
+func TestMixedStreamsGroupWithKafkaStreams(t *testing.T) {
 	buildReference(t)
+	for _, guarantee := range []string{"exactly_once_v2", "at_least_once"} {
+		t.Run(guarantee, func(t *testing.T) { mixedStreamsGroup(t, guarantee) })
+	}
+}
+
+func mixedStreamsGroup(t *testing.T, guarantee string) {
 	rng, appID, input, notif := begin(t, "sgmix", 0x73676d78)
 	createTopic(t, notif, 3, nil)
-	events := harness.GenEvents(rng, "mx", 30, 1200)
-	first := events[:600]
+	events := harness.GenEvents(rng, "mx", 30, 1500)
+	// A third with an empty key, spread over the partitions: most land on a partition that
+	// does not own their product, whichever side runs it.
+	for i := range events {
+		if rng.IntN(3) == 0 {
+			events[i].NoKey, events[i].Misroute, events[i].To = true, true, int32(i%3)
+		}
+	}
+	batches := [][]harness.Event{events[:300], events[300:600], events[600:900], events[900:1200], events[1200:]}
 	changelog := sales.ChangelogTopic(appID, sales.StoreName)
-	holds := func(want map[string]int64) func() error {
-		return func() error {
+	sent := 0
+	produce := func(what string) {
+		t.Helper()
+		harness.Produce(t, newClient(t, kgo.RecordPartitioner(harness.HeaderPartitioner{})), recordsOf(input, batches[sent])...)
+		sent++
+		want := harness.TotalsOf(events[:300*sent])
+		harness.WaitFor(t, 2*time.Minute, "the changelog to hold every total after "+what, func() error {
 			got, _, err := harness.ReadTotals(bootstrap, changelog)
 			if err != nil {
 				return err
 			}
 			return harness.DiffTotals(changelog, got, want)
+		})
+	}
+	alive := func(r *reference) {
+		t.Helper()
+		if errs := r.marker("ERROR"); len(errs) > 0 || !r.Alive() {
+			t.Fatalf("%s: %v, exited: %s", r.Name, errs, r.DescribeExit())
 		}
 	}
 	dir := t.TempDir()
-	ref := startReference(t, appID, filepath.Join(dir, "reference"), input, notif, "--prop", "group.protocol=streams")
-	ref.waitRunning(t, 3*time.Minute)
-	harness.Produce(t, newClient(t), recordsOf(input, first)...)
-	harness.WaitFor(t, 2*time.Minute, "the reference's changelog to hold the first batch's totals", holds(harness.TotalsOf(first)))
+	r1addr := harness.FreeAddr(t)
+	r1 := startReference(t, appID, filepath.Join(dir, "r1"), input, notif, "--prop", "group.protocol=streams", "--processing-guarantee", guarantee,
+		"--http-addr", r1addr)
+	r1.waitRunning(t, 3*time.Minute)
+	produce("the reference ran alone")
 
-	svc := startService(t, harness.ServiceConfig{AppID: appID, StateDir: filepath.Join(dir, "salesagg"), Input: input, Notif: notif, CommitMs: 200,
-		Flags: []string{"--processing.guarantee", "at_least_once", "--group.protocol", "streams"}})
-	const refusal = "Topology updates are not supported yet"
-	harness.WaitFor(t, time.Minute, "salesagg's /readyz to name the coordinator's refusal", func() error {
-		code, body, _, err := svc.Get("/readyz")
-		if err != nil {
-			return err
+	svc := startService(t, harness.ServiceConfig{AppID: appID, StateDir: filepath.Join(dir, "s"), Input: input, Notif: notif, CommitMs: 200,
+		Flags: []string{"--processing.guarantee", guarantee, "--group.protocol", "streams", "--repartition.purge.interval.ms", "500"}})
+	s := &harness.Member{Name: "salesagg", Service: svc}
+	harness.WaitFor(t, 2*time.Minute, "salesagg to run some of the tasks beside the reference", func() error {
+		if ts := running(t, s); len(ts) == 0 || len(ts) == 3 {
+			return fmt.Errorf("salesagg runs %v", ts)
 		}
-		if code == 200 || !strings.Contains(string(body), refusal) {
-			return fmt.Errorf("/readyz %d: %s", code, body)
+		return svc.Ready()
+	})
+	alive(r1)
+	produce("salesagg joined the reference")
+	alive(r1)
+	if c, err := svc.Counters(); err != nil || c.Forwarded == 0 || c.Bad != 0 {
+		t.Fatalf("salesagg beside the reference: %+v, %v; want events forwarded and none bad", c, err)
+	}
+	// Any instance answers for every product: each forwards a query for a task the other runs
+	// to the endpoint the coordinator lists for it.
+	both := harness.TotalsOf(events[:600])
+	harness.WaitFor(t, time.Minute, "salesagg's HTTP totals, the reference's tasks' included", func() error { return svc.CheckTotals(both) })
+	harness.WaitFor(t, time.Minute, "the reference's HTTP totals, salesagg's tasks' included", func() error { return harness.NewAPI(r1addr).CheckTotals(both) })
+
+	r1.terminate(t)
+	harness.WaitFor(t, 2*time.Minute, "salesagg to run all 3 tasks once the reference left", func() error {
+		if ts := running(t, s); len(ts) != 3 {
+			return fmt.Errorf("salesagg runs %v", ts)
 		}
 		return nil
 	})
-	harness.Produce(t, newClient(t), recordsOf(input, events[600:])...)
-	harness.WaitFor(t, 2*time.Minute, "the reference's changelog to hold every event's totals", holds(harness.TotalsOf(events)))
-	if ts := running(t, &harness.Member{Name: "salesagg", Service: svc}); len(ts) != 0 {
-		t.Fatalf("salesagg runs %v in a group whose coordinator refused it", ts)
+	adm := kadm.NewClient(newClient(t))
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	repartition := appID + "-" + sales.RepartitionName + "-repartition"
+	before, err := adm.ListEndOffsets(ctx, repartition)
+	if err != nil {
+		t.Fatal(err)
 	}
-	ref.terminate(t)
+	produce("the reference left")
+	harness.WaitFor(t, time.Minute, "salesagg's HTTP totals", func() error { return svc.CheckTotals(harness.TotalsOf(events[:900])) })
+	// salesagg alone now deletes what it committed of the repartition topic (Kafka Streams'
+	// retention.ms -1 keeps the rest forever): past what the last batch forwarded.
+	harness.WaitFor(t, time.Minute, "salesagg to delete the committed records of the repartition topic", func() error {
+		committed, err := adm.FetchOffsets(ctx, appID)
+		if err != nil {
+			return err
+		}
+		starts, err := adm.ListStartOffsets(ctx, repartition)
+		if err != nil {
+			return err
+		}
+		for p := int32(0); p < 3; p++ {
+			b, _ := before.Lookup(repartition, p)
+			c, _ := committed.Lookup(repartition, p)
+			st, _ := starts.Lookup(repartition, p)
+			if c.At <= b.Offset || st.Offset < c.At {
+				return fmt.Errorf("partition %d: end %d before the batch, committed %d, start %d", p, b.Offset, c.At, st.Offset)
+			}
+		}
+		return nil
+	})
+
+	r2 := startReference(t, appID, filepath.Join(dir, "r2"), input, notif, "--prop", "group.protocol=streams", "--processing-guarantee", guarantee)
+	r2.waitRunning(t, 3*time.Minute)
+	harness.WaitFor(t, 2*time.Minute, "the new reference to take some of salesagg's tasks", func() error {
+		if ts := running(t, s); len(ts) == 3 {
+			return fmt.Errorf("salesagg runs %v", ts)
+		}
+		return nil
+	})
+	produce("a new reference joined salesagg")
+	alive(r2)
 	svc.Terminate(t)
+	produce("salesagg left")
+	alive(r2)
+	r2.terminate(t)
 }
 
 // TestClassicGroupMovesToStreams: a running classic group and a streams group of the same id

@@ -124,3 +124,43 @@ func checkWindowsHTTP(t *testing.T, svc *harness.Service, prefix string, base ti
 		}
 	}
 }
+
+// TestWindowsInStreamsGroup: under group.protocol streams an event is forwarded as its amount
+// alone (Kafka Streams' repartition format), so the forwarder reads its windows.time.field and
+// sends it as the record timestamp. Events whose JSON time differs from their record timestamp
+// (some keyless, some on a partition that does not own them) fold into the hourly windows by
+// their JSON time, exactly, in the window changelog; the totals are exact and events were
+// forwarded.
+func TestWindowsInStreamsGroup(t *testing.T) {
+	rng, appID, input, notif := begin(t, "winsg", 0x77696e73)
+	events := harness.GenEvents(rng, "ws", 20, 400)
+	harness.Scatter(rng, events, harness.ScalePartitions)
+	base := time.Date(2026, 12, 1, 0, 0, 0, 0, time.UTC)
+	var recs, truthRecs []*kgo.Record
+	for i, e := range events {
+		at := base.Add(time.Duration(i) * 36 * time.Second)
+		r := e.Record(input)
+		r.Value = fmt.Appendf(nil, `{"product":%q,"value":%d,"ts":%d}`, e.Product, e.Value, at.UnixMilli())
+		recs = append(recs, r)
+		truthRecs = append(truthRecs, &kgo.Record{Key: r.Key, Value: r.Value, Timestamp: at})
+	}
+	svc := startService(t, harness.ServiceConfig{AppID: appID, StateDir: filepath.Join(t.TempDir(), "state"), Input: input, Notif: notif,
+		Flags: []string{"--group.protocol", "streams", "--windows.sizes", "1h", "--windows.time.field", "ts", "--windows.grace.ms", "86400000"}})
+	svc.WaitRestored(t, 90*time.Second)
+	harness.Produce(t, newClient(t, kgo.RecordPartitioner(harness.HeaderPartitioner{})), recs...)
+	svc.WaitTotals(t, harness.TotalsOf(events), 90*time.Second)
+
+	truth := harness.WindowTruth(truthRecs, time.Hour)
+	topic := sales.ChangelogTopic(appID, sales.WindowStoreName(sales.StoreName, time.Hour))
+	harness.WaitFor(t, 30*time.Second, "the "+topic+" windows to be exact by the events' JSON time", func() error {
+		got, err := harness.ReadWindows(bootstrap, topic)
+		if err != nil {
+			return err
+		}
+		return harness.DiffTotals("window changelog "+topic, got, truth)
+	})
+	if c, err := svc.Counters(); err != nil || c.Forwarded == 0 || c.Bad != 0 {
+		t.Fatalf("counters %+v, %v: want events forwarded and none bad", c, err)
+	}
+	svc.Terminate(t)
+}
