@@ -13,8 +13,10 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kgo"
 	"go.uber.org/zap"
 
+	"github.com/salesagg/salesagg/internal/changelog"
 	"github.com/salesagg/salesagg/internal/config"
 )
 
@@ -105,6 +107,68 @@ func ensureTopics(ctx context.Context, adm *kadm.Client, cfg config.Config, log 
 		topo.dlqPartitions = dlq.partitions
 	}
 	return topo, nil
+}
+
+// errUnfoldedForwards stops a start under group.protocol streams while the
+// repartition topic salesagg forwarded through under streams before it took
+// Kafka Streams' topology holds events its group has not folded.
+var errUnfoldedForwards = errors.New("unfolded forwarded events")
+
+// checkEarlierRepartition looks for <application.id>-<store.name>-repartition,
+// the topic an earlier salesagg forwarded through under group.protocol
+// streams (this one forwards through Kafka Streams'
+// <application.id>-EMPTY_KEY_BY_PRODUCT-repartition). Events forwarded in the
+// last cycle before its instances stopped may still be in it, past the
+// group's committed offsets, and nothing here reads them: the start stops
+// with how many there are and what to do, rather than lose them. A drained
+// one is named in the log as safe to delete. Missing, it is nothing.
+func checkEarlierRepartition(ctx context.Context, e *env) error {
+	earlier := e.cfg
+	earlier.GroupProtocol = config.GroupProtocolClassic
+	topic := earlier.RepartitionTopic()
+	// Committed records only: what a transaction aborted is nothing.
+	ends, err := e.admin.ListCommittedOffsets(ctx, topic)
+	if err == nil {
+		err = ends.Error()
+	}
+	switch {
+	case errors.Is(err, kerr.UnknownTopicOrPartition):
+		return nil
+	case err != nil:
+		return fmt.Errorf("reading the ends of %s: %w", topic, err)
+	case len(ends[topic]) == 0:
+		return nil
+	}
+	committed, err := e.admin.FetchOffsetsForTopics(ctx, e.cfg.ApplicationID, topic)
+	if err == nil {
+		err = committed.Error()
+	}
+	if err != nil {
+		return fmt.Errorf("reading group %s's offsets of %s: %w", e.cfg.ApplicationID, topic, err)
+	}
+	var unfolded int64
+	var scanErr error
+	ends.Each(func(o kadm.ListedOffset) {
+		from := int64(0)
+		if c, ok := committed.Lookup(topic, o.Partition); ok && c.At >= 0 {
+			from = c.At
+		}
+		// Counted by reading them: the offsets between also hold
+		// transaction markers.
+		if err := changelog.Scan(ctx, e.kafkaOpts(), topic, o.Partition, from, o.Offset, func(*kgo.Record) { unfolded++ }); err != nil {
+			scanErr = errors.Join(scanErr, err)
+		}
+	})
+	if scanErr != nil {
+		return scanErr
+	}
+	if unfolded > 0 {
+		return fmt.Errorf("%w: group.protocol is streams, and %s, the repartition topic salesagg forwarded through under streams before it took Kafka Streams' topology, holds %d events past group %s's committed offsets; this version reads %s instead. Start the earlier version again with the input's producers paused until kafka-consumer-groups shows lag 0 on %s, then this one; or delete %s to drop them",
+			errUnfoldedForwards, topic, unfolded, e.cfg.ApplicationID, e.cfg.RepartitionTopic(), topic, topic)
+	}
+	e.log.Info("The repartition topic of an earlier version is drained: nothing reads it any more, it can be deleted",
+		zap.String("topic", topic), zap.String("now", e.cfg.RepartitionTopic()))
+	return nil
 }
 
 // ensureInput returns the input topic's id and partition count. A missing
@@ -336,6 +400,9 @@ func prepareTopics(ctx context.Context, e *env) (topology, error) {
 	for attempt := 1; ; attempt++ {
 		attemptCtx, cancel := context.WithTimeout(ctx, 15*time.Second)
 		topo, err := ensureTopics(attemptCtx, e.admin, e.cfg, e.log)
+		if err == nil && e.cfg.ForwardsAmounts() {
+			err = checkEarlierRepartition(attemptCtx, e)
+		}
 		cancel()
 		if err == nil {
 			return topo, nil

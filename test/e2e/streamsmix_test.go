@@ -195,3 +195,60 @@ func TestClassicGroupMovesToStreams(t *testing.T) {
 	harness.WaitFor(t, time.Minute, "B's totals of both batches", func() error { return b.CheckTotals(harness.TotalsOf(events)) })
 	b.Terminate(t)
 }
+
+// TestStreamsUpgradeKeepsEarlierForwards: an earlier salesagg forwarded through
+// <app>-PRODUCT_AGGREGATED_SALES-repartition under group.protocol streams; this one forwards
+// through Kafka Streams' topic. Events the earlier version forwarded and its group never folded
+// (here: five, no committed offsets) stop the start, exit 1 with the count and what to do, and
+// no instance runs with them missing from its totals. Once the group's offsets of that topic
+// reach its end (what a drain leaves; the test commits them), the start goes on, logs the topic
+// as safe to delete, and every input event's total is exact.
+func TestStreamsUpgradeKeepsEarlierForwards(t *testing.T) {
+	rng, appID, input, notif := begin(t, "sgupg", 0x73677570)
+	events := harness.GenEvents(rng, "ug", 20, 200)
+	earlier := appID + "-" + sales.StoreName + "-repartition"
+	createTopic(t, earlier, 3, nil)
+	var forwarded []*kgo.Record
+	for i, e := range harness.GenEvents(rng, "ugf", 5, 5) {
+		r := e.Record(earlier)
+		r.Partition = int32(i % 3)
+		forwarded = append(forwarded, r)
+	}
+	harness.Produce(t, newClient(t, kgo.RecordPartitioner(kgo.ManualPartitioner())), forwarded...)
+	dir := t.TempDir()
+	flags := []string{"--group.protocol", "streams"}
+	svc := startService(t, harness.ServiceConfig{AppID: appID, StateDir: filepath.Join(dir, "a"), Input: input, Notif: notif, CommitMs: 200, Flags: flags})
+	harness.WaitFor(t, time.Minute, "the start to stop on the earlier version's unfolded forwards", func() error {
+		if svc.Alive() {
+			return fmt.Errorf("still running")
+		}
+		return nil
+	})
+	const want = "holds 5 events past group"
+	if code := svc.ExitCode(); code != 1 || !strings.Contains(svc.Stderr(), want) || !strings.Contains(svc.Stderr(), earlier) {
+		t.Fatalf("exit %d, want 1 with %q naming %s; stderr tail:\n%s", code, want, earlier, svc.Tail(5))
+	}
+
+	// A drained topic: the group's offsets at its end.
+	adm := kadm.NewClient(newClient(t))
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	ends, err := adm.ListEndOffsets(ctx, earlier)
+	if err != nil {
+		t.Fatal(err)
+	}
+	drained := kadm.Offsets{}
+	ends.Each(func(o kadm.ListedOffset) {
+		drained.Add(kadm.Offset{Topic: o.Topic, Partition: o.Partition, At: o.Offset, LeaderEpoch: -1})
+	})
+	if err := adm.CommitAllOffsets(ctx, appID, drained); err != nil {
+		t.Fatal(err)
+	}
+	svc = startService(t, harness.ServiceConfig{AppID: appID, StateDir: filepath.Join(dir, "a"), Input: input, Notif: notif, CommitMs: 200, Flags: flags})
+	harness.Produce(t, newClient(t), recordsOf(input, events)...)
+	harness.WaitFor(t, 2*time.Minute, "every total once the earlier topic is drained", func() error { return svc.CheckTotals(harness.TotalsOf(events)) })
+	if !strings.Contains(svc.Stderr(), "The repartition topic of an earlier version is drained") {
+		t.Fatalf("no log line naming %s as safe to delete", earlier)
+	}
+	svc.Terminate(t)
+}
