@@ -139,8 +139,9 @@ type exactlyOnce struct {
 	commitSoon atomic.Bool
 	commitNow  chan struct{}
 	// polled counts the records dispatched in the open transaction;
-	// guarded by session.between (the poll loop's, a streams revoke's). A cycle with none has nothing to write and commits
-	// nothing (Kafka Streams does the same): no End, no empty transaction.
+	// guarded by session.between (the poll loop's, a streams revoke's).
+	// A cycle with none has nothing to write and commits nothing (Kafka
+	// Streams does the same): no End, no empty transaction.
 	polled int
 	// cycle holds a token (capacity 1) while transact runs, from before
 	// its records are produced until its End is decided; settle waits for
@@ -255,18 +256,28 @@ func (e *exactlyOnce) cycleNow(ctx context.Context) error {
 	if e.idle() {
 		return nil
 	}
+	if err := e.runCycle(ctx); err != nil {
+		e.lateErr.Store(&err)
+		return err
+	}
+	return nil
+}
+
+// runCycle runs the transaction cycle under ctx and begins the next
+// transaction; the caller holds session.between and found the open one
+// with something to write (idle). A request for an early cycle (commitSoon:
+// a task past maxDirty, so that the changed products of one transaction
+// stay bounded in memory) is answered by it.
+func (e *exactlyOnce) runCycle(ctx context.Context) error {
 	e.commitSoon.Store(false)
-	err := e.transact(ctx)
-	if err == nil {
-		if err = e.txn.Begin(); err != nil {
-			err = fmt.Errorf("beginning transaction: %w", e.beginFailed(err))
-		}
+	if err := e.transact(ctx); err != nil {
+		return err
+	}
+	if err := e.txn.Begin(); err != nil {
+		return fmt.Errorf("beginning transaction: %w", e.beginFailed(err))
 	}
 	e.polled = 0
-	if err != nil {
-		e.lateErr.Store(&err)
-	}
-	return err
+	return nil
 }
 
 // dropped: tasks that folded into the open transaction were stopped.
@@ -388,18 +399,11 @@ func (e *exactlyOnce) handOut(ctx, work context.Context, fetches kgo.Fetches, po
 		*next = time.Now().Add(s.env.cfg.CommitInterval)
 		return false, nil
 	}
-	// A task past maxDirty asked for the cycle early: the changed
-	// products of one transaction stay bounded in memory.
-	e.commitSoon.Store(false)
 	// The cycle runs under the work context: a shutdown beginning
 	// now must not cut a transaction short.
-	if err := e.transact(work); err != nil {
+	if err := e.runCycle(work); err != nil {
 		return true, err
 	}
-	if err := e.txn.Begin(); err != nil {
-		return true, fmt.Errorf("beginning transaction: %w", e.beginFailed(err))
-	}
-	e.polled = 0
 	*next = time.Now().Add(s.env.cfg.CommitInterval)
 	return false, nil
 }

@@ -493,26 +493,16 @@ func (g *streamsGroup) send(ctx context.Context, req *kmsg.StreamsGroupHeartbeat
 // tags in StreamsGroupDescribe; nil when the coordinator does not answer
 // (the members are named by their endpoints until the next change).
 func (g *streamsGroup) memberNames(ctx context.Context) map[string]string {
-	req := kmsg.NewPtrStreamsGroupDescribeRequest()
-	req.Groups = []string{g.group}
 	dctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	kresp, err := g.s.env.client.Broker(int(g.coord)).Request(dctx, req)
+	members, err := describeStreamsGroupAt(dctx, g.s.env.client, g.coord, g.group)
 	if err != nil {
 		return nil
 	}
-	resp := kresp.(*kmsg.StreamsGroupDescribeResponse)
 	names := map[string]string{}
-	for _, gr := range resp.Groups {
-		for _, mb := range gr.Members {
-			if mb.UserEndpoint == nil {
-				continue
-			}
-			for _, tag := range mb.ClientTags {
-				if tag.Key == instanceTag {
-					names[net.JoinHostPort(mb.UserEndpoint.Host, strconv.Itoa(int(mb.UserEndpoint.Port)))] = tag.Value
-				}
-			}
+	for _, m := range members {
+		if m.endpoint != "" && m.name != "" {
+			names[m.endpoint] = m.name
 		}
 	}
 	return names
@@ -866,7 +856,9 @@ type groupDescription struct {
 }
 
 // read returns the members as the coordinator describes them now (or as it
-// did within the last second); nil when it does not answer.
+// did within the last second); nil when it does not answer. mu is held
+// across the describe (at most 2 s): concurrent readers, one per status
+// request, wait for one answer rather than each asking the coordinator.
 func (d *groupDescription) read(cl *kgo.Client, group string) []describedMember {
 	d.mu.Lock()
 	defer d.mu.Unlock()
@@ -889,6 +881,12 @@ func describeStreamsGroup(ctx context.Context, cl *kgo.Client, group string) ([]
 	if err != nil {
 		return nil, err
 	}
+	return describeStreamsGroupAt(ctx, cl, coord, group)
+}
+
+// describeStreamsGroupAt asks coordinator coord for group's members: their
+// ids, epochs, tasks, endpoints and salesagg.instance names.
+func describeStreamsGroupAt(ctx context.Context, cl *kgo.Client, coord int32, group string) ([]describedMember, error) {
 	req := kmsg.NewPtrStreamsGroupDescribeRequest()
 	req.Groups = []string{group}
 	kresp, err := cl.Broker(int(coord)).Request(ctx, req)
