@@ -161,7 +161,7 @@ var keys = []key{
 		help: "classic (a consumer group, tasks assigned by salesagg's balancer) or streams (a KIP-1071 streams group, tasks assigned by the broker; Apache Kafka 4.2 or later)",
 		bind: text(func(c *Config) *string { return &c.GroupProtocol }).folded(strings.ToLower).allow(GroupProtocolClassic, GroupProtocolStreams)},
 	{name: "repartition.purge.interval.ms", def: "30000",
-		help: "group.protocol streams: how often the records of the repartition topic's partitions of this instance's tasks are deleted up to the group's committed offsets, as Kafka Streams' key (its repartition topic keeps records forever: retention.ms -1)",
+		help: "group.protocol streams: how often the records of the repartition topic's partitions of this instance's tasks are deleted up to the group's committed offsets, as Kafka Streams' key (that repartition topic keeps records forever: retention.ms -1)",
 		bind: millis(100, 24*3_600_000, func(c *Config) *time.Duration { return &c.RepartitionPurgeInterval })},
 	{name: "leave.group.on.close", def: "true",
 		help: "on a clean shutdown the member leaves the group at once (LeaveGroup with its group.instance.id), so its tasks move without waiting for the session timeout; false keeps its tasks for a rolling restart",

@@ -65,11 +65,14 @@ const (
 	SourcePartitionHeader = "salesagg.source.partition"
 	SourceOffsetHeader    = "salesagg.source.offset"
 	SourceTopicIDHeader   = "salesagg.source.topic.id"
-	// BadTimeHeader marks an event forwarded as an amount alone whose time
-	// field (windows.time.field) could not be read; its value is the
-	// reason's detail. An amount forwarded without it has the event time
-	// as its record timestamp.
-	BadTimeHeader = "salesagg.bad.time"
+	// EventTimeHeader carries the time field (windows.time.field) of an
+	// event forwarded as an amount alone, as 8-byte big-endian epoch
+	// milliseconds; BadTimeHeader instead marks one whose time field could
+	// not be read, its value the reason's detail. The record keeps the
+	// event's own timestamp: a time field far in the future would be
+	// refused by the broker as a timestamp (log.message.timestamp.after.max.ms).
+	EventTimeHeader = "salesagg.event.time"
+	BadTimeHeader   = "salesagg.bad.time"
 )
 
 // Headers added to a dead-lettered event, beside its own headers.

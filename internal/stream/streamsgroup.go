@@ -220,13 +220,12 @@ func streamsTopology(input, repartition string, totals string, windows []string,
 		// External source topics only: a repartition topic listed here is
 		// taken for a missing source topic (the coordinator's status 1,
 		// "Source topics … are missing") and nothing is assigned.
-		SourceTopics:          []string{input},
-		SourceTopicRegex:      []string{},
-		RepartitionSinkTopics: []string{repartition},
-		RepartitionSourceTopics: []kmsg.TopicInfo{internalTopic(repartition, replication,
-			"cleanup.policy", "delete", "message.timestamp.type", "CreateTime", "retention.ms", "-1", "segment.bytes", "52428800")},
-		StateChangelogTopics: []kmsg.TopicInfo{internalTopic(totals, replication, "cleanup.policy", "compact", "message.timestamp.type", "CreateTime")},
-		CopartitionGroups:    []kmsg.StreamsGroupHeartbeatRequestTopologySubtopologyCopartitionGroup{},
+		SourceTopics:            []string{input},
+		SourceTopicRegex:        []string{},
+		RepartitionSinkTopics:   []string{repartition},
+		RepartitionSourceTopics: []kmsg.TopicInfo{internalTopic(repartition, replication, streamsRepartitionConfigs...)},
+		StateChangelogTopics:    []kmsg.TopicInfo{internalTopic(totals, replication, "cleanup.policy", "compact", "message.timestamp.type", "CreateTime")},
+		CopartitionGroups:       []kmsg.StreamsGroupHeartbeatRequestTopologySubtopologyCopartitionGroup{},
 	}
 	// A window changelog is compacted only, as salesagg creates it
 	// (topics.go).
@@ -237,6 +236,11 @@ func streamsTopology(input, repartition string, totals string, windows []string,
 	slices.SortFunc(st.StateChangelogTopics, func(a, b kmsg.TopicInfo) int { return strings.Compare(a.Topic, b.Topic) })
 	return &kmsg.StreamsGroupHeartbeatRequestTopology{Epoch: 0, Subtopologies: []kmsg.StreamsGroupHeartbeatRequestTopologySubtopology{st}}
 }
+
+// streamsRepartitionConfigs are Kafka Streams' configs of a repartition
+// topic, as key, value pairs in the order its topology lists them.
+var streamsRepartitionConfigs = []string{"cleanup.policy", "delete", "message.timestamp.type", "CreateTime",
+	"retention.ms", "-1", "segment.bytes", "52428800"}
 
 // internalTopic describes an internal topic of the topology: name, replication
 // factor (0, the broker's default, for -1) and configs as key/value pairs,

@@ -727,7 +727,7 @@ func (t *task) forward(ctx context.Context, owner int32, key []byte, amount int6
 			if ms, err := sales.EventTime(r.Value, cfg.Windows.TimeField); err != nil {
 				rec.Headers = append(rec.Headers, kgo.RecordHeader{Key: sales.BadTimeHeader, Value: []byte(err.Error())})
 			} else {
-				rec.Timestamp = time.UnixMilli(ms)
+				rec.Headers = append(rec.Headers, kgo.RecordHeader{Key: sales.EventTimeHeader, Value: binary.BigEndian.AppendUint64(nil, uint64(ms))})
 			}
 		}
 	}

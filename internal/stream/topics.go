@@ -13,7 +13,6 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kerr"
-	"github.com/twmb/franz-go/pkg/kgo"
 	"go.uber.org/zap"
 
 	"github.com/salesagg/salesagg/internal/changelog"
@@ -59,7 +58,7 @@ func ensureTopics(ctx context.Context, adm *kadm.Client, cfg config.Config, log 
 		configs map[string]*string
 	}{
 		{cfg.ChangelogTopic(), map[string]*string{"cleanup.policy": &compact}},
-		{cfg.RepartitionTopic(), nil},
+		{cfg.RepartitionTopic(), repartitionConfigs(cfg)},
 	}
 	// A window changelog is compacted only: expired windows are
 	// tombstoned (see windowAgg.expire), so that no window still kept is
@@ -109,6 +108,24 @@ func ensureTopics(ctx context.Context, adm *kadm.Client, cfg config.Config, log 
 	return topo, nil
 }
 
+// repartitionConfigs are the configs the repartition topic is created
+// with: the broker's defaults under group.protocol classic; under streams
+// Kafka Streams' (as its topology describes them, streamsTopology), so the
+// topic is the same whichever member of a shared group creates it: its
+// records are kept until an instance that committed them deletes them
+// (repartition.purge.interval.ms), never by time, so a task far behind
+// loses nothing forwarded to it.
+func repartitionConfigs(cfg config.Config) map[string]*string {
+	if !cfg.ForwardsAmounts() {
+		return nil
+	}
+	out := map[string]*string{}
+	for i := 0; i+1 < len(streamsRepartitionConfigs); i += 2 {
+		out[streamsRepartitionConfigs[i]] = &streamsRepartitionConfigs[i+1]
+	}
+	return out
+}
+
 // errUnfoldedForwards stops a start under group.protocol streams while the
 // repartition topic salesagg forwarded through under streams before it took
 // Kafka Streams' topology holds events its group has not folded.
@@ -120,24 +137,34 @@ var errUnfoldedForwards = errors.New("unfolded forwarded events")
 // <application.id>-EMPTY_KEY_BY_PRODUCT-repartition). Events forwarded in the
 // last cycle before its instances stopped may still be in it, past the
 // group's committed offsets, and nothing here reads them: the start stops
-// with how many there are and what to do, rather than lose them. A drained
-// one is named in the log as safe to delete. Missing, it is nothing.
+// naming where the first of them is and what to do, rather than lose them.
+// Once none is left, its records are deleted (so that a later start, after
+// the group's offsets of a topic it no longer commits expired, finds
+// nothing to ask about) and it is named in the log as safe to delete.
+// Missing or empty, it is nothing.
 func checkEarlierRepartition(ctx context.Context, e *env) error {
 	earlier := e.cfg
 	earlier.GroupProtocol = config.GroupProtocolClassic
 	topic := earlier.RepartitionTopic()
-	// Committed records only: what a transaction aborted is nothing.
-	ends, err := e.admin.ListCommittedOffsets(ctx, topic)
+	starts, err := e.admin.ListStartOffsets(ctx, topic)
 	if err == nil {
-		err = ends.Error()
+		err = starts.Error()
 	}
 	switch {
 	case errors.Is(err, kerr.UnknownTopicOrPartition):
 		return nil
 	case err != nil:
-		return fmt.Errorf("reading the ends of %s: %w", topic, err)
-	case len(ends[topic]) == 0:
+		return fmt.Errorf("reading the start of %s: %w", topic, err)
+	case len(starts[topic]) == 0:
 		return nil
+	}
+	// Committed records only: what a transaction aborted is nothing.
+	ends, err := e.admin.ListCommittedOffsets(ctx, topic)
+	if err == nil {
+		err = ends.Error()
+	}
+	if err != nil {
+		return fmt.Errorf("reading the end of %s: %w", topic, err)
 	}
 	committed, err := e.admin.FetchOffsetsForTopics(ctx, e.cfg.ApplicationID, topic)
 	if err == nil {
@@ -146,29 +173,68 @@ func checkEarlierRepartition(ctx context.Context, e *env) error {
 	if err != nil {
 		return fmt.Errorf("reading group %s's offsets of %s: %w", e.cfg.ApplicationID, topic, err)
 	}
-	var unfolded int64
-	var scanErr error
-	ends.Each(func(o kadm.ListedOffset) {
+	var waiting []string
+	purge := kadm.Offsets{}
+	for p, end := range ends[topic] {
 		from := int64(0)
-		if c, ok := committed.Lookup(topic, o.Partition); ok && c.At >= 0 {
+		if st, ok := starts.Lookup(topic, p); ok {
+			from = st.Offset
+		}
+		if end.Offset <= from {
+			continue
+		}
+		purge.Add(kadm.Offset{Topic: topic, Partition: p, At: end.Offset, LeaderEpoch: -1})
+		if c, ok := committed.Lookup(topic, p); ok && c.At > from {
 			from = c.At
 		}
-		// Counted by reading them: the offsets between also hold
-		// transaction markers.
-		if err := changelog.Scan(ctx, e.kafkaOpts(), topic, o.Partition, from, o.Offset, func(*kgo.Record) { unfolded++ }); err != nil {
-			scanErr = errors.Join(scanErr, err)
+		at, err := firstRecord(ctx, e, topic, p, from, end.Offset)
+		if err != nil {
+			return err
 		}
-	})
-	if scanErr != nil {
-		return scanErr
+		if at >= 0 {
+			waiting = append(waiting, fmt.Sprintf("%d from offset %d", p, at))
+		}
 	}
-	if unfolded > 0 {
-		return fmt.Errorf("%w: group.protocol is streams, and %s, the repartition topic salesagg forwarded through under streams before it took Kafka Streams' topology, holds %d events past group %s's committed offsets; this version reads %s instead. Start the earlier version again with the input's producers paused until kafka-consumer-groups shows lag 0 on %s, then this one; or delete %s to drop them",
-			errUnfoldedForwards, topic, unfolded, e.cfg.ApplicationID, e.cfg.RepartitionTopic(), topic, topic)
+	if len(waiting) > 0 {
+		slices.Sort(waiting)
+		return fmt.Errorf("%w: group.protocol is streams, and %s, the repartition topic salesagg forwarded through under streams before it took Kafka Streams' topology, holds events past group %s's committed offsets (partition %s); this version reads %s instead. Start the earlier version again with the input's producers paused until kafka-consumer-groups shows lag 0 on %s, then this one; or delete %s to drop them",
+			errUnfoldedForwards, topic, e.cfg.ApplicationID, strings.Join(waiting, ", partition "), e.cfg.RepartitionTopic(), topic, topic)
+	}
+	if len(purge) > 0 {
+		deleted, err := e.admin.DeleteRecords(ctx, purge)
+		if err == nil {
+			err = deleted.Error()
+		}
+		if err != nil {
+			return fmt.Errorf("deleting the folded records of %s: %w", topic, err)
+		}
 	}
 	e.log.Info("The repartition topic of an earlier version is drained: nothing reads it any more, it can be deleted",
 		zap.String("topic", topic), zap.String("now", e.cfg.RepartitionTopic()))
 	return nil
+}
+
+// firstRecord returns the offset of the first committed record of topic's
+// partition p in [from, end), -1 when there is none (markers, aborted
+// records).
+func firstRecord(ctx context.Context, e *env, topic string, p int32, from, end int64) (int64, error) {
+	r, err := changelog.Open(changelog.Options{Client: e.kafkaOpts(), Topic: topic, Partition: p, From: from, Log: e.log})
+	if err != nil {
+		return -1, err
+	}
+	defer r.Close()
+	for r.Position() < end {
+		b, err := r.Next(ctx)
+		if err != nil {
+			return -1, fmt.Errorf("reading %s-%d up to offset %d: %w", topic, p, end, err)
+		}
+		for _, rec := range b.Records {
+			if rec.Offset < end {
+				return rec.Offset, nil
+			}
+		}
+	}
+	return -1, nil
 }
 
 // ensureInput returns the input topic's id and partition count. A missing

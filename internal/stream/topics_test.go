@@ -319,3 +319,37 @@ func TestInputTopicNotYetKnownToTheBrokerAskedIsAskedAgain(t *testing.T) {
 		t.Fatalf("found %d partitions, want 3", topo.partitions)
 	}
 }
+
+func TestStreamsRepartitionTopicIsKafkaStreams(t *testing.T) {
+	// Scenario: under group.protocol streams the repartition topic is Kafka Streams'
+	// <app>-EMPTY_KEY_BY_PRODUCT-repartition, created with its configs (records kept until
+	// purged, never by time); under classic salesagg's own, with the broker's defaults.
+	_, cfg := topicsCluster(t)
+	cfg.GroupProtocol = config.GroupProtocolStreams
+	ctx := context.Background()
+	adm := topicsAdmin(t, cfg)
+	topo, err := ensureTopics(ctx, adm, cfg, zap.NewNop())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if topo.repartitionID == ([16]byte{}) {
+		t.Error("the repartition topic's id is not kept")
+	}
+	rcs, err := adm.DescribeTopicConfigs(ctx, cfg.ApplicationID+"-EMPTY_KEY_BY_PRODUCT-repartition")
+	if err != nil {
+		t.Fatal(err)
+	}
+	rc, err := rcs.On(cfg.ApplicationID+"-EMPTY_KEY_BY_PRODUCT-repartition", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]string{}
+	for _, c := range rc.Configs {
+		got[c.Key] = c.MaybeValue()
+	}
+	for k, v := range map[string]string{"cleanup.policy": "delete", "retention.ms": "-1", "segment.bytes": "52428800"} {
+		if got[k] != v {
+			t.Errorf("%s = %q, want %q", k, got[k], v)
+		}
+	}
+}

@@ -2,6 +2,7 @@ package stream
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"math"
@@ -367,15 +368,19 @@ func (w *windowAgg) restored(cp state.Checkpoint, streamTime int64) {
 
 // eventTime is the time r's event is folded into windows at: its
 // windows.time.field, or without one its record timestamp. An amount
-// forwarded alone (config.ForwardsAmounts) has its time as its timestamp,
-// read by the forwarder (task.forward), or a BadTimeHeader when it could
-// not be.
+// forwarded alone (config.ForwardsAmounts) has its time field in an
+// EventTimeHeader, read by the forwarder (task.forward), or a BadTimeHeader
+// when it could not be; without either (no time field, or forwarded by
+// Kafka Streams) its record timestamp.
 func (t *task) eventTime(topic string, r *kgo.Record) (int64, error) {
 	cfg := &t.deps.env.cfg
 	if topic != cfg.InputTopic && cfg.ForwardsAmounts() {
 		for _, h := range r.Headers {
-			if h.Key == sales.BadTimeHeader {
+			switch {
+			case h.Key == sales.BadTimeHeader:
 				return 0, &sales.BadEventError{Reason: sales.ReasonBadTime, Detail: string(h.Value)}
+			case h.Key == sales.EventTimeHeader && len(h.Value) == 8:
+				return int64(binary.BigEndian.Uint64(h.Value)), nil
 			}
 		}
 		return r.Timestamp.UnixMilli(), nil

@@ -199,10 +199,10 @@ func TestClassicGroupMovesToStreams(t *testing.T) {
 // TestStreamsUpgradeKeepsEarlierForwards: an earlier salesagg forwarded through
 // <app>-PRODUCT_AGGREGATED_SALES-repartition under group.protocol streams; this one forwards
 // through Kafka Streams' topic. Events the earlier version forwarded and its group never folded
-// (here: five, no committed offsets) stop the start, exit 1 with the count and what to do, and
-// no instance runs with them missing from its totals. Once the group's offsets of that topic
-// reach its end (what a drain leaves; the test commits them), the start goes on, logs the topic
-// as safe to delete, and every input event's total is exact.
+// (here: five, no committed offsets) stop the start, exit 1 with where they wait and what to do,
+// and no instance runs with them missing from its totals. Once the group's offsets of that topic
+// reach its end (what a drain leaves; the test commits them), the start goes on, deletes the
+// topic's folded records, logs it as safe to delete, and every input event's total is exact.
 func TestStreamsUpgradeKeepsEarlierForwards(t *testing.T) {
 	rng, appID, input, notif := begin(t, "sgupg", 0x73677570)
 	events := harness.GenEvents(rng, "ug", 20, 200)
@@ -224,9 +224,10 @@ func TestStreamsUpgradeKeepsEarlierForwards(t *testing.T) {
 		}
 		return nil
 	})
-	const want = "holds 5 events past group"
-	if code := svc.ExitCode(); code != 1 || !strings.Contains(svc.Stderr(), want) || !strings.Contains(svc.Stderr(), earlier) {
-		t.Fatalf("exit %d, want 1 with %q naming %s; stderr tail:\n%s", code, want, earlier, svc.Tail(5))
+	const want = "holds events past group " // then the group, and where: partition 0 from offset 0, …
+	if code := svc.ExitCode(); code != 1 || !strings.Contains(svc.Stderr(), want) || !strings.Contains(svc.Stderr(), earlier) ||
+		!strings.Contains(svc.Stderr(), "(partition 0 from offset 0, partition 1 from offset 0, partition 2 from offset 0)") {
+		t.Fatalf("exit %d, want 1 with %q naming %s and each partition's first waiting offset; stderr tail:\n%s", code, want, earlier, svc.Tail(5))
 	}
 
 	// A drained topic: the group's offsets at its end.
@@ -250,5 +251,15 @@ func TestStreamsUpgradeKeepsEarlierForwards(t *testing.T) {
 	if !strings.Contains(svc.Stderr(), "The repartition topic of an earlier version is drained") {
 		t.Fatalf("no log line naming %s as safe to delete", earlier)
 	}
+	// Its folded records are gone: a start after the group's offsets of it expired finds none.
+	starts, err := adm.ListStartOffsets(ctx, earlier)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ends.Each(func(o kadm.ListedOffset) {
+		if st, _ := starts.Lookup(earlier, o.Partition); st.Offset != o.Offset {
+			t.Errorf("%s-%d starts at %d after the drained start, want its end %d", earlier, o.Partition, st.Offset, o.Offset)
+		}
+	})
 	svc.Terminate(t)
 }

@@ -127,7 +127,7 @@ func checkWindowsHTTP(t *testing.T, svc *harness.Service, prefix string, base ti
 
 // TestWindowsInStreamsGroup: under group.protocol streams an event is forwarded as its amount
 // alone (Kafka Streams' repartition format), so the forwarder reads its windows.time.field and
-// sends it as the record timestamp. Events whose JSON time differs from their record timestamp
+// sends it in a header. Events whose JSON time differs from their record timestamp
 // (some keyless, some on a partition that does not own them) fold into the hourly windows by
 // their JSON time, exactly, in the window changelog; the totals are exact and events were
 // forwarded.
