@@ -256,7 +256,7 @@ func TestPausedInstanceIsFencedWhenItResumes(t *testing.T) {
 	work := t.TempDir()
 	// A commits every 10 s: what it folds sits in its open transaction
 	// long enough to pause it there.
-	a := startService(t, broker, filepath.Join(work, "a"), nil, append(args, "--commit.interval.ms", "10000", "--transaction.timeout.ms", "60000")...)
+	a := startService(t, broker, filepath.Join(work, "a"), nil, append(args, "--commit.interval.ms", "10000", "--commit.idle.ms", "0", "--transaction.timeout.ms", "60000")...)
 	a.WaitReady(t, 60*time.Second)
 	send(240, 150)
 	a.WaitTotals(t, want, 30*time.Second)
@@ -308,7 +308,7 @@ func TestPausedInstanceWritesNothingAtLeastOnce(t *testing.T) {
 	args := []string{"--session.timeout.ms", "6000", "--processing.guarantee", "at_least_once"}
 	work := t.TempDir()
 	// A flushes every 30 s: what it folds stays unflushed long enough to pause it with it.
-	a := startService(t, broker, filepath.Join(work, "a"), nil, append(args, "--commit.interval.ms", "30000")...)
+	a := startService(t, broker, filepath.Join(work, "a"), nil, append(args, "--commit.interval.ms", "30000", "--commit.idle.ms", "0")...)
 	a.WaitReady(t, 60*time.Second)
 	send(120, 100)
 	harness.WaitFor(t, 30*time.Second, "A to fold the events", func() error {

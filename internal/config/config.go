@@ -47,7 +47,11 @@ type Config struct {
 	RepartitionPurgeInterval time.Duration
 	AutoOffsetReset          string
 	CommitInterval           time.Duration
-	TopicsCreate             bool
+	// CommitIdle is how long a task that has read all its input waits for
+	// more before it commits without waiting for the interval
+	// (commit.idle.ms; 0: only on the interval).
+	CommitIdle   time.Duration
+	TopicsCreate bool
 	// TopicsCreateInput creates a missing input topic; without it a
 	// missing input topic stops the start.
 	TopicsCreateInput bool

@@ -51,6 +51,9 @@ var keys = []key{
 		help: "how often state is flushed, checkpointed and input offsets committed (default 100 exactly-once, 1000 at-least-once)",
 		bind: millis(1, 3_600_000, func(c *Config) *time.Duration { return &c.CommitInterval }).positive().
 			derivedBy(defaultCommitInterval)},
+	{name: "commit.idle.ms", def: "50",
+		help: "when the input pauses this long after everything it held was read, commit without waiting for commit.interval.ms (0: only on the interval)",
+		bind: millis(0, 3_600_000, func(c *Config) *time.Duration { return &c.CommitIdle })},
 	{name: "topics.create", def: "true",
 		help: "create missing notification, dead-letter, changelog and repartition topics",
 		bind: toggle(func(c *Config) *bool { return &c.TopicsCreate })},

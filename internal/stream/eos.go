@@ -337,17 +337,33 @@ func (e *exactlyOnce) poll(ctx, work context.Context) error {
 		return fmt.Errorf("beginning transaction: %w", e.beginFailed(err))
 	}
 	next := time.Now().Add(s.env.cfg.CommitInterval)
+	idle := s.env.cfg.CommitIdle
+	if idle >= s.env.cfg.CommitInterval {
+		idle = 0 // the interval's cycle comes first
+	}
+	var lastRecords time.Time // when the last poll with records returned
 	for {
 		var polled uint64
 		if e.streams != nil {
 			polled = e.streams.polling()
 		}
-		// A task past maxDirty cuts the poll short.
-		dctx, dcancel := context.WithDeadline(ctx, next)
+		// The poll waits until the interval ends or, with records in the
+		// open transaction, until the input paused for commit.idle.ms: then
+		// the cycle runs at once. A task past maxDirty cuts it short too.
+		until := next
+		if idle > 0 && e.polled > 0 {
+			until = minTime(until, lastRecords.Add(idle))
+		}
+		dctx, dcancel := context.WithDeadline(ctx, until)
 		pctx, pcancel := cancelOn(dctx, e.commitNow, func() { e.commitSoon.Store(true) })
 		fetches := e.txn.PollRecords(pctx, 10_000)
 		pcancel()
 		dcancel()
+		if fetches.NumRecords() > 0 {
+			lastRecords = time.Now()
+		} else if idle > 0 && e.polled > 0 && !time.Now().Before(lastRecords.Add(idle)) {
+			e.commitSoon.Store(true)
+		}
 		if s.env.knobs.AfterPoll != nil {
 			s.env.knobs.AfterPoll(fetches.NumRecords())
 		}
@@ -680,4 +696,11 @@ func (t *task) post(ctx context.Context, req cycleReq) (wait func() error) {
 			return stopped()
 		}
 	}
+}
+
+func minTime(a, b time.Time) time.Time {
+	if b.Before(a) {
+		return b
+	}
+	return a
 }

@@ -80,3 +80,33 @@ func TestIdleExactlyOnceCommitsNothing(t *testing.T) {
 		return transactions(t, in, "committed") > settled
 	}))
 }
+
+func TestInputPauseCommitsBeforeTheInterval(t *testing.T) {
+	// Scenario: a commit interval of a minute, longer than the test waits for anything; events
+	// arrive and stop. Each guarantee commits them within commit.idle.ms of the pause (a task
+	// at-least-once, the poll loop's transaction exactly-once): the totals are answered over
+	// HTTP and the changelog read with read_committed holds them, long before the interval ends.
+	// A second burst is committed the same way.
+	for _, guarantee := range []string{config.AtLeastOnce, config.ExactlyOnceV2} {
+		t.Run(guarantee, func(t *testing.T) {
+			h := newHarness(t)
+			h.createInput(3)
+			cfg := h.cfg
+			cfg.ProcessingGuarantee = guarantee
+			cfg.CommitInterval = time.Minute
+			cfg.CommitIdle = 50 * time.Millisecond
+			in := h.start(cfg)
+			in.waitReady()
+			for burst, prefix := range []string{"pa", "pb"} {
+				want := spread(h, prefix, 4, 3)
+				in.waitTotals(want) // 30 s at most, half the interval
+				got, _, _ := h.changelog(cfg)
+				for p, w := range want {
+					if got[p] != w {
+						t.Fatalf("burst %d: changelog (read_committed) %s=%d, want %d", burst, p, got[p], w)
+					}
+				}
+			}
+		})
+	}
+}

@@ -209,6 +209,7 @@ func TestLostMemberWritesNothingAtLeastOnce(t *testing.T) {
 	cfg := h.cfg
 	cfg.ProcessingGuarantee = config.AtLeastOnce
 	cfg.CommitInterval = 2 * time.Second
+	cfg.CommitIdle = 0
 	cfg.DLQTopic = "sales-dead-letters"
 	in := h.start(cfg)
 	in.waitReady()

@@ -154,6 +154,7 @@ func TestJoinStormInsideOneTransaction(t *testing.T) {
 	h := newHarness(t)
 	h.createInput(3)
 	h.cfg.CommitInterval = 2 * time.Second
+	h.cfg.CommitIdle = 0 // revokes land inside one open transaction
 	f := newFleet(h, h.instanceCfg)
 	var products []string
 	for p := range int32(3) {

@@ -26,6 +26,7 @@ func TestReplacedTaskFoldsAgainFromTheCommittedOffsets(t *testing.T) {
 	cfg.ApplicationID = "replace"
 	cfg.ProcessingGuarantee = config.AtLeastOnce
 	cfg.CommitInterval = 3 * time.Second
+	cfg.CommitIdle = 0
 	cfg.StateDir = t.TempDir()
 	cfg.HTTPAddr = "127.0.0.1:0"
 	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(3, cfg.InputTopic))

@@ -357,6 +357,7 @@ func TestExactlyOnceBoundsItsChangedProducts(t *testing.T) {
 	// An interval no slow machine reaches within the test: a commit before
 	// it can only be the bound's.
 	h.cfg.CommitInterval = 5 * time.Minute
+	h.cfg.CommitIdle = 0
 	h.cfg.TransactionTimeoutSet = 10 * time.Minute
 	in := h.start(h.cfg)
 	in.waitReady()

@@ -455,6 +455,11 @@ func (t *task) loop(ctx context.Context) error {
 		defer ticker.Stop()
 		tick = ticker.C
 	}
+	// At-least-once, a task that read everything its partitions held
+	// flushes once nothing more arrives for commit.idle.ms (exactly-once,
+	// the poll loop does the same for the whole transaction).
+	idle := newIdleFlush(t.deps.env.cfg.CommitIdle, t.deps.env.cfg.CommitInterval, !t.deps.env.eos)
+	defer idle.stop()
 	retry := time.NewTicker(time.Second)
 	defer retry.Stop()
 	for {
@@ -470,12 +475,19 @@ func (t *task) loop(ctx context.Context) error {
 		select {
 		case b := <-t.mail.inbox:
 			err = t.receive(ctx, b)
+			idle.received(b)
+		case <-idle.c():
+			idle.fired()
+			if t.stall.batch == nil {
+				err = t.flush(ctx)
+			}
 		case <-retryC:
 			err = t.retryPaused(ctx)
 		case req := <-t.mail.cycle:
 			err = t.handleCycle(ctx, req)
 			req.done <- err
 		case <-tick:
+			idle.fired()
 			if t.stall.batch == nil {
 				err = t.flush(ctx)
 			}

@@ -181,7 +181,8 @@ type ServiceConfig struct {
 	// AppID, StateDir, Input and Notif are application.id, state.dir,
 	// input.topic and notification.topic.
 	AppID, StateDir, Input, Notif string
-	// CommitMs is commit.interval.ms (0: the service's default).
+	// CommitMs is commit.interval.ms (0: the service's default); from
+	// 1000 on it comes with commit.idle.ms 0.
 	CommitMs int
 	// CrashPoint is SALESAGGTEST_CRASH_POINT ("": none).
 	CrashPoint string
@@ -235,6 +236,11 @@ func StartService(t testing.TB, cfg ServiceConfig) *Service {
 	args = append(args, "--http.addr", addr, "--log.format", "json")
 	if cfg.CommitMs > 0 {
 		args = append(args, "--commit.interval.ms", strconv.Itoa(cfg.CommitMs))
+	}
+	if cfg.CommitMs >= 1000 {
+		// A test's interval of a second or more holds what the service
+		// folds uncommitted on purpose: no commit when the input pauses.
+		args = append(args, "--commit.idle.ms", "0")
 	}
 	args = append(args, cfg.Flags...)
 	env := slices.Clone(cfg.Env)
