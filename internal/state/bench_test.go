@@ -64,6 +64,10 @@ func BenchmarkGet(b *testing.B) {
 // restores.
 var restoreProducts = flag.Int("restore-products", 1_000_000, "products restored by BenchmarkRestoreBatches")
 
+// restoreBudget is the memory of BenchmarkRestoreBatches' sorted load: a
+// restore of three tasks at once gives each a third of 64 MiB.
+var restoreBudget = flag.Int64("restore-budget", 64<<20, "memory of BenchmarkRestoreBatches/sorted's bulk load, in bytes")
+
 // BenchmarkRestoreBatches writes 1,000,000 products (-restore-products) in random order into an
 // empty store in unsynced batches of 20,000 with a final synced one, as a
 // full restore does with the changelog's fetches: "tree" into a store opened
@@ -124,7 +128,7 @@ func BenchmarkRestoreBatches(b *testing.B) {
 				b.Fatal(err)
 			}
 			b.StartTimer()
-			l, err := s.BulkLoad(BulkOptions{Budget: NewBulkBudget(64 << 20)})
+			l, err := s.BulkLoad(BulkOptions{Budget: NewBulkBudget(*restoreBudget)})
 			if err != nil {
 				b.Fatal(err)
 			}

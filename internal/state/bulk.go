@@ -4,12 +4,12 @@ import (
 	"bufio"
 	"bytes"
 	"cmp"
-	"container/heap"
 	"context"
 	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"math/bits"
 	"os"
 	"path/filepath"
@@ -17,6 +17,7 @@ import (
 	"slices"
 	"strconv"
 	"sync"
+	"sync/atomic"
 
 	"github.com/cockroachdb/pebble/v2"
 	"github.com/cockroachdb/pebble/v2/objstorage/objstorageprovider"
@@ -49,33 +50,22 @@ func removeBulkLeftovers(path string) {
 }
 
 // BulkBudget is the memory that the bulk loads under way share: each takes
-// an equal share of it, recomputed as loads begin and end.
+// an equal share of it, recomputed as loads begin and end. A load reads its
+// share at every update, so the count is an atomic, not a lock.
 type BulkBudget struct {
 	bytes int64
-	mu    sync.Mutex // guards loads
-	loads int        // guarded by mu: the loads under way
+	loads atomic.Int64 // the loads under way
 }
 
 // NewBulkBudget makes a budget of bytes for the bulk loads under way.
 func NewBulkBudget(bytes int64) *BulkBudget { return &BulkBudget{bytes: bytes} }
 
-func (b *BulkBudget) join() {
-	b.mu.Lock()
-	b.loads++
-	b.mu.Unlock()
-}
-
-func (b *BulkBudget) leave() {
-	b.mu.Lock()
-	b.loads--
-	b.mu.Unlock()
-}
+func (b *BulkBudget) join()  { b.loads.Add(1) }
+func (b *BulkBudget) leave() { b.loads.Add(-1) }
 
 // share is what one load may hold now.
 func (b *BulkBudget) share() int64 {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.bytes / int64(max(1, b.loads))
+	return b.bytes / max(1, b.loads.Load())
 }
 
 // BulkOptions tune a bulk load.
@@ -201,6 +191,19 @@ func (l *BulkLoad) Add(updates []Update) error {
 	return nil
 }
 
+// AddEncoded adds one update as Add does, of product, with the entry's
+// offsets in their encoding as sales.Offsets.AppendEncode writes it (see
+// sales.CanonicalOffsets): a restore copies a changelog record's header
+// into the load without decoding it. del adds a deletion; total and
+// offsets are then not read.
+func (l *BulkLoad) AddEncoded(product []byte, total int64, offsets []byte, del bool) error {
+	l.key = append(l.key[:0], product...)
+	if !del {
+		l.value = append(binary.BigEndian.AppendUint64(l.value[:0], uint64(total)), offsets...)
+	}
+	return l.addValue(l.key, l.value, del, l.o.Budget.share()/2)
+}
+
 // AddWindows adds window updates (see Add) to a load of windows
 // (Windows.BulkLoad).
 func (l *BulkLoad) AddWindows(updates []WindowUpdate) error {
@@ -220,15 +223,23 @@ func (l *BulkLoad) AddWindows(updates []WindowUpdate) error {
 // add adds one update of key (within the load's key space), and spills the
 // buffer once it holds limit bytes.
 func (l *BulkLoad) add(key []byte, e Entry, del bool, limit int64) error {
+	if !del {
+		l.value = binary.BigEndian.AppendUint64(l.value[:0], uint64(e.Total))
+		l.value = e.Offsets.AppendEncode(l.value)
+	}
+	return l.addValue(key, l.value, del, limit)
+}
+
+// addValue adds one update of key with its stored value (not read for a
+// deletion), and spills the buffer once it holds limit bytes.
+func (l *BulkLoad) addValue(key, value []byte, del bool, limit int64) error {
 	if l.closed {
 		return l.s.closedErr("bulk loading")
 	}
 	if del {
 		l.buf.add(key, nil, true)
 	} else {
-		l.value = binary.BigEndian.AppendUint64(l.value[:0], uint64(e.Total))
-		l.value = e.Offsets.AppendEncode(l.value)
-		l.buf.add(key, l.value, false)
+		l.buf.add(key, value, false)
 	}
 	l.n++
 	if l.buf.bytes() < limit {
@@ -729,8 +740,9 @@ func (b *sortBuffer) radixSort(refs []sortRef, depth int) {
 // writeRun writes the sorted records to w as a run holds them: uvarint key
 // length, key, uvarint value length + 1 (0: a deletion), value. It returns
 // the run's marks.
+// Each record is appended to w's buffer in one piece (four small writes
+// cost three times as much).
 func (b *sortBuffer) writeRun(w *bufio.Writer) ([]runMark, error) {
-	var hdr []byte
 	var marks []runMark
 	var off int64
 	for i := range b.idx {
@@ -738,18 +750,25 @@ func (b *sortBuffer) writeRun(w *bufio.Writer) ([]runMark, error) {
 		if i%runMarkEvery == 0 {
 			marks = append(marks, runMark{key: slices.Clone(b.key(r)), off: off})
 		}
-		hdr = binary.AppendUvarint(hdr[:0], uint64(r.klen))
-		n := len(hdr)
-		_, _ = w.Write(hdr)
-		_, _ = w.Write(b.key(r))
-		hdr = binary.AppendUvarint(hdr[:0], uint64(r.vlen))
-		n += len(hdr)
-		_, _ = w.Write(hdr)
 		v, _ := b.value(r)
-		if _, err := w.Write(v); err != nil {
+		n := 2*binary.MaxVarintLen32 + int(r.klen) + len(v)
+		if w.Available() < n {
+			if err := w.Flush(); err != nil {
+				return nil, err
+			}
+		}
+		out := w.AvailableBuffer()
+		if cap(out) < n {
+			out = make([]byte, 0, n) // larger than w's buffer
+		}
+		out = binary.AppendUvarint(out, uint64(r.klen))
+		out = append(out, b.key(r)...)
+		out = binary.AppendUvarint(out, uint64(r.vlen))
+		out = append(out, v...)
+		if _, err := w.Write(out); err != nil {
 			return nil, err
 		}
-		off += int64(n) + int64(r.klen) + int64(len(v))
+		off += int64(len(out))
 	}
 	return marks, w.Flush()
 }
@@ -877,20 +896,24 @@ func (s *runSource) next() (bool, error) {
 	return true, nil
 }
 
-// read reads the next record of the file.
+// read reads the next record of the file. The lengths are read from the
+// reader's buffer in place (Peek), not a byte at a time.
 func (s *runSource) read() (bool, error) {
-	n, err := binary.ReadUvarint(s.r)
-	if err == io.EOF {
-		return false, nil
-	}
+	n, err := s.uvarint()
 	if err != nil {
 		return false, err
+	}
+	if n < 0 {
+		return false, nil
 	}
 	s.k = slices.Grow(s.k[:0], int(n))[:n]
 	if _, err := io.ReadFull(s.r, s.k); err != nil {
 		return false, err
 	}
-	vl, err := binary.ReadUvarint(s.r)
+	vl, err := s.uvarint()
+	if err == nil && vl < 0 {
+		err = io.ErrUnexpectedEOF
+	}
 	if err != nil {
 		return false, err
 	}
@@ -902,6 +925,23 @@ func (s *runSource) read() (bool, error) {
 	s.v = slices.Grow(s.v[:0], int(vl-1))[:vl-1]
 	_, err = io.ReadFull(s.r, s.v)
 	return err == nil, err
+}
+
+// uvarint reads a length as writeRun writes it: -1 at the end of the file.
+func (s *runSource) uvarint() (int64, error) {
+	b, err := s.r.Peek(binary.MaxVarintLen32)
+	if len(b) == 0 {
+		if err == io.EOF {
+			return -1, nil
+		}
+		return 0, err
+	}
+	v, n := binary.Uvarint(b)
+	if n <= 0 || v > math.MaxUint32 {
+		return 0, fmt.Errorf("state: corrupt run: bad length %x", b)
+	}
+	_, _ = s.r.Discard(n)
+	return int64(v), nil
 }
 
 func (s *runSource) key() []byte           { return s.k }
@@ -919,9 +959,10 @@ func (s *singleSource) next() (k, v []byte, del, ok bool, err error) {
 }
 
 // merger merges sources, oldest first: of the records of one key, the
-// newest source's wins.
+// newest source's wins. Its heap is typed and keeps each source's current
+// key beside it, so a comparison reads two slices, not two interface calls.
 type merger struct {
-	h mergeHeap
+	h []mergeItem
 	// started is set once a record was returned: the next call first moves
 	// past its key (its bytes stay valid until then).
 	started bool
@@ -930,25 +971,16 @@ type merger struct {
 
 type mergeItem struct {
 	src source
-	age int // the index of the source: higher is newer
+	key []byte // src.key(), valid until src moves
+	age int    // the index of the source: higher is newer
 }
 
-type mergeHeap []mergeItem
-
-func (h mergeHeap) Len() int { return len(h) }
-func (h mergeHeap) Less(i, j int) bool {
-	if c := bytes.Compare(h[i].src.key(), h[j].src.key()); c != 0 {
+// before orders the heap: by key, then the newest source first.
+func (x *mergeItem) before(y *mergeItem) bool {
+	if c := bytes.Compare(x.key, y.key); c != 0 {
 		return c < 0
 	}
-	return h[i].age > h[j].age
-}
-func (h mergeHeap) Swap(i, j int) { h[i], h[j] = h[j], h[i] }
-func (h *mergeHeap) Push(x any)   { *h = append(*h, x.(mergeItem)) }
-func (h *mergeHeap) Pop() any {
-	old := *h
-	x := old[len(old)-1]
-	*h = old[:len(old)-1]
-	return x
+	return x.age > y.age
 }
 
 func newMerger(srcs []source) (*merger, error) {
@@ -959,11 +991,33 @@ func newMerger(srcs []source) (*merger, error) {
 			return nil, err
 		}
 		if ok {
-			m.h = append(m.h, mergeItem{src: s, age: i})
+			m.h = append(m.h, mergeItem{src: s, key: s.key(), age: i})
 		}
 	}
-	heap.Init(&m.h)
+	for i := len(m.h)/2 - 1; i >= 0; i-- {
+		m.down(i)
+	}
 	return m, nil
+}
+
+// down moves the item at i down to its place in the heap.
+func (m *merger) down(i int) {
+	h := m.h
+	for {
+		l := 2*i + 1
+		if l >= len(h) {
+			return
+		}
+		c := l
+		if r := l + 1; r < len(h) && h[r].before(&h[l]) {
+			c = r
+		}
+		if !h[c].before(&h[i]) {
+			return
+		}
+		h[i], h[c] = h[c], h[i]
+		i = c
+	}
 }
 
 // next returns the next key and its newest record. The returned slices are
@@ -980,27 +1034,31 @@ func (m *merger) next() (k, v []byte, del, ok bool, err error) {
 		return nil, nil, false, false, nil
 	}
 	m.started = true
-	top := m.h[0].src
-	v, del = top.value()
-	return top.key(), v, del, true, nil
+	top := &m.h[0]
+	v, del = top.src.value()
+	return top.key, v, del, true, nil
 }
 
 // advance moves the top source past its record and every older record of
 // the same key.
 func (m *merger) advance() error {
-	top := m.h[0].src
-	// The key's bytes belong to top, which is about to move: keep a copy.
-	m.key = append(m.key[:0], top.key()...)
-	for len(m.h) > 0 && bytes.Equal(m.h[0].src.key(), m.key) {
-		ok, err := m.h[0].src.next()
+	// The key's bytes belong to the top source, which is about to move:
+	// keep a copy.
+	m.key = append(m.key[:0], m.h[0].key...)
+	for len(m.h) > 0 && bytes.Equal(m.h[0].key, m.key) {
+		top := &m.h[0]
+		ok, err := top.src.next()
 		if err != nil {
 			return err
 		}
 		if ok {
-			heap.Fix(&m.h, 0)
+			top.key = top.src.key()
 		} else {
-			heap.Pop(&m.h)
+			last := len(m.h) - 1
+			m.h[0] = m.h[last]
+			m.h = m.h[:last]
 		}
+		m.down(0)
 	}
 	return nil
 }
