@@ -44,6 +44,27 @@ func Update(r *kgo.Record) (state.Update, error) {
 	return u, nil
 }
 
+// Encoded reads the record as Update does, without decoding its offsets:
+// the total, and the offsets' encoding as sales.Offsets.AppendEncode writes
+// it (sales.CanonicalOffsets; nil: none), which a bulk restore stores as
+// it is. del is set for a tombstone. The offsets share the record's memory.
+func Encoded(r *kgo.Record) (total int64, offsets []byte, del bool, err error) {
+	if r.Value == nil {
+		return 0, nil, true, nil
+	}
+	if total, err = sales.DecodeTotal(r.Value); err != nil {
+		return 0, nil, false, err
+	}
+	for _, h := range r.Headers {
+		if h.Key == sales.OffsetsHeader {
+			if c := sales.CanonicalOffsets(h.Value); c != nil || len(h.Value) == 0 {
+				offsets = c
+			}
+		}
+	}
+	return total, offsets, false, nil
+}
+
 // LogUnreadable logs a changelog record Update could not read (it is
 // skipped: its total is not a total).
 func LogUnreadable(log *zap.Logger, tp string, offset int64, err error) {

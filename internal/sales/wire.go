@@ -278,6 +278,27 @@ func (offs Offsets) AppendEncode(b []byte) []byte {
 	return b
 }
 
+// CanonicalOffsets returns the encoding AppendEncode writes of what
+// DecodeOffsets reads from b, without decoding it: b itself, or its parts
+// alone when it is a version 2 encoding of a zero topic id (AppendEncode
+// writes those in the legacy form), or nil (no offsets) when b is not an
+// encoding. A bulk restore copies it as it is into the stored entry.
+func CanonicalOffsets(b []byte) []byte {
+	switch len(b) % offsetsEntry {
+	case 0:
+		return b
+	case offsetsHead % offsetsEntry:
+		if len(b) < offsetsHead || b[0] != offsetsVersion {
+			return nil
+		}
+		if [16]byte(b[1:offsetsHead]) == ([16]byte{}) {
+			return b[offsetsHead:]
+		}
+		return b
+	}
+	return nil
+}
+
 // ErrBadOffsets is returned when an Offsets encoding is corrupt.
 var ErrBadOffsets = errors.New("sales: bad offsets encoding")
 

@@ -253,3 +253,45 @@ func TestChangelogTopicIsKafkaStreamsName(t *testing.T) {
 		}
 	}
 }
+
+func TestCanonicalOffsetsIsDecodeThenEncode(t *testing.T) {
+	// Scenario: a bulk restore copies the header's bytes instead of decoding and encoding them again; for every encoding, valid or not, the bytes it keeps are the ones the decode and encode would write.
+	parts := []PartitionOffset{{0, 7}, {2, 1 << 40}}
+	v2 := func(id [16]byte, ps []PartitionOffset) []byte {
+		b := append([]byte{offsetsVersion}, id[:]...)
+		return Offsets{Parts: ps}.AppendEncode(b)
+	}
+	cases := [][]byte{
+		nil,
+		{},
+		Offsets{Parts: parts}.AppendEncode(nil), // legacy
+		v2(topicA, parts),                       // version 2
+		v2(topicA, nil),                         // version 2, no parts
+		v2(noID, parts),                         // version 2 of a zero id
+		v2(noID, nil),                           // the same, no parts
+		{2},                                     // too short
+		append([]byte{3}, make([]byte, 16+12)...),  // unknown version
+		append([]byte{2}, make([]byte, 17)...),     // no class
+		append(v2(topicA, parts)[:30], 1, 2, 3, 4), // cut
+	}
+	for i := range 64 {
+		// Every length up to five entries past a head, of noise.
+		b := make([]byte, i)
+		for j := range b {
+			b[j] = byte(j*31 + i)
+		}
+		if i > 0 && i%3 == 0 {
+			b[0] = offsetsVersion
+		}
+		cases = append(cases, b)
+	}
+	for _, b := range cases {
+		var want []byte
+		if offs, err := DecodeOffsets(b); err == nil {
+			want = offs.AppendEncode(nil)
+		}
+		if got := CanonicalOffsets(b); !bytes.Equal(got, want) {
+			t.Errorf("CanonicalOffsets(%x) = %x; DecodeOffsets then AppendEncode = %x", b, got, want)
+		}
+	}
+}

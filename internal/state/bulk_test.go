@@ -79,11 +79,13 @@ func TestBulkLoadKeepsTheLastUpdateOfEachProduct(t *testing.T) {
 		name     string
 		budget   int64
 		manyRuns bool
-		procs    int // GOMAXPROCS: the key ranges Finish writes at once
-		fetch    int // updates per Add; 0: 1,000
+		procs    int  // GOMAXPROCS: the key ranges Finish writes at once
+		fetch    int  // updates per Add; 0: 1,000
+		encoded  bool // one AddEncoded per update, as a restore adds
 	}{
 		{name: "many runs", budget: 256 << 10, manyRuns: true, procs: 2},
 		{name: "many runs in four ranges", budget: 256 << 10, manyRuns: true, procs: 4},
+		{name: "many runs, added encoded", budget: 256 << 10, manyRuns: true, procs: 2, encoded: true},
 		// One fetch bringing every update (a fast broker, a large fetch)
 		// spills as many runs: the budget holds within an Add too.
 		{name: "many runs from one fetch", budget: 256 << 10, manyRuns: true, procs: 2, fetch: 200_000},
@@ -107,7 +109,13 @@ func TestBulkLoadKeepsTheLastUpdateOfEachProduct(t *testing.T) {
 			model := bulkModel{}
 			fetch := cmp.Or(tc.fetch, 1000)
 			for i := 0; i < len(ups); i += fetch {
-				if err := l.Add(ups[i : i+fetch]); err != nil {
+				if tc.encoded {
+					for _, u := range ups[i : i+fetch] {
+						if err := l.AddEncoded([]byte(u.Product), u.Entry.Total, u.Entry.Offsets.AppendEncode(nil), u.Delete); err != nil {
+							t.Fatal(err)
+						}
+					}
+				} else if err := l.Add(ups[i : i+fetch]); err != nil {
 					t.Fatal(err)
 				}
 				model.apply(ups[i : i+fetch])

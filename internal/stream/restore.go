@@ -12,6 +12,7 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
 	"go.uber.org/zap"
 
@@ -840,13 +841,21 @@ func (t *task) replay(ctx context.Context, from, to int64, load *state.BulkLoad)
 			t.log.Info(fmt.Sprintf("task [%s] Changelog %s holds nothing to read from offset %d to %d (aborted or compacted records); skipping past them", t.name, rp.tp, b.SkippedFrom, b.Next),
 				zap.Int64("from", b.SkippedFrom), zap.Int64("to", b.Next))
 		}
-		updates, next = rp.apply(b, updates[:0], next)
 		if load != nil {
-			if err := load.Add(updates); err != nil {
+			// Straight into the load: the offsets header's bytes are the
+			// stored entry's, with no decoding and no Update per record.
+			if next, err = rp.each(b, next, func(rec *kgo.Record) error {
+				total, offs, del, err := changelog.Encoded(rec)
+				if err != nil {
+					changelog.LogUnreadable(t.log, rp.tp, rec.Offset, err)
+					return nil
+				}
+				return load.AddEncoded(rec.Key, total, offs, del)
+			}); err != nil {
 				return rp.n, rp.to, err
 			}
 			t.totals.cp.ChangelogOffset = max(t.totals.cp.ChangelogOffset, min(next, rp.to))
-		} else if len(updates) > 0 || next > t.totals.cp.ChangelogOffset {
+		} else if updates, next = rp.apply(b, updates[:0], next); len(updates) > 0 || next > t.totals.cp.ChangelogOffset {
 			cp := t.totals.cp
 			cp.ChangelogOffset = min(next, rp.to)
 			// Unsynced until the last fetch: a crash loses whole batches
@@ -879,13 +888,13 @@ type replayProgress struct {
 	every          time.Duration
 }
 
-// apply adds to updates the batch's records below the end: a record at or
+// each calls fn with the batch's records below the end: a record at or
 // past it ends the replay (the records just before the end may be gone,
 // compacted or an aborted tail the reader skips), unless the changelog grew
 // (the batch's stable end is past it), when the replay reads on to the new
-// end, at most maxRestoreExtensions times. It returns the updates and the
-// position after them.
-func (rp *replayProgress) apply(b changelog.Batch, updates []state.Update, next int64) ([]state.Update, int64) {
+// end, at most maxRestoreExtensions times. It returns the position after
+// them, or fn's first error.
+func (rp *replayProgress) each(b changelog.Batch, next int64, fn func(*kgo.Record) error) (int64, error) {
 	t := rp.t
 	for _, rec := range b.Records {
 		if rec.Offset >= rp.to && rp.extended < maxRestoreExtensions && b.StableEnd > rp.to {
@@ -898,19 +907,31 @@ func (rp *replayProgress) apply(b changelog.Batch, updates []state.Update, next 
 			t.stats.restoreTo.Store(rp.to)
 		}
 		if rec.Offset >= rp.to {
-			return updates, rp.to
+			return rp.to, nil
 		}
 		next = rec.Offset + 1
 		rp.n++
-		u, err := changelog.Update(rec)
-		if err != nil {
-			changelog.LogUnreadable(t.log, rp.tp, rec.Offset, err)
-			continue
+		if err := fn(rec); err != nil {
+			return next, err
 		}
-		updates = append(updates, u)
 	}
 	// The batch's position passes markers and invisible records too.
-	return updates, max(next, min(b.Next, rp.to))
+	return max(next, min(b.Next, rp.to)), nil
+}
+
+// apply adds to updates the store updates of the batch's records below the
+// end (see each), and returns them with the position after them.
+func (rp *replayProgress) apply(b changelog.Batch, updates []state.Update, next int64) ([]state.Update, int64) {
+	next, _ = rp.each(b, next, func(rec *kgo.Record) error {
+		u, err := changelog.Update(rec)
+		if err != nil {
+			changelog.LogUnreadable(rp.t.log, rp.tp, rec.Offset, err)
+			return nil
+		}
+		updates = append(updates, u)
+		return nil
+	})
+	return updates, next
 }
 
 // logProgress logs the replay's progress every rp.every.
