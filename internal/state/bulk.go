@@ -678,6 +678,24 @@ func (b *sortBuffer) compare(x, y sortRef) int {
 	return cmp.Compare(x.off, y.off)
 }
 
+// insertionSort sorts a few references by compare, comparing their
+// prefixes in line: most small buckets differ there, and a call per
+// comparison costs more than the comparison.
+func (b *sortBuffer) insertionSort(refs []sortRef) {
+	for i := 1; i < len(refs); i++ {
+		r := refs[i]
+		j := i
+		for ; j > 0; j-- {
+			p := &refs[j-1]
+			if p.prefix < r.prefix || p.prefix == r.prefix && b.compare(*p, r) <= 0 {
+				break
+			}
+			refs[j] = *p
+		}
+		refs[j] = r
+	}
+}
+
 // radixSmall is the size under which a radix bucket is sorted by
 // comparison: below it the passes cost more than they save.
 const radixSmall = 64
@@ -689,7 +707,11 @@ const radixSmall = 64
 // sorted by comparison.
 func (b *sortBuffer) radixSort(refs []sortRef, depth int) {
 	for {
-		if len(refs) < radixSmall || depth == 8 {
+		if len(refs) < radixSmall {
+			b.insertionSort(refs)
+			return
+		}
+		if depth == 8 {
 			slices.SortFunc(refs, b.compare)
 			return
 		}
