@@ -118,12 +118,14 @@ func (f *storeFilter) abandon() {
 }
 
 // buildFilter returns a known filter of seed that holds every product it
-// lists: the base a learning filter adopts.
+// lists: the base a learning filter adopts. A store lists each product
+// once, so nothing is asked before it is added (the check is a cache miss
+// per level, half the listing's cost at 10M products).
 func buildFilter(ctx context.Context, it *state.ProductIter, seed maphash.Seed) (storeFilter, int, error) {
 	f := storeFilter{mode: filterKnown, seed: seed}
 	n := 0
 	err := it.Each(ctx, func(product []byte) {
-		f.addHash(maphash.Bytes(seed, product))
+		f.addNew(maphash.Bytes(seed, product))
 		n++
 	})
 	return f, n, err
@@ -154,10 +156,15 @@ func (f *storeFilter) add(key string) {
 	}
 }
 
+// addHash adds hash h unless the filter may hold it already.
 func (f *storeFilter) addHash(h uint64) {
-	if f.has(h) {
-		return
+	if !f.has(h) {
+		f.addNew(h)
 	}
+}
+
+// addNew adds hash h, which the filter does not hold yet: asked or known.
+func (f *storeFilter) addNew(h uint64) {
 	if len(f.levels) == 0 || f.levels[len(f.levels)-1].n >= f.levels[len(f.levels)-1].cap {
 		c := filterFirstCap
 		if len(f.levels) > 0 {
