@@ -196,7 +196,12 @@ func (l *BulkLoad) Add(updates []Update) error {
 // sales.CanonicalOffsets): a restore copies a changelog record's header
 // into the load without decoding it. del adds a deletion; total and
 // offsets are then not read.
+//
+// It is for a load of totals (Store.BulkLoad): a load of windows refuses it.
 func (l *BulkLoad) AddEncoded(product []byte, total int64, offsets []byte, del bool) error {
+	if len(l.prefix) != 1 || l.prefix[0] != dataPrefix {
+		return fmt.Errorf("bulk loading %s: AddEncoded adds totals, not windows", l.s.path)
+	}
 	l.key = append(l.key[:0], product...)
 	if !del {
 		l.value = append(binary.BigEndian.AppendUint64(l.value[:0], uint64(total)), offsets...)
@@ -930,7 +935,7 @@ func (s *runSource) read() (bool, error) {
 	}
 	s.k = slices.Grow(s.k[:0], int(n))[:n]
 	if _, err := io.ReadFull(s.r, s.k); err != nil {
-		return false, err
+		return false, unexpectedEOF(err)
 	}
 	vl, err := s.uvarint()
 	if err == nil && vl < 0 {
@@ -945,8 +950,19 @@ func (s *runSource) read() (bool, error) {
 		return true, nil
 	}
 	s.v = slices.Grow(s.v[:0], int(vl-1))[:vl-1]
-	_, err = io.ReadFull(s.r, s.v)
-	return err == nil, err
+	if _, err := io.ReadFull(s.r, s.v); err != nil {
+		return false, unexpectedEOF(err)
+	}
+	return true, nil
+}
+
+// unexpectedEOF is err, io.ErrUnexpectedEOF for io.EOF: inside a record,
+// the end of the file is not the end of the run.
+func unexpectedEOF(err error) error {
+	if err == io.EOF {
+		return io.ErrUnexpectedEOF
+	}
+	return err
 }
 
 // uvarint reads a length as writeRun writes it: -1 at the end of the file.
@@ -959,6 +975,13 @@ func (s *runSource) uvarint() (int64, error) {
 		return 0, err
 	}
 	v, n := binary.Uvarint(b)
+	if n == 0 && err != nil {
+		// The file ends, or fails, inside the length.
+		if err == io.EOF {
+			err = io.ErrUnexpectedEOF
+		}
+		return 0, err
+	}
 	if n <= 0 || v > math.MaxUint32 {
 		return 0, fmt.Errorf("state: corrupt run: bad length %x", b)
 	}

@@ -2,8 +2,12 @@ package state
 
 import (
 	"bufio"
+	"bytes"
+	"fmt"
 	"io"
 	"math/rand/v2"
+	"os"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"testing"
@@ -132,4 +136,99 @@ func BenchmarkWriteRun(b *testing.B) {
 		}
 	}
 	b.ReportMetric(float64(b.N*len(buf.idx))/b.Elapsed().Seconds(), "records/s")
+}
+
+func TestRunRoundTripsLargeRecordsAndRefusesACutOne(t *testing.T) {
+	// Scenario: a run holds 3,000 records, one with a 1 MiB value and one with a 100 KiB
+	// key (both larger than the run's read and write buffers), and deletions; read from
+	// its start and from a key past its second mark it gives back every record in key
+	// order; cut inside a record (in a length, a key or the large value) it is an error,
+	// never a clean end.
+	type rec struct {
+		k, v []byte
+		del  bool
+	}
+	buf := &sortBuffer{chunkSize: 64 << 10}
+	var want []rec
+	for i := range 3000 {
+		k := []byte(fmt.Sprintf("k%05d", i))
+		v := []byte(strconv.Itoa(i))
+		switch i {
+		case 500:
+			v = bytes.Repeat([]byte{'v'}, 1<<20)
+		case 1500:
+			k = append(k, bytes.Repeat([]byte{'x'}, 100<<10)...)
+		}
+		del := i%10 == 7
+		if del {
+			v = nil
+		}
+		buf.add(k, v, del)
+		want = append(want, rec{k, v, del})
+	}
+	buf.sort()
+	path := filepath.Join(t.TempDir(), "run")
+	sp := spill(buf, path)
+	if sp.err != nil {
+		t.Fatal(sp.err)
+	}
+	if len(sp.r.marks) != 3 {
+		t.Fatalf("%d marks, want 3", len(sp.r.marks))
+	}
+	read := func(lo []byte, path string) ([]rec, error) {
+		f, err := os.Open(path)
+		if err != nil {
+			return nil, err
+		}
+		defer f.Close()
+		src, err := openRunSource(f, sp.r.marks, lo, nil)
+		if err != nil {
+			return nil, err
+		}
+		var got []rec
+		for {
+			ok, err := src.next()
+			if err != nil || !ok {
+				return got, err
+			}
+			v, del := src.value()
+			got = append(got, rec{slices.Clone(src.key()), slices.Clone(v), del})
+		}
+	}
+	same := func(got, want []rec) {
+		t.Helper()
+		if len(got) != len(want) {
+			t.Fatalf("%d records read, want %d", len(got), len(want))
+		}
+		for i := range want {
+			if !bytes.Equal(got[i].k, want[i].k) || !bytes.Equal(got[i].v, want[i].v) || got[i].del != want[i].del {
+				t.Fatalf("record %d: key %.20q (%d bytes), %d value bytes, deletion %v; want %.20q (%d bytes), %d, %v",
+					i, got[i].k, len(got[i].k), len(got[i].v), got[i].del, want[i].k, len(want[i].k), len(want[i].v), want[i].del)
+			}
+		}
+	}
+	got, err := read(nil, path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	same(got, want)
+	if got, err = read(want[2100].k, path); err != nil {
+		t.Fatal(err)
+	}
+	same(got, want[2100:])
+
+	whole, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	large := bytes.Index(whole, bytes.Repeat([]byte{'v'}, 64))
+	for _, cut := range []int{1, 3, large + 1000, len(whole) - 1} {
+		cutPath := filepath.Join(t.TempDir(), "cut")
+		if err := os.WriteFile(cutPath, whole[:cut], 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if got, err := read(nil, cutPath); err == nil {
+			t.Errorf("a run cut at byte %d of %d read as %d records and a clean end", cut, len(whole), len(got))
+		}
+	}
 }
