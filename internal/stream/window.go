@@ -371,7 +371,8 @@ func (w *windowAgg) restored(cp state.Checkpoint, streamTime int64) {
 // forwarded alone (config.ForwardsAmounts) has its time field in an
 // EventTimeHeader, read by the forwarder (task.forward), or a BadTimeHeader
 // when it could not be; without either (no time field, or forwarded by
-// Kafka Streams) its record timestamp.
+// Kafka Streams) its record timestamp. An EventTimeHeader that is not 8
+// bytes is a bad time, never the record timestamp in its place.
 func (t *task) eventTime(topic string, r *kgo.Record) (int64, error) {
 	cfg := &t.deps.env.cfg
 	if topic != cfg.InputTopic && cfg.ForwardsAmounts() {
@@ -379,7 +380,10 @@ func (t *task) eventTime(topic string, r *kgo.Record) (int64, error) {
 			switch {
 			case h.Key == sales.BadTimeHeader:
 				return 0, &sales.BadEventError{Reason: sales.ReasonBadTime, Detail: string(h.Value)}
-			case h.Key == sales.EventTimeHeader && len(h.Value) == 8:
+			case h.Key == sales.EventTimeHeader:
+				if len(h.Value) != 8 {
+					return 0, &sales.BadEventError{Reason: sales.ReasonBadTime, Detail: fmt.Sprintf("%s header of %d bytes, not 8", sales.EventTimeHeader, len(h.Value))}
+				}
 				return int64(binary.BigEndian.Uint64(h.Value)), nil
 			}
 		}
