@@ -226,16 +226,19 @@ func (l *lease) expire(now time.Time, held []int32) (silent time.Duration, lapse
 	return now.Sub(l.alive), true
 }
 
-// overdue reports whether the tasks held are past the lease: held past its
-// deadline at now (the coordinator may have given them away, and the lease
-// loop is about to drop them), or lapsed (the lease loop is dropping them;
-// their goroutines end when their stop is through). Nothing is handed to
+// overdue reports whether any task still here is past the lease: held
+// past its deadline at now (the coordinator may have given them away, and
+// the lease loop is about to drop them), lapsed (the lease loop is
+// dropping them), or lost (the session ended or the coordinator fenced
+// this member: they are being dropped, and may already run elsewhere).
+// Their goroutines end when their stop is through; nothing is handed to
 // them meanwhile, and they are not reported running. An assignment holds
-// the lease again before it starts any task.
+// the lease again before it starts any task, so no task runs on an idle
+// lease but one being dropped.
 func (l *lease) overdue(now time.Time) bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	return l.state == leaseLapsed || (l.state == leaseHeld && !now.Before(l.until))
+	return l.state != leaseHeld || !now.Before(l.until)
 }
 
 // lost records that the group session was lost (every task dropped, the

@@ -137,6 +137,11 @@ func TestLeaseDeadline(t *testing.T) {
 		t.Fatalf("a lapse at the check after a late assignment: lapsed %t, late by %s, want %s", ok, l.lateBy(), leaseCheckEvery)
 	}
 	l.lost()
+	// Lost (the session ended, or the coordinator fenced this member), the tasks still here are
+	// being dropped and may already run elsewhere: not reported running.
+	if !l.overdue(joined.Add(10 * time.Second)) {
+		t.Fatal("a lost lease is not overdue: its tasks show running while they are dropped")
+	}
 	if st, _, _ := l.snapshot(); st != leaseIdle {
 		t.Fatalf("after a loss: %s", st)
 	}
