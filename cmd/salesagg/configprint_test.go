@@ -38,11 +38,11 @@ func TestConfigPrintShowsDerivedValues(t *testing.T) {
 			lines[f[0]] = strings.Join(f[1:], " ")
 		}
 	}
-	// 256 MiB + the 64 MiB entry cache; built without cgo, + the 64 MiB
+	// 256 MiB + the 64 MiB entry cache; built without cgo, + the 128 MiB
 	// block cache and 96 MiB of memtables as well.
 	memoryLimit := int64(335544320)
 	if config.StoreCachesInHeap {
-		memoryLimit += 64<<20 + config.MemtablesInHeap
+		memoryLimit += 128<<20 + config.MemtablesInHeap
 	}
 	for key, want := range map[string]string{
 		"commit.interval.ms":     "100 derived",

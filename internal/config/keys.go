@@ -196,7 +196,7 @@ var keys = []key{
 		help: "soft limit of the Go heap (the runtime's memory limit: the GC works harder near it), default 268435456 + cache.max.bytes (built without cgo, + store.cache.bytes + 100663296 for the memtables: Pebble's caches are then Go heap); 0: none; the GOMEMLIMIT environment variable, when set, wins",
 		bind: number(0, 1<<50, func(c *Config) *int64 { return &c.MemoryLimitSet }).unsetAs(-1).
 			shows(func(c Config) any { return c.MemoryLimit() }), derived: true},
-	{name: "store.cache.bytes", def: "67108864",
+	{name: "store.cache.bytes", def: "134217728",
 		help: "bytes of Pebble's block cache (index, bloom filter and data blocks), shared by every local store of the process",
 		bind: number(1<<20, 1<<40, func(c *Config) *int64 { return &c.StoreCacheBytes })},
 	{name: "log.level", def: "info",
