@@ -342,16 +342,19 @@ func (e *exactlyOnce) poll(ctx, work context.Context) error {
 		idle = 0 // the interval's cycle comes first
 	}
 	var lastRecords time.Time // when the last poll with records returned
+	ends := newInputEnds(s.env.cfg.CommitInterval)
 	for {
 		var polled uint64
 		if e.streams != nil {
 			polled = e.streams.polling()
 		}
 		// The poll waits until the interval ends or, with records in the
-		// open transaction, until the input paused for commit.idle.ms: then
-		// the cycle runs at once. A task past maxDirty cuts it short too.
+		// open transaction and the input at its end, until it paused for
+		// commit.idle.ms: then the cycle runs at once. A task past maxDirty
+		// cuts it short too.
 		until := next
-		if idle > 0 && e.polled > 0 {
+		paused := idle > 0 && e.polled > 0 && ends.atEnd(time.Now())
+		if paused {
 			until = minTime(until, lastRecords.Add(idle))
 		}
 		dctx, dcancel := context.WithDeadline(ctx, until)
@@ -361,7 +364,8 @@ func (e *exactlyOnce) poll(ctx, work context.Context) error {
 		dcancel()
 		if fetches.NumRecords() > 0 {
 			lastRecords = time.Now()
-		} else if idle > 0 && e.polled > 0 && !time.Now().Before(lastRecords.Add(idle)) {
+			ends.polled(fetches, lastRecords)
+		} else if paused && !time.Now().Before(lastRecords.Add(idle)) {
 			e.commitSoon.Store(true)
 		}
 		if s.env.knobs.AfterPoll != nil {
