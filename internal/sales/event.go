@@ -254,6 +254,9 @@ func Add(total, v int64) (int64, error) {
 // the general path, so both give the same result for every input (a fuzz
 // test holds them to it). value is trimmed and not empty.
 func decodeCanonical(value []byte) (product []byte, n int64, ok bool) {
+	if product, n, ok := decodeCompact(value); ok {
+		return product, n, true
+	}
 	i := 0
 	skip := func() {
 		for i < len(value) && (value[i] == ' ' || value[i] == '\t' || value[i] == '\n' || value[i] == '\r') {
@@ -327,6 +330,47 @@ func decodeCanonical(value []byte) (product []byte, n int64, ok bool) {
 		return nil, 0, false
 	}
 	return product, n, true
+}
+
+const (
+	compactHead = `{"product":"`
+	compactMid  = `","value":`
+)
+
+// decodeCompact decodes the layout producers write most,
+// {"product":"...","value":N} with no whitespace, in one pass: the fixed
+// parts compared whole, the product scanned once for its end, escapes,
+// control characters and non-ASCII bytes (UTF-8 checked only when it has
+// some). Any other layout returns false and goes to decodeCanonical's
+// general loop, which gives the same answer for this one.
+func decodeCompact(value []byte) (product []byte, n int64, ok bool) {
+	if len(value) < len(compactHead)+len(compactMid)+2 || string(value[:len(compactHead)]) != compactHead {
+		return nil, 0, false
+	}
+	i := len(compactHead)
+	var high byte
+	for ; i < len(value); i++ {
+		c := value[i]
+		if c == '"' {
+			break
+		}
+		if c == '\\' || c < 0x20 {
+			return nil, 0, false
+		}
+		high |= c
+	}
+	product = value[len(compactHead):i]
+	if len(value)-i < len(compactMid)+2 || string(value[i:i+len(compactMid)]) != compactMid {
+		return nil, 0, false
+	}
+	v, end, ok := parseJSONInt(value, i+len(compactMid))
+	if !ok || end != len(value)-1 || value[end] != '}' {
+		return nil, 0, false
+	}
+	if high >= utf8.RuneSelf && !utf8.Valid(product) {
+		return nil, 0, false
+	}
+	return product, v, true
 }
 
 // parseJSONInt reads a JSON integer at b[i:] (-?(0|[1-9][0-9]*), not

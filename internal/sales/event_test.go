@@ -236,11 +236,56 @@ func TestCanonicalDecoderAgrees(t *testing.T) {
 	}
 }
 
+// TestCompactLayoutTakesTheShortPath: the layout producers write most,
+// with no whitespace, is decoded by the one-pass decoder, and any other
+// layout is left to the general loop; where the short path answers, its
+// answer is the general loop's.
+func TestCompactLayoutTakesTheShortPath(t *testing.T) {
+	for _, tc := range []struct {
+		value   string
+		product string
+		n       int64
+	}{
+		{`{"product":"p1","value":1000}`, "p1", 1000},
+		{`{"product":"p1","value":-7}`, "p1", -7},
+		{`{"product":"","value":0}`, "", 0},
+		{`{"product":"pé","value":9223372036854775807}`, "pé", 9223372036854775807},
+		{`{"product":"p1","value":-9223372036854775808}`, "p1", -9223372036854775808},
+	} {
+		p, n, ok := decodeCompact([]byte(tc.value))
+		if !ok || string(p) != tc.product || n != tc.n {
+			t.Errorf("decodeCompact(%s) = %q, %d, %v; want %q, %d by the short path", tc.value, p, n, ok, tc.product, tc.n)
+		}
+	}
+	for _, v := range []string{
+		`{"value":1000,"product":"p1"}`, ` {"product":"p1","value":1}`, `{"product":"p1", "value":1}`,
+		`{"product":"p1","value":1 }`, `{"product":"p\"q","value":1}`, "{\"product\":\"p\x01\",\"value\":1}",
+		"{\"product\":\"p\xff\",\"value\":1}", `{"product":"p1","value":01}`, `{"product":"p1","value":1.5}`,
+		`{"product":"p1","value":9223372036854775808}`, `{"product":"p1","value":1}}`, `{"product":"p1","value":}`,
+		`{"product":"p1","value":1`, `{"product":"p1"`, `{"product":"`, `{"product":"p1","valuе":1}`,
+	} {
+		if p, n, ok := decodeCompact([]byte(v)); ok {
+			t.Errorf("decodeCompact(%q) = %q, %d by the short path; want it left to the general loop", v, p, n)
+		}
+	}
+}
+
 func FuzzCanonicalDecoderAgrees(f *testing.F) {
 	f.Add([]byte("p"), []byte(`{"product":"p","value":1}`))
 	f.Add([]byte(""), []byte(`{"value":-1,"product":"q"}`))
 	f.Add([]byte("k"), []byte(`{"product":"p\u0041","value":12e1}`))
-	f.Fuzz(func(t *testing.T, key, value []byte) { sameDecode(t, key, value) })
+	f.Add([]byte(""), []byte(`{"product":"p\xff","value":1}`))
+	f.Fuzz(func(t *testing.T, key, value []byte) {
+		sameDecode(t, key, value)
+		if p, n, ok := decodeCompact(value); ok {
+			if len(value) > 0 && (value[0] == ' ' || value[len(value)-1] == ' ') {
+				t.Fatalf("decodeCompact took %q, which has whitespace around it", value)
+			}
+			if ev, err := decodeJSON([]byte("k"), value); err != nil || ev.Product != string(p) || ev.Value != n {
+				t.Fatalf("decodeCompact(%q) = %q, %d; encoding/json gives %+v, %v", value, p, n, ev, err)
+			}
+		}
+	})
 }
 
 // TestDecodeAmount: a forwarded record in Kafka Streams' repartition format
