@@ -317,8 +317,9 @@ func MissingTopicHint(topic string, names []string) string {
 	}
 }
 
-// Waiting for a topic that another client created meanwhile: describeFresh
-// tries up to alreadyExistsAttempts times, backing off from
+// Waiting for a topic created here, or by another client meanwhile, to be
+// described with its partitions led: describeFresh tries up to
+// alreadyExistsAttempts times, backing off from
 // alreadyExistsBackoff, doubling up to alreadyExistsMaxBackoff (about 1.4 s
 // in all). On KRaft the controller answers TOPIC_ALREADY_EXISTS as soon as it
 // knows the topic, and the broker's metadata has it some milliseconds later
@@ -351,22 +352,25 @@ func ensure(ctx context.Context, adm *kadm.Client, cfg config.Config, log *zap.L
 	}
 	if errors.Is(err, kerr.TopicAlreadyExists) {
 		// Created meanwhile by another instance: describe it again.
-		return describeFresh(ctx, adm, log, topic)
+		return describeFresh(ctx, adm, log, topic, false)
 	}
 	if err != nil {
 		return topicInfo{}, fmt.Errorf("creating topic %s (%d partitions, replication %d): %w", topic, partitions, cfg.ReplicationFactor, err)
 	}
 	log.Info("Created topic", zap.String("topic", topic), zap.Int32("partitions", partitions), zap.Int16("replication", cfg.ReplicationFactor))
-	n := resp.NumPartitions
-	if n <= 0 {
-		n = partitions
-	}
-	return topicInfo{id: resp.ID, partitions: n}, nil
+	// Used only once the broker describes it with every partition led: a
+	// group client whose first metadata misses a topic just created joins
+	// without it, learns it a moment later and rejoins, and the tasks
+	// then restart (their partitions come back as added), dropping the
+	// first transaction's work (1.2-1.6M events folded twice at start-up
+	// of a 10M-event backlog).
+	return describeFresh(ctx, adm, log, topic, true)
 }
 
-// describeFresh describes a topic that CreateTopics just said exists, asking
-// the broker rather than the client's metadata cache, and retries a few times
-// while the broker does not know it yet.
+// describeFresh describes a topic that CreateTopics just created (created)
+// or said exists, asking the broker rather than the client's metadata
+// cache, and retries a few times while the broker does not know it yet or
+// a partition has no leader.
 //
 // adm.Metadata answers from kgo's cache (kadm metadata.go: RequestCachedMetadata
 // with limit 0, that is MetadataMinAge, 5 s by default), and the cache keeps
@@ -376,7 +380,11 @@ func ensure(ctx context.Context, adm *kadm.Client, cfg config.Config, log *zap.L
 // (WithAuthorizedOps), the only cache-less metadata request a kadm.Client
 // issues; kgo stores its answer in the cache, so later cached looks see the
 // topic too.
-func describeFresh(ctx context.Context, adm *kadm.Client, log *zap.Logger, topic string) (topicInfo, error) {
+func describeFresh(ctx context.Context, adm *kadm.Client, log *zap.Logger, topic string, created bool) (topicInfo, error) {
+	by := "created by another client"
+	if created {
+		by = "created here"
+	}
 	fresh := kadm.WithAuthorizedOps(ctx)
 	backoff := alreadyExistsBackoff
 	var last error
@@ -387,9 +395,9 @@ func describeFresh(ctx context.Context, adm *kadm.Client, log *zap.Logger, topic
 		}
 		d, ok := md.Topics[topic]
 		switch {
-		case ok && d.Err == nil && len(d.Partitions) > 0:
+		case ok && d.Err == nil && len(d.Partitions) > 0 && allLed(d.Partitions):
 			if attempt > 1 {
-				log.Debug("Topic created by another client is described now", zap.String("topic", topic), zap.Int("attempts", attempt))
+				log.Debug("Topic "+by+" is described now", zap.String("topic", topic), zap.Int("attempts", attempt))
 			}
 			return topicInfo{id: d.ID, partitions: int32(len(d.Partitions))}, nil
 		case !ok:
@@ -399,12 +407,12 @@ func describeFresh(ctx context.Context, adm *kadm.Client, log *zap.Logger, topic
 		case d.Err != nil:
 			last = d.Err // unknown to this broker yet, or e.g. LEADER_NOT_AVAILABLE
 		default:
-			last = kerr.LeaderNotAvailable // no partitions yet
+			last = kerr.LeaderNotAvailable // no partitions yet, or one without a leader
 		}
 		if attempt == alreadyExistsAttempts {
-			return topicInfo{}, fmt.Errorf("describing topic %s: it already exists (created by another client) but the broker still does not describe it after %d attempts: %w", topic, attempt, last)
+			return topicInfo{}, fmt.Errorf("describing topic %s: it exists (%s) but the broker still does not describe it after %d attempts: %w", topic, by, attempt, last)
 		}
-		log.Debug("Topic already exists (created by another client) but is not described yet; waiting",
+		log.Debug("Topic exists ("+by+") but is not described yet; waiting",
 			zap.String("topic", topic), zap.Int("attempt", attempt), zap.Duration("backoff", backoff), zap.NamedError("reason", last))
 		select {
 		case <-ctx.Done():
@@ -413,6 +421,16 @@ func describeFresh(ctx context.Context, adm *kadm.Client, log *zap.Logger, topic
 		}
 		backoff = min(2*backoff, alreadyExistsMaxBackoff)
 	}
+}
+
+// allLed reports whether every partition has a leader and no error.
+func allLed(ps kadm.PartitionDetails) bool {
+	for _, p := range ps {
+		if p.Err != nil || p.Leader < 0 {
+			return false
+		}
+	}
+	return true
 }
 
 // watchTopology checks the input topic every few seconds and ends the group

@@ -216,6 +216,59 @@ func TestEnsureTopicsRacing(t *testing.T) {
 	}
 }
 
+func TestCreatedTopicIsDescribedBeforeUse(t *testing.T) {
+	// Scenario: the broker has just created the changelog, but its metadata does not describe
+	// it for the next few asks (as a broker does a few milliseconds after a creation). ensure
+	// returns only once the broker describes it with every partition led: a group client that
+	// joined before would miss the topic, rejoin when it learns it, and restart its tasks.
+	c, cfg := topicsCluster(t)
+	topic := cfg.ChangelogTopic()
+	var mu sync.Mutex
+	created, hidden := false, 0
+	c.ControlKey(int16(kmsg.CreateTopics), func(kmsg.Request) (kmsg.Response, error, bool) {
+		c.KeepControl()
+		mu.Lock()
+		created = true
+		mu.Unlock()
+		return nil, nil, false
+	})
+	c.ControlKey(int16(kmsg.Metadata), func(kreq kmsg.Request) (kmsg.Response, error, bool) {
+		c.KeepControl()
+		req := kreq.(*kmsg.MetadataRequest)
+		mu.Lock()
+		defer mu.Unlock()
+		if !created || hidden == 3 || len(req.Topics) != 1 || req.Topics[0].Topic == nil || *req.Topics[0].Topic != topic {
+			return nil, nil, false
+		}
+		hidden++
+		resp := req.ResponseKind().(*kmsg.MetadataResponse)
+		resp.Version = req.Version
+		st := kmsg.NewMetadataResponseTopic()
+		st.Topic = kmsg.StringPtr(topic)
+		st.ErrorCode = kerr.UnknownTopicOrPartition.Code
+		resp.Topics = append(resp.Topics, st)
+		return resp, nil, true
+	})
+	core, logs := observer.New(zapcore.DebugLevel)
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+	defer cancel()
+	info, err := ensure(ctx, topicsAdmin(t, cfg), cfg, zap.New(core), topic, 3, nil)
+	if err != nil {
+		t.Fatalf("ensure: %v", err)
+	}
+	if info.partitions != 3 || info.id == [16]byte{} {
+		t.Errorf("ensure returned %+v, want 3 partitions and the topic id", info)
+	}
+	mu.Lock()
+	if hidden != 3 {
+		t.Errorf("the broker hid the topic from %d asks after its creation, want 3: ensure did not wait for it", hidden)
+	}
+	mu.Unlock()
+	if n := logs.FilterMessageSnippet("created here").FilterMessageSnippet("not described yet").Len(); n != 3 {
+		t.Errorf("%d debug lines about waiting for the topic created here, want 3", n)
+	}
+}
+
 func TestEnsureTopicAlreadyExistsBounded(t *testing.T) {
 	// Scenario: CreateTopics says TOPIC_ALREADY_EXISTS but the broker never describes the
 	// topic. ensure does not ask again and again (it used to recurse without limit or
