@@ -59,18 +59,18 @@ type source struct {
 func (a *aggregation) fold(key []byte, value int64, src source) (dup bool, bad, err error) {
 	e, owned := a.dirty[string(key)]
 	if !owned {
-		committed, ok := a.cache.get(string(key))
-		if !ok && a.filter.mayHold(key) {
-			if committed, _, err = a.store.Load().Lookup(key); err != nil {
+		// The cache copies the committed entry into the arena's; the
+		// store hands out offsets of its own. An entry taken for a
+		// duplicate stays unused until the cycle ends.
+		e = a.arena.alloc()
+		if !a.cache.getInto(string(key), e) && a.filter.mayHold(key) {
+			if *e, _, err = a.store.Load().Lookup(key); err != nil {
 				return false, nil, err
 			}
 		}
-		if committed.Offsets.Reflects(src.topic, src.partition, src.offset) {
+		if e.Offsets.Reflects(src.topic, src.partition, src.offset) {
 			return true, nil, nil
 		}
-		// The cache and the store hand out offsets of their own.
-		e = a.arena.alloc()
-		*e = committed
 	} else if e.Offsets.Reflects(src.topic, src.partition, src.offset) {
 		return true, nil, nil
 	}
@@ -105,11 +105,15 @@ type recordSpec struct {
 // and how many records it built.
 //
 // The records, headers and bytes come from three allocations, not six per
-// product: they live until the last record's callback, and the updates keep
-// only the product strings (the map's keys).
+// product: they live until the last record's callback. The updates keep the
+// product strings (the map's keys) and their offsets in one allocation of
+// their own: the arena's are reused by the next cycle's folds, while the
+// updates wait for the changelog's acknowledgements (and, on a store that
+// cannot be written, for longer).
 func (a *aggregation) records(spec recordSpec, emit func(rec *kgo.Record, changelog bool)) ([]state.Update, int) {
-	n, notes, size := len(a.dirty), 0, 0
+	n, notes, size, nparts := len(a.dirty), 0, 0, 0
 	for key, e := range a.dirty {
+		nparts += len(e.Offsets.Parts)
 		size += len(key) + 8 + e.Offsets.EncodedLen()
 		if sales.Notify(e.Total, spec.threshold) {
 			notes++
@@ -120,6 +124,7 @@ func (a *aggregation) records(spec recordSpec, emit func(rec *kgo.Record, change
 	headers := make([]kgo.RecordHeader, n)
 	buf := make([]byte, 0, size)
 	updates := make([]state.Update, 0, n)
+	parts := make([]sales.PartitionOffset, 0, nparts)
 	i, j := 0, 0
 	for key, e := range a.dirty {
 		// Each field is appended to buf and taken capacity-limited, so
@@ -149,7 +154,11 @@ func (a *aggregation) records(spec recordSpec, emit func(rec *kgo.Record, change
 			}
 			emit(note, false)
 		}
-		updates = append(updates, state.Update{Product: key, Entry: *e})
+		u := state.Update{Product: key, Entry: *e}
+		at = len(parts)
+		parts = append(parts, e.Offsets.Parts...)
+		u.Entry.Offsets.Parts = parts[at:len(parts):len(parts)]
+		updates = append(updates, u)
 		i++
 	}
 	return updates, len(recs)

@@ -129,6 +129,27 @@ func (c *entryCache) get(key string) (state.Entry, bool) {
 	return e, true
 }
 
+// getInto is get into e, an arena entry: its offsets go to the parts e
+// already holds (an arena entry's own, see entryArena), allocating nothing.
+// e is left as it was when key is not cached.
+func (c *entryCache) getInto(key string, e *state.Entry) bool {
+	if c.max <= 0 {
+		return false
+	}
+	_, i := c.find(maphash.String(c.seed, key), key)
+	if i < 0 {
+		c.misses++
+		return false
+	}
+	c.hits++
+	s := c.slot(i)
+	s.ref = true
+	e.Total = s.total
+	e.Offsets.TopicID = s.topic
+	e.Offsets.Parts = append(e.Offsets.Parts[:0], s.parts[:s.nparts]...)
+	return true
+}
+
 // put records key's entry as the store now holds it.
 func (c *entryCache) put(key string, e state.Entry) {
 	if c.max <= 0 {
@@ -327,24 +348,35 @@ func (c *entryCache) forget() {
 
 // entryArena hands out the entries of a task's dirty map from chunks that
 // are reused once the map is emptied, so that a cycle allocates no entry per
-// product. Only the map points into it; produced updates hold copies.
+// product, nor its offsets: each entry comes with room for the offsets of
+// two input partitions (more grow a slice of its own). Only the map points
+// into it; produced updates hold copies of the entries and their offsets
+// (aggregation.records).
 type entryArena struct {
-	chunks [][]state.Entry
+	chunks [][]arenaEntry
 	chunk  int // index of the chunk being filled
 	used   int // entries used of it
 }
 
+// arenaEntry is an entry and the room for its offsets.
+type arenaEntry struct {
+	e     state.Entry
+	parts [2]sales.PartitionOffset
+}
+
 const arenaChunk = 1024
 
+// alloc returns an empty entry whose offsets have the arena's room.
 func (a *entryArena) alloc() *state.Entry {
 	if a.chunk == len(a.chunks) {
-		a.chunks = append(a.chunks, make([]state.Entry, arenaChunk))
+		a.chunks = append(a.chunks, make([]arenaEntry, arenaChunk))
 	}
-	e := &a.chunks[a.chunk][a.used]
+	s := &a.chunks[a.chunk][a.used]
 	if a.used++; a.used == arenaChunk {
 		a.chunk, a.used = a.chunk+1, 0
 	}
-	return e
+	s.e = state.Entry{Offsets: sales.Offsets{Parts: s.parts[:0]}}
+	return &s.e
 }
 
 // reset makes every entry free again; the caller holds no pointer into it.

@@ -120,7 +120,8 @@ func BenchmarkFold(b *testing.B) {
 				if len(t.totals.dirty) >= c.cycle || (offset%int64(c.cycle) == 0) {
 					updates := make([]state.Update, 0, len(t.totals.dirty))
 					for k, e := range t.totals.dirty {
-						updates = append(updates, state.Update{Product: k, Entry: *e})
+						// Copies: the arena's offsets are reused once emptied.
+						updates = append(updates, state.Update{Product: k, Entry: state.Entry{Total: e.Total, Offsets: e.Offsets.Clone()}})
 					}
 					t.dropDirty()
 					if err := t.apply(updates, -1, offset); err != nil {
