@@ -125,6 +125,10 @@ func TestMetricSeriesExistBeforeTheFirstBadEvent(t *testing.T) {
 	if got := labelNames(mfs["salesagg_records_produced_total"]); strings.Join(got, ",") != "role" {
 		t.Errorf("salesagg_records_produced_total is labelled %v, want [role]", got)
 	}
+	// The one event's changelog record is counted as a changelog record.
+	if v, _ := seriesValue(mfs, "salesagg_records_produced_total", map[string]string{"role": "changelog"}); v < 1 {
+		t.Errorf("salesagg_records_produced_total{role=\"changelog\"} is %v after a changelog record was acknowledged, want at least 1", v)
+	}
 	for _, role := range []string{"changelog", "notification", "repartition", "dead_letter"} {
 		if _, ok := seriesValue(mfs, "salesagg_records_produced_total", map[string]string{"role": role}); !ok {
 			t.Errorf("salesagg_records_produced_total has no series role=%q", role)
